@@ -1,0 +1,158 @@
+//! The set of masters as one voting body: fan-out of a request to every master, collection of
+//! the votes into a slot vector, and the script cache that makes `EVALSHA` work on masters
+//! that never saw (or forgot) a script.
+//!
+//! Invariant: every fan-out sends the *same* request to every master at once and records each
+//! master's answer in the slot of that master; the caller's decision rule (pure, in
+//! [`crate::redlock`]) says when enough is known. Masters still pending at that point keep
+//! their place in their connection's FIFO, so a later command of the same client to that
+//! master is never overtaken by it.
+
+use crate::backend::{LateHook, Master};
+use crate::protocol::reply::encode_command;
+use crate::protocol::Reply;
+use crate::redlock::{quorum, Vote};
+use bytes::{Bytes, BytesMut};
+use dashmap::DashMap;
+use futures::stream::{FuturesUnordered, StreamExt};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Builds the late hook of the request sent to master `index`, if any.
+pub type LateHookFactory<'a> = &'a (dyn Fn(usize) -> Option<LateHook> + Sync);
+
+/// All masters, the shared script cache and the timing settings.
+pub struct Cluster {
+    pub masters: Vec<Arc<Master>>,
+    /// SHA1 (lower-case hex) → script body, from every `EVAL` and `SCRIPT LOAD` seen.
+    pub scripts: DashMap<String, Bytes>,
+    pub drift_factor: f64,
+    pub node_timeout: Duration,
+    stop: watch::Sender<bool>,
+}
+
+impl Cluster {
+    /// Starts connecting to every master in `addrs`.
+    pub fn start(addrs: &[String], node_timeout: Duration, drift_factor: f64) -> Arc<Cluster> {
+        let (stop, stop_rx) = watch::channel(false);
+        let masters: Vec<Arc<Master>> = addrs
+            .iter()
+            .map(|a| Master::new(a.clone(), node_timeout))
+            .collect();
+        for master in &masters {
+            master.spawn(stop_rx.clone());
+        }
+        Arc::new(Cluster {
+            masters,
+            scripts: DashMap::new(),
+            drift_factor,
+            node_timeout,
+            stop,
+        })
+    }
+
+    /// Stops every connection task.
+    pub fn stop(&self) {
+        self.stop.send_replace(true);
+    }
+
+    pub fn quorum(&self) -> usize {
+        quorum(self.masters.len())
+    }
+
+    /// Sends `payload` to every master at once and collects the votes until `decided` says the
+    /// outcome is known or every master has answered or timed out. When a master answers
+    /// `NOSCRIPT` and `noscript_fallback` is given (an `EVAL` of the same script), that master
+    /// is sent the fallback, so a master that lost its script cache is healed invisibly.
+    pub async fn fan_out(
+        &self,
+        payload: &Bytes,
+        noscript_fallback: Option<&Bytes>,
+        late: Option<LateHookFactory<'_>>,
+        decided: impl Fn(&[Vote]) -> bool,
+    ) -> Vec<Vote> {
+        let mut votes = vec![Vote::Pending; self.masters.len()];
+        let mut pending: FuturesUnordered<_> = self
+            .masters
+            .iter()
+            .enumerate()
+            .map(|(i, master)| {
+                let hook = late.and_then(|make| make(i));
+                async move {
+                    let vote = master.call(payload.clone(), hook).await;
+                    let vote = match (vote, noscript_fallback) {
+                        (Vote::Replied(r), Some(eval)) if r.is_error_code("NOSCRIPT") => {
+                            master.call(eval.clone(), None).await
+                        }
+                        (vote, _) => vote,
+                    };
+                    (i, vote)
+                }
+            })
+            .collect();
+        while let Some((i, vote)) = pending.next().await {
+            votes[i] = vote;
+            if decided(&votes) {
+                break;
+            }
+        }
+        votes
+    }
+
+    /// Sends `payload` to the masters where `targets[i]` is true and waits for all of them
+    /// (each bounded by the node timeout). Used for rollbacks, whose replies do not matter.
+    pub async fn send_to(&self, payload: &Bytes, targets: &[bool]) {
+        let calls: FuturesUnordered<_> = self
+            .masters
+            .iter()
+            .zip(targets)
+            .filter(|(_, t)| **t)
+            .map(|(m, _)| m.call(payload.clone(), None))
+            .collect();
+        calls.collect::<Vec<_>>().await;
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Encodes a command for the masters.
+pub fn command<A: AsRef<[u8]>>(args: &[A]) -> Bytes {
+    let mut out = BytesMut::new();
+    encode_command(args, &mut out);
+    out.freeze()
+}
+
+/// Lower-case hex SHA1 of a script body, as Redis computes it for `EVALSHA`.
+pub fn script_sha(body: &[u8]) -> String {
+    sha1_smol::Sha1::from(body).digest().to_string()
+}
+
+/// The compare-and-delete run on every master that may hold a refused acquire's value.
+pub const ROLLBACK_SCRIPT: &str =
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+
+/// `EVAL <compare-and-delete> 1 key value`.
+pub fn rollback_command(key: &[u8], value: &[u8]) -> Bytes {
+    command(&[
+        b"EVAL".as_ref(),
+        ROLLBACK_SCRIPT.as_bytes(),
+        b"1",
+        key,
+        value,
+    ])
+}
+
+/// One reply for all masters by the quorum rule, waiting only as long as needed.
+pub async fn quorum_reply(cluster: &Cluster, payload: &Bytes, fallback: Option<&Bytes>) -> Reply {
+    let votes = cluster
+        .fan_out(payload, fallback, None, |v| {
+            crate::redlock::merge(v).is_some()
+        })
+        .await;
+    crate::redlock::merge(&votes).unwrap_or_else(|| crate::redlock::no_quorum(votes.len()))
+}

@@ -1,0 +1,246 @@
+//! `SET` (the acquire) and `SETNX`.
+//!
+//! `SET key value NX PX ms` / `NX EX s` (options in any order and case) is a Redlock acquire:
+//! sent to every master as `SET key value NX PX (ms + drift)`, granted only with a quorum of
+//! `OK`s and positive validity, otherwise rolled back and answered with null. Any other `SET`
+//! is a plain write under the quorum reply rule. A lock without expiry (`SET … NX` without
+//! PX/EX, `SETNX`) is refused: it cannot be made safe, since a crashed holder would hold it
+//! forever and a restarted master would forget it.
+
+use super::keys::forward_request;
+use super::{not_an_integer, syntax_error, Action, Ctx, Outcome, Session};
+use crate::cluster::{command, rollback_command, Cluster};
+use crate::protocol::{Reply, Request};
+use crate::redlock::{
+    acquire_decision, backend_ttl_ms, may_hold_our_value, validity_window, AcquireDecision,
+};
+use bytes::Bytes;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio::time::Instant;
+
+/// The parsed options of a `SET`.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct SetOptions {
+    nx: bool,
+    xx: bool,
+    get: bool,
+    keep_ttl: bool,
+    /// Relative expiry in milliseconds (`EX` × 1000 or `PX`).
+    ttl_ms: Option<u64>,
+    /// `EXAT`/`PXAT` was given.
+    absolute: bool,
+}
+
+/// Parses `SET` options like Redis' `parseExtendedStringArgumentsOrReply` (`t_string.c`).
+fn parse_set_options(args: &[Bytes]) -> Result<SetOptions, Reply> {
+    let mut opts = SetOptions::default();
+    let mut expire_seen = false;
+    let mut i = 0;
+    while i < args.len() {
+        let arg = args[i].to_ascii_uppercase();
+        let next = args.get(i + 1);
+        match arg.as_slice() {
+            b"NX" if !opts.xx => opts.nx = true,
+            b"XX" if !opts.nx => opts.xx = true,
+            b"GET" => opts.get = true,
+            b"KEEPTTL" if !expire_seen => {
+                opts.keep_ttl = true;
+                expire_seen = true;
+            }
+            b"EX" | b"PX" | b"EXAT" | b"PXAT"
+                if !expire_seen && !opts.keep_ttl && next.is_some() =>
+            {
+                expire_seen = true;
+                let value = super::parse_int(next.map(|b| b.as_ref()).unwrap_or_default())
+                    .ok_or_else(not_an_integer)?;
+                let scale: i64 = if arg.starts_with(b"EX") { 1000 } else { 1 };
+                // Redis also refuses an expiry whose absolute time overflows (`t_string.c`).
+                let ms = value
+                    .checked_mul(scale)
+                    .filter(|ms| *ms > 0 && ms.checked_add(unix_now_ms()).is_some())
+                    .ok_or_else(|| Reply::error("ERR invalid expire time in 'set' command"))?;
+                if arg.ends_with(b"AT") {
+                    opts.absolute = true;
+                } else {
+                    opts.ttl_ms = Some(ms as u64);
+                }
+                i += 1;
+            }
+            _ => return Err(syntax_error()),
+        }
+        i += 1;
+    }
+    Ok(opts)
+}
+
+fn unix_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// `SET key value [NX|XX] [GET] [EX s|PX ms|EXAT|PXAT|KEEPTTL]`.
+pub fn set(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
+    let opts = match parse_set_options(&request.args[3..]) {
+        Ok(opts) => opts,
+        Err(reply) => return Action::Ready(reply),
+    };
+    let cluster = ctx.cluster();
+    if !opts.nx {
+        return forward_request(cluster, request);
+    }
+    if ctx.shared.config.allow_locks_without_expiry && opts.ttl_ms.is_none() && !opts.absolute {
+        return forward_request(cluster, request);
+    }
+    let refusal = if opts.get {
+        "ERR SET NX GET is not supported by redlock-proxy: an acquire answers OK or null"
+    } else if opts.absolute {
+        "ERR SET NX with EXAT/PXAT is refused by redlock-proxy: use PX <milliseconds> so the lock's validity can be checked"
+    } else if opts.ttl_ms.is_none() {
+        "ERR SET NX without PX/EX is refused by redlock-proxy: a lock without expiry cannot be made safe; add PX <milliseconds>"
+    } else {
+        ""
+    };
+    if !refusal.is_empty() {
+        return Action::Ready(Reply::error(refusal));
+    }
+    let ttl_ms = opts.ttl_ms.unwrap_or_default();
+    let key = request.args[1].clone();
+    let value = request.args[2].clone();
+    Action::Defer(Box::pin(acquire(
+        cluster,
+        key,
+        value,
+        ttl_ms,
+        ctx.received_at,
+    )))
+}
+
+/// `SETNX key value` has no expiry: refused unless the configuration allows it as a plain write.
+pub fn setnx(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
+    if ctx.shared.config.allow_locks_without_expiry {
+        return forward_request(ctx.cluster(), request);
+    }
+    Action::Ready(Reply::error(
+        "ERR SETNX is refused by redlock-proxy: a lock without expiry cannot be made safe; use SET key value NX PX <milliseconds>",
+    ))
+}
+
+/// The Redlock acquire. Safety arguments:
+/// - The grant deadline is `received_at + TTL − drift`; `received_at` is when the request was
+///   read off the client's socket, which is after the client sent it, so a client counting its
+///   TTL from its send time is covered by the masters' `PX = TTL + drift` (contract §2).
+/// - `OK` is returned only with Q `OK` votes; the connection writes it only if the deadline has
+///   not passed at write time ([`Outcome::Grant`]).
+/// - On refusal, every master that may hold our value gets a compare-and-delete before null is
+///   returned; a master whose `OK` arrives after the refusal (a late reply) is cleaned up by the
+///   late hook.
+pub async fn acquire(
+    cluster: Arc<Cluster>,
+    key: Bytes,
+    value: Bytes,
+    ttl_ms: u64,
+    received_at: Instant,
+) -> Outcome {
+    let Some(window) = validity_window(ttl_ms, cluster.drift_factor) else {
+        // The drift allowance alone exceeds the TTL: no grant could ever be valid.
+        return Outcome::Reply(Reply::Null);
+    };
+    let deadline = received_at + window;
+    let px = backend_ttl_ms(ttl_ms, cluster.drift_factor).to_string();
+    let payload = command(&[b"SET".as_ref(), &key, &value, b"NX", b"PX", px.as_bytes()]);
+    let refused = Arc::new(AtomicBool::new(false));
+    let rollback = rollback_command(&key, &value);
+    let late_hook = |i: usize| -> Option<crate::backend::LateHook> {
+        let (cluster, refused, rollback) = (cluster.clone(), refused.clone(), rollback.clone());
+        Some(Box::new(move |reply: Reply| {
+            if reply == Reply::ok() && refused.load(Ordering::Acquire) {
+                tokio::spawn(async move {
+                    let mut targets = vec![false; cluster.masters.len()];
+                    targets[i] = true;
+                    cluster.send_to(&rollback, &targets).await;
+                });
+            }
+        }))
+    };
+    let votes = cluster
+        .fan_out(&payload, None, Some(&late_hook), |v| {
+            acquire_decision(v) != AcquireDecision::Undecided
+        })
+        .await;
+    let targets: Vec<bool> = votes.iter().map(may_hold_our_value).collect();
+    let undo = RollbackPlan {
+        cluster: cluster.clone(),
+        payload: rollback,
+        targets,
+        refused,
+    };
+    if acquire_decision(&votes) == AcquireDecision::Quorum && Instant::now() < deadline {
+        tracing::trace!(key = ?key, "granted");
+        return Outcome::Grant {
+            deadline,
+            rollback: Box::pin(undo.run()),
+        };
+    }
+    undo.run().await;
+    Outcome::Reply(Reply::Null)
+}
+
+/// Where and how to undo a refused acquire.
+struct RollbackPlan {
+    cluster: Arc<Cluster>,
+    payload: Bytes,
+    targets: Vec<bool>,
+    refused: Arc<AtomicBool>,
+}
+
+impl RollbackPlan {
+    async fn run(self) {
+        // Set first: a late OK arriving from now on triggers its own clean-up.
+        self.refused.store(true, Ordering::Release);
+        self.cluster.send_to(&self.payload, &self.targets).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(list: &[&str]) -> Result<SetOptions, Reply> {
+        let args: Vec<Bytes> = list
+            .iter()
+            .map(|s| Bytes::copy_from_slice(s.as_bytes()))
+            .collect();
+        parse_set_options(&args)
+    }
+
+    #[test]
+    fn set_option_parsing_matches_redis() {
+        let acquire = |ms| SetOptions {
+            nx: true,
+            ttl_ms: Some(ms),
+            ..Default::default()
+        };
+        assert_eq!(opts(&["NX", "PX", "30000"]), Ok(acquire(30000)));
+        assert_eq!(opts(&["px", "30000", "nx"]), Ok(acquire(30000)));
+        assert_eq!(opts(&["ex", "30", "nx"]), Ok(acquire(30000)));
+        assert_eq!(
+            opts(&["NX"]),
+            Ok(SetOptions {
+                nx: true,
+                ..Default::default()
+            })
+        );
+        assert_eq!(opts(&["NX", "XX"]), Err(syntax_error()));
+        assert_eq!(opts(&["PX", "1", "EX", "1"]), Err(syntax_error()));
+        assert_eq!(opts(&["PX"]), Err(syntax_error()));
+        assert_eq!(opts(&["BOGUS"]), Err(syntax_error()));
+        assert_eq!(opts(&["NX", "PX", "abc"]), Err(not_an_integer()));
+        let invalid = Err(Reply::error("ERR invalid expire time in 'set' command"));
+        assert_eq!(opts(&["NX", "PX", "0"]), invalid);
+        assert_eq!(opts(&["NX", "PX", "-1"]), invalid);
+        assert_eq!(opts(&["NX", "EX", "9223372036854775807"]), invalid);
+        assert_eq!(opts(&["NX", "PX", "9223372036854775807"]), invalid);
+    }
+}

@@ -1,0 +1,334 @@
+//! The command table: every command the proxy knows, its arity, how it is served (answered
+//! locally, fanned out to the masters, or refused) and its handler. Arity checks, unknown-command
+//! errors and refusals come from this one place, with Redis' own wording.
+//!
+//! Families: [`lock`] (`SET`, the acquire), [`scripts`] (`EVAL`, `EVALSHA`, `SCRIPT`), [`keys`]
+//! (plain key commands under the quorum reply rule), [`server`] (connection and handshake
+//! commands answered by the proxy itself).
+
+pub mod keys;
+pub mod lock;
+pub mod scripts;
+pub mod server;
+
+use crate::cluster::Cluster;
+use crate::protocol::{Protocol, Reply, Request};
+use crate::server::Shared;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+/// Per-connection state that commands read and change.
+#[derive(Debug)]
+pub struct Session {
+    pub id: u64,
+    pub protocol: Protocol,
+    pub name: Option<Bytes>,
+    pub lib_name: Option<Bytes>,
+    pub lib_ver: Option<Bytes>,
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+}
+
+/// What a command produces once its work is done.
+pub enum Outcome {
+    Reply(Reply),
+    /// A lock grant: `OK` may be written only while `Instant::now() < deadline` (the validity
+    /// re-check right before the reply is written, contract §2 step 3); otherwise the writer
+    /// runs `rollback` and writes null instead.
+    Grant {
+        deadline: Instant,
+        rollback: BoxFuture<'static, ()>,
+    },
+}
+
+/// How a request is served.
+pub enum Action {
+    /// Answered at once (local commands, argument errors).
+    Ready(Reply),
+    /// Answered, then the connection closes (`QUIT`).
+    Close(Reply),
+    /// Needs the masters.
+    Defer(BoxFuture<'static, Outcome>),
+}
+
+/// Everything a handler may use besides the session.
+pub struct Ctx<'a> {
+    pub shared: &'a Arc<Shared>,
+    /// When the request's bytes were read off the client socket (monotonic): the start of the
+    /// validity clock.
+    pub received_at: Instant,
+}
+
+impl Ctx<'_> {
+    pub fn cluster(&self) -> Arc<Cluster> {
+        self.shared.cluster.clone()
+    }
+}
+
+type Handler = fn(&Ctx<'_>, &mut Session, Request) -> Action;
+
+/// How a command is served.
+pub enum Kind {
+    Handled(Handler),
+    /// Refused through the proxy, with the reason shown to the client.
+    Refused(&'static str),
+}
+
+/// One row of the command table (the shape Redis' `COMMAND` reports).
+pub struct Spec {
+    /// Lower-case, as Redis reports it in `COMMAND` and in arity errors.
+    pub name: &'static str,
+    /// Redis convention: `n` exactly n arguments including the name, `-n` at least n.
+    pub arity: i32,
+    pub flags: &'static [&'static str],
+    pub first_key: i64,
+    pub last_key: i64,
+    pub step: i64,
+    pub kind: Kind,
+}
+
+const fn spec(
+    name: &'static str,
+    arity: i32,
+    flags: &'static [&'static str],
+    keys: (i64, i64, i64),
+    handler: Handler,
+) -> Spec {
+    Spec {
+        name,
+        arity,
+        flags,
+        first_key: keys.0,
+        last_key: keys.1,
+        step: keys.2,
+        kind: Kind::Handled(handler),
+    }
+}
+
+const fn refused(name: &'static str, reason: &'static str) -> Spec {
+    Spec {
+        name,
+        arity: -1,
+        flags: &[],
+        first_key: 0,
+        last_key: 0,
+        step: 0,
+        kind: Kind::Refused(reason),
+    }
+}
+
+const NO_KEYS: (i64, i64, i64) = (0, 0, 0);
+const ONE_KEY: (i64, i64, i64) = (1, 1, 1);
+const ALL_KEYS: (i64, i64, i64) = (1, -1, 1);
+const WRITE: &[&str] = &["write"];
+const READ: &[&str] = &["readonly", "fast"];
+const LOCAL: &[&str] = &["fast", "loading", "stale"];
+const SCRIPT: &[&str] = &[
+    "noscript",
+    "stale",
+    "skip_monitor",
+    "may_replicate",
+    "no_mandatory_keys",
+    "movablekeys",
+];
+
+const NOT_MAJORITY_SAFE: &str = "it cannot be made majority-safe across independent masters";
+const NO_TRANSACTIONS: &str = "transactions cannot be atomic across independent masters";
+const NO_PUBSUB: &str = "pub/sub is not part of the lock service";
+const ADMIN: &str = "administrative commands must go to each master directly";
+
+/// The command table.
+pub static COMMANDS: &[Spec] = &[
+    spec("set", -3, &["write", "denyoom"], ONE_KEY, lock::set),
+    spec("get", 2, READ, ONE_KEY, keys::forward),
+    spec("exists", -2, READ, ALL_KEYS, keys::forward),
+    spec("del", -2, WRITE, ALL_KEYS, keys::forward),
+    spec("unlink", -2, &["write", "fast"], ALL_KEYS, keys::forward),
+    spec("pttl", 2, READ, ONE_KEY, keys::ttl),
+    spec("ttl", 2, READ, ONE_KEY, keys::ttl),
+    spec("pexpire", -3, &["write", "fast"], ONE_KEY, keys::forward),
+    spec("expire", -3, &["write", "fast"], ONE_KEY, keys::forward),
+    spec("type", 2, READ, ONE_KEY, keys::forward),
+    spec("strlen", 2, READ, ONE_KEY, keys::forward),
+    spec("eval", -3, SCRIPT, NO_KEYS, scripts::eval),
+    spec("eval_ro", -3, SCRIPT, NO_KEYS, scripts::eval),
+    spec("evalsha", -3, SCRIPT, NO_KEYS, scripts::evalsha),
+    spec("evalsha_ro", -3, SCRIPT, NO_KEYS, scripts::evalsha),
+    spec("script", -2, &["noscript"], NO_KEYS, scripts::script),
+    spec("ping", -1, LOCAL, NO_KEYS, server::ping),
+    spec("echo", 2, LOCAL, NO_KEYS, server::echo),
+    spec("select", 2, LOCAL, NO_KEYS, server::select),
+    spec("hello", -1, LOCAL, NO_KEYS, server::hello),
+    spec("auth", -2, LOCAL, NO_KEYS, server::auth),
+    spec("client", -2, LOCAL, NO_KEYS, server::client),
+    spec("info", -1, LOCAL, NO_KEYS, server::info),
+    spec("command", -1, LOCAL, NO_KEYS, server::command),
+    spec("quit", -1, LOCAL, NO_KEYS, server::quit),
+    spec("reset", 1, LOCAL, NO_KEYS, server::reset),
+    spec("setnx", 3, WRITE, ONE_KEY, lock::setnx),
+    refused(
+        "persist",
+        "a lock without expiry cannot be made safe; use PEXPIRE",
+    ),
+    refused("flushall", NOT_MAJORITY_SAFE),
+    refused("flushdb", NOT_MAJORITY_SAFE),
+    refused("keys", NOT_MAJORITY_SAFE),
+    refused("scan", NOT_MAJORITY_SAFE),
+    refused("randomkey", NOT_MAJORITY_SAFE),
+    refused("dbsize", NOT_MAJORITY_SAFE),
+    refused("rename", NOT_MAJORITY_SAFE),
+    refused("renamenx", NOT_MAJORITY_SAFE),
+    refused("move", NOT_MAJORITY_SAFE),
+    refused("swapdb", NOT_MAJORITY_SAFE),
+    refused("multi", NO_TRANSACTIONS),
+    refused("exec", NO_TRANSACTIONS),
+    refused("discard", NO_TRANSACTIONS),
+    refused("watch", NO_TRANSACTIONS),
+    refused("unwatch", NO_TRANSACTIONS),
+    refused("subscribe", NO_PUBSUB),
+    refused("psubscribe", NO_PUBSUB),
+    refused("ssubscribe", NO_PUBSUB),
+    refused("unsubscribe", NO_PUBSUB),
+    refused("punsubscribe", NO_PUBSUB),
+    refused("publish", NO_PUBSUB),
+    refused("monitor", ADMIN),
+    refused("config", ADMIN),
+    refused("debug", ADMIN),
+    refused("shutdown", ADMIN),
+    refused("save", ADMIN),
+    refused("bgsave", ADMIN),
+    refused("bgrewriteaof", ADMIN),
+    refused("replicaof", ADMIN),
+    refused("slaveof", ADMIN),
+    refused("failover", ADMIN),
+    refused("acl", ADMIN),
+    refused("module", ADMIN),
+    refused("function", ADMIN),
+    refused("fcall", ADMIN),
+];
+
+/// Looks a command name up, case-insensitively.
+pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
+    COMMANDS
+        .iter()
+        .find(|s| s.name.as_bytes().eq_ignore_ascii_case(name))
+}
+
+/// Serves one request.
+pub fn dispatch(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
+    let Some(name) = request.args.first() else {
+        return Action::Ready(Reply::error("ERR empty command"));
+    };
+    let Some(spec) = lookup(name) else {
+        return Action::Ready(unknown_command(&request.args));
+    };
+    match spec.kind {
+        Kind::Refused(reason) => Action::Ready(Reply::error(format!(
+            "ERR '{}' is refused by redlock-proxy: {reason}",
+            spec.name.to_ascii_uppercase()
+        ))),
+        Kind::Handled(handler) => {
+            let n = request.args.len() as i32;
+            let arity_ok = if spec.arity >= 0 {
+                n == spec.arity
+            } else {
+                n >= -spec.arity
+            };
+            if !arity_ok {
+                return Action::Ready(wrong_arity(spec.name));
+            }
+            handler(ctx, session, request)
+        }
+    }
+}
+
+/// Redis' text for an unknown command (`server.c processCommand`): the name as sent, then up
+/// to 128 characters of arguments, each quoted and followed by a space.
+pub fn unknown_command(args: &[Bytes]) -> Reply {
+    let mut shown = String::new();
+    for arg in &args[1..] {
+        if shown.len() >= 128 {
+            break;
+        }
+        let text = String::from_utf8_lossy(arg);
+        let room = 128 - shown.len();
+        let cut: String = text.chars().take(room).collect();
+        shown.push_str(&format!("'{cut}' "));
+    }
+    let name: String = String::from_utf8_lossy(&args[0])
+        .chars()
+        .take(128)
+        .collect();
+    Reply::error(format!(
+        "ERR unknown command '{name}', with args beginning with: {shown}"
+    ))
+}
+
+/// Redis' `addReplySubcommandSyntaxError` text.
+pub fn unknown_subcommand(sub: &[u8], command: &str) -> Reply {
+    let sub: String = String::from_utf8_lossy(sub).chars().take(128).collect();
+    Reply::error(format!(
+        "ERR unknown subcommand '{sub}'. Try {command} HELP."
+    ))
+}
+
+/// Redis' arity error, naming the command in lower case (`c->cmd->fullname`).
+pub fn wrong_arity(name: &str) -> Reply {
+    Reply::error(format!(
+        "ERR wrong number of arguments for '{name}' command"
+    ))
+}
+
+/// Redis' reply for an argument that is not an integer.
+pub fn not_an_integer() -> Reply {
+    Reply::error("ERR value is not an integer or out of range")
+}
+
+/// Redis' `syntax error`.
+pub fn syntax_error() -> Reply {
+    Reply::error("ERR syntax error")
+}
+
+/// Parses an integer argument the way Redis does (`getLongLongFromObject`).
+pub fn parse_int(arg: &[u8]) -> Option<i64> {
+    crate::protocol::request::parse_strict_i64(arg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_command_text_matches_redis() {
+        let args = |v: &[&str]| {
+            v.iter()
+                .map(|s| Bytes::copy_from_slice(s.as_bytes()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            unknown_command(&args(&["FOO"])),
+            Reply::error("ERR unknown command 'FOO', with args beginning with: ")
+        );
+        assert_eq!(
+            unknown_command(&args(&["foo", "bar", "baz"])),
+            Reply::error("ERR unknown command 'foo', with args beginning with: 'bar' 'baz' ")
+        );
+    }
+
+    #[test]
+    fn table_names_are_unique_and_lower_case() {
+        for (i, s) in COMMANDS.iter().enumerate() {
+            assert_eq!(s.name, s.name.to_ascii_lowercase());
+            assert!(
+                COMMANDS[i + 1..].iter().all(|o| o.name != s.name),
+                "{}",
+                s.name
+            );
+        }
+        assert!(lookup(b"SeT").is_some());
+        assert!(lookup(b"nope").is_none());
+    }
+}

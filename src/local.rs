@@ -1,0 +1,165 @@
+//! Local `redis-server` masters started as child processes (`--local N`, and the test
+//! harness): each on a free loopback port, no persistence, stopped when dropped.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Why local masters could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    #[error("redis-server was not found on PATH; install it with `sudo apt-get install -y redis-server` (Debian/Ubuntu)")]
+    NotInstalled,
+    #[error("cannot start redis-server: {0}")]
+    Spawn(std::io::Error),
+    #[error("redis-server on port {0} did not answer PING within 5 s")]
+    NotReady(u16),
+}
+
+/// One local master.
+#[derive(Debug)]
+pub struct LocalMaster {
+    pub port: u16,
+    child: Option<Child>,
+}
+
+impl LocalMaster {
+    /// Starts a master on `port` (or on a free port when `None`) and waits until it answers.
+    pub fn start(port: Option<u16>, extra_args: &[&str]) -> Result<LocalMaster, LocalError> {
+        let mut last = LocalError::NotReady(0);
+        for _ in 0..5 {
+            let port = match port {
+                Some(p) => p,
+                None => free_port().map_err(LocalError::Spawn)?,
+            };
+            let child = spawn_server(port, extra_args)?;
+            let mut master = LocalMaster {
+                port,
+                child: Some(child),
+            };
+            match master.wait_ready() {
+                Ok(()) => return Ok(master),
+                Err(err) => {
+                    master.kill();
+                    last = err;
+                }
+            }
+        }
+        Err(last)
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    fn wait_ready(&mut self) -> Result<(), LocalError> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return Err(LocalError::NotReady(self.port));
+                }
+            }
+            if ping(self.port) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Err(LocalError::NotReady(self.port))
+    }
+
+    /// SIGKILL (a crash), and reap the process.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the master again on the same port, empty (no persistence): a crash-restart.
+    pub fn restart(&mut self, extra_args: &[&str]) -> Result<(), LocalError> {
+        self.kill();
+        let fresh = LocalMaster::start(Some(self.port), extra_args)?;
+        *self = fresh;
+        Ok(())
+    }
+}
+
+impl Drop for LocalMaster {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// N local masters.
+#[derive(Debug)]
+pub struct LocalCluster {
+    pub masters: Vec<LocalMaster>,
+}
+
+impl LocalCluster {
+    pub fn start(n: usize) -> Result<LocalCluster, LocalError> {
+        let masters = (0..n)
+            .map(|_| LocalMaster::start(None, &[]))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(LocalCluster { masters })
+    }
+
+    pub fn addrs(&self) -> Vec<String> {
+        self.masters.iter().map(LocalMaster::addr).collect()
+    }
+}
+
+fn spawn_server(port: u16, extra_args: &[&str]) -> Result<Child, LocalError> {
+    let port_text = port.to_string();
+    let mut args = vec![
+        "--port",
+        &port_text,
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--daemonize",
+        "no",
+        "--maxmemory-policy",
+        "noeviction",
+        "--dir",
+        "/tmp",
+        "--loglevel",
+        "warning",
+    ];
+    args.extend_from_slice(extra_args);
+    Command::new("redis-server")
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|err| match err.kind() {
+            std::io::ErrorKind::NotFound => LocalError::NotInstalled,
+            _ => LocalError::Spawn(err),
+        })
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut buf = [0u8; 7];
+    stream.write_all(b"PING\r\n").is_ok()
+        && stream.read_exact(&mut buf).is_ok()
+        && &buf == b"+PONG\r\n"
+}

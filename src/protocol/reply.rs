@@ -1,0 +1,189 @@
+//! The client-visible reply type and its RESP2/RESP3 encodings.
+//!
+//! Invariant: the protocol a reply is encoded in is the one the client had negotiated when it
+//! *sent* the request (a pipelined `GET` before `HELLO 3` still gets a RESP2 reply), so the
+//! connection records the protocol with each request and passes it here.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+/// Protocol negotiated with `HELLO`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Resp2,
+    Resp3,
+}
+
+/// A reply, from a master or made by the proxy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// `+OK`
+    Simple(Bytes),
+    /// `-ERR ...`: the text without `-` and CRLF, starting with its upper-case code.
+    Error(Bytes),
+    Integer(i64),
+    Bulk(Bytes),
+    /// RESP2 `$-1`, RESP3 `_`.
+    Null,
+    Array(Vec<Reply>),
+    /// RESP3 map; RESP2 gets a flat array of alternating keys and values.
+    Map(Vec<(Reply, Reply)>),
+    /// RESP3 verbatim text (`=txt:`), as Redis 7 answers `INFO`; RESP2 gets a bulk string.
+    Verbatim(Bytes),
+}
+
+impl Reply {
+    pub fn ok() -> Reply {
+        Reply::Simple(Bytes::from_static(b"OK"))
+    }
+
+    pub fn simple(text: &'static str) -> Reply {
+        Reply::Simple(Bytes::from_static(text.as_bytes()))
+    }
+
+    /// An error reply; `text` must start with its code (`ERR ...`, `NOSCRIPT ...`).
+    pub fn error(text: impl Into<String>) -> Reply {
+        Reply::Error(Bytes::from(text.into()))
+    }
+
+    pub fn bulk(data: impl Into<Bytes>) -> Reply {
+        Reply::Bulk(data.into())
+    }
+
+    pub fn is_error(&self) -> bool {
+        matches!(self, Reply::Error(_))
+    }
+
+    /// True for an error reply whose code is `code` (`NOSCRIPT`, ...).
+    pub fn is_error_code(&self, code: &str) -> bool {
+        match self {
+            Reply::Error(text) => {
+                text.starts_with(code.as_bytes()) && text.get(code.len()).is_none_or(|b| *b == b' ')
+            }
+            _ => false,
+        }
+    }
+
+    /// Appends the encoding of `self` in `protocol` to `out`.
+    pub fn encode(&self, protocol: Protocol, out: &mut BytesMut) {
+        match self {
+            Reply::Simple(s) => line(out, b'+', s),
+            Reply::Error(s) => line(out, b'-', s),
+            Reply::Integer(i) => {
+                out.put_u8(b':');
+                put_int(out, *i);
+                out.put_slice(b"\r\n");
+            }
+            Reply::Bulk(b) => bulk(out, b'$', b),
+            Reply::Null => match protocol {
+                Protocol::Resp2 => out.put_slice(b"$-1\r\n"),
+                Protocol::Resp3 => out.put_slice(b"_\r\n"),
+            },
+            Reply::Array(items) => {
+                header(out, b'*', items.len());
+                for item in items {
+                    item.encode(protocol, out);
+                }
+            }
+            Reply::Map(pairs) => {
+                match protocol {
+                    Protocol::Resp2 => header(out, b'*', pairs.len() * 2),
+                    Protocol::Resp3 => header(out, b'%', pairs.len()),
+                }
+                for (k, v) in pairs {
+                    k.encode(protocol, out);
+                    v.encode(protocol, out);
+                }
+            }
+            Reply::Verbatim(text) => match protocol {
+                Protocol::Resp2 => bulk(out, b'$', text),
+                Protocol::Resp3 => {
+                    header(out, b'=', text.len() + 4);
+                    out.put_slice(b"txt:");
+                    out.put_slice(text);
+                    out.put_slice(b"\r\n");
+                }
+            },
+        }
+    }
+}
+
+fn line(out: &mut BytesMut, prefix: u8, text: &[u8]) {
+    out.reserve(text.len() + 3);
+    out.put_u8(prefix);
+    // A simple string or error must not contain CR or LF; replace them like Redis'
+    // addReplyErrorLength does, so a reply can never desynchronise the client.
+    out.extend(
+        text.iter()
+            .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+    );
+    out.put_slice(b"\r\n");
+}
+
+fn header(out: &mut BytesMut, prefix: u8, len: usize) {
+    out.put_u8(prefix);
+    put_int(out, len as i64);
+    out.put_slice(b"\r\n");
+}
+
+fn bulk(out: &mut BytesMut, prefix: u8, data: &[u8]) {
+    out.reserve(data.len() + 16);
+    header(out, prefix, data.len());
+    out.put_slice(data);
+    out.put_slice(b"\r\n");
+}
+
+fn put_int(out: &mut BytesMut, value: i64) {
+    let mut buf = itoa::Buffer::new();
+    out.put_slice(buf.format(value).as_bytes());
+}
+
+/// Encodes a command as a RESP array of bulk strings, the form every master accepts.
+pub fn encode_command<A: AsRef<[u8]>>(args: &[A], out: &mut BytesMut) {
+    header(out, b'*', args.len());
+    for arg in args {
+        bulk(out, b'$', arg.as_ref());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enc(reply: &Reply, protocol: Protocol) -> String {
+        let mut out = BytesMut::new();
+        reply.encode(protocol, &mut out);
+        String::from_utf8(out.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn encodings_per_protocol() {
+        let map = Reply::Map(vec![(Reply::bulk("proto"), Reply::Integer(3))]);
+        let cases = [
+            (Reply::ok(), "+OK\r\n", "+OK\r\n"),
+            (Reply::Null, "$-1\r\n", "_\r\n"),
+            (Reply::Integer(-2), ":-2\r\n", ":-2\r\n"),
+            (Reply::error("ERR a\r\nb"), "-ERR a  b\r\n", "-ERR a  b\r\n"),
+            (
+                map,
+                "*2\r\n$5\r\nproto\r\n:3\r\n",
+                "%1\r\n$5\r\nproto\r\n:3\r\n",
+            ),
+            (
+                Reply::Verbatim(Bytes::from_static(b"a:1")),
+                "$3\r\na:1\r\n",
+                "=7\r\ntxt:a:1\r\n",
+            ),
+        ];
+        for (reply, two, three) in cases {
+            assert_eq!(enc(&reply, Protocol::Resp2), two);
+            assert_eq!(enc(&reply, Protocol::Resp3), three);
+        }
+    }
+
+    #[test]
+    fn error_codes() {
+        assert!(Reply::error("NOSCRIPT No matching script.").is_error_code("NOSCRIPT"));
+        assert!(!Reply::error("NOSCRIPTX y").is_error_code("NOSCRIPT"));
+        assert!(Reply::error("BUSY").is_error_code("BUSY"));
+    }
+}

@@ -1,0 +1,473 @@
+//! Incremental request parser with Redis' semantics.
+//!
+//! Invariants:
+//! - Never panics and never allocates from a peer-supplied count: argument vectors start at
+//!   `min(count, 1024)` and grow as arguments arrive (Redis `processMultibulkBuffer`).
+//! - Resumable: a half-received multibulk request is not re-scanned from its start on every
+//!   read; the parser keeps the offsets of the arguments it has already seen, so a request with
+//!   many arguments costs O(bytes), not O(bytes × reads).
+//! - Every error is one of Redis' own protocol error texts (`src/networking.c`); the caller
+//!   sends it and closes the connection, exactly as Redis does (`CLIENT_CLOSE_AFTER_REPLY`).
+//! - A complete request is split off the read buffer and frozen once; its arguments are
+//!   zero-copy slices of those bytes, and `raw` holds the exact bytes for verbatim forwarding.
+
+use bytes::{Buf, Bytes, BytesMut};
+use std::ops::Range;
+
+/// Longest inline request or length line Redis accepts (`PROTO_INLINE_MAX_SIZE`).
+pub const INLINE_MAX_SIZE: usize = 64 * 1024;
+
+/// Redis' `proto-max-bulk-len` default (512 MB).
+pub const DEFAULT_MAX_BULK_LEN: u64 = 512 * 1024 * 1024;
+
+/// Largest multibulk count Redis accepts (`INT_MAX`).
+const MAX_MULTIBULK_COUNT: i64 = i32::MAX as i64;
+
+/// Redis preallocates at most this many argument slots, whatever the peer announces.
+const PREALLOC_ARGS: usize = 1024;
+
+/// One client request: its arguments, and for multibulk requests the exact bytes received.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// Command name and arguments (binary-safe).
+    pub args: Vec<Bytes>,
+    /// The request exactly as received when it came as a RESP multibulk, `None` for inline.
+    pub raw: Option<Bytes>,
+}
+
+/// A protocol violation. `Display` gives the text after `-ERR `, as Redis words it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    #[error("Protocol error: invalid multibulk length")]
+    InvalidMultibulkLength,
+    #[error("Protocol error: invalid bulk length")]
+    InvalidBulkLength,
+    #[error("Protocol error: expected '$', got '{}'", char::from(*.0))]
+    ExpectedDollar(u8),
+    #[error("Protocol error: too big mbulk count string")]
+    TooBigMultibulkCount,
+    #[error("Protocol error: too big bulk count string")]
+    TooBigBulkCount,
+    #[error("Protocol error: too big inline request")]
+    TooBigInline,
+    #[error("Protocol error: unbalanced quotes in request")]
+    UnbalancedQuotes,
+}
+
+/// State of a multibulk request whose bytes have not all arrived yet.
+#[derive(Debug, Default)]
+struct Partial {
+    /// Announced argument count.
+    expected: usize,
+    /// Byte ranges (in the read buffer) of the arguments received so far.
+    args: Vec<Range<usize>>,
+    /// Where parsing resumes.
+    pos: usize,
+}
+
+/// Parses requests out of a connection's read buffer.
+#[derive(Debug)]
+pub struct RequestParser {
+    max_bulk_len: u64,
+    partial: Option<Partial>,
+}
+
+impl RequestParser {
+    /// A parser that refuses bulk strings longer than `max_bulk_len` (Redis' `proto-max-bulk-len`).
+    pub fn new(max_bulk_len: u64) -> Self {
+        Self {
+            max_bulk_len,
+            partial: None,
+        }
+    }
+
+    /// Returns the next complete request, `Ok(None)` if more bytes are needed.
+    /// Empty requests (`*0`, `*-1`, blank inline lines) are skipped, as Redis does.
+    pub fn next(&mut self, buf: &mut BytesMut) -> Result<Option<Request>, ParseError> {
+        loop {
+            if self.partial.is_none() {
+                if buf.is_empty() {
+                    return Ok(None);
+                }
+                if buf[0] != b'*' {
+                    match parse_inline(buf)? {
+                        Some(Some(req)) => return Ok(Some(req)),
+                        Some(None) => continue,
+                        None => return Ok(None),
+                    }
+                }
+            }
+            match self.parse_multibulk(buf)? {
+                Some(Some(req)) => return Ok(Some(req)),
+                Some(None) => continue,
+                None => return Ok(None),
+            }
+        }
+    }
+
+    /// `Some(None)` = an empty request was consumed; `None` = incomplete.
+    fn parse_multibulk(
+        &mut self,
+        buf: &mut BytesMut,
+    ) -> Result<Option<Option<Request>>, ParseError> {
+        let max_bulk_len = self.max_bulk_len;
+        let partial = match &mut self.partial {
+            Some(p) => p,
+            None => {
+                let Some(line_end) = find_cr(buf, 1) else {
+                    if buf.len() > INLINE_MAX_SIZE {
+                        return Err(ParseError::TooBigMultibulkCount);
+                    }
+                    return Ok(None);
+                };
+                if line_end + 1 >= buf.len() {
+                    return Ok(None);
+                }
+                let count = parse_strict_i64(&buf[1..line_end])
+                    .filter(|n| *n <= MAX_MULTIBULK_COUNT)
+                    .ok_or(ParseError::InvalidMultibulkLength)?;
+                if count <= 0 {
+                    buf.advance(line_end + 2);
+                    return Ok(Some(None));
+                }
+                let expected = count as usize;
+                self.partial.insert(Partial {
+                    expected,
+                    args: Vec::with_capacity(expected.min(PREALLOC_ARGS)),
+                    pos: line_end + 2,
+                })
+            }
+        };
+        while partial.args.len() < partial.expected {
+            let pos = partial.pos;
+            if pos >= buf.len() {
+                return Ok(None);
+            }
+            let Some(line_end) = find_cr(buf, pos) else {
+                if buf.len() - pos > INLINE_MAX_SIZE {
+                    return Err(ParseError::TooBigBulkCount);
+                }
+                return Ok(None);
+            };
+            if line_end + 1 >= buf.len() {
+                return Ok(None);
+            }
+            if buf[pos] != b'$' {
+                return Err(ParseError::ExpectedDollar(buf[pos]));
+            }
+            let len = parse_strict_i64(&buf[pos + 1..line_end])
+                .filter(|n| *n >= 0 && (*n as u64) <= max_bulk_len)
+                .ok_or(ParseError::InvalidBulkLength)? as usize;
+            let start = line_end + 2;
+            // Redis skips the two bytes after the payload without checking them.
+            let end = start + len;
+            if buf.len() < end + 2 {
+                return Ok(None);
+            }
+            partial.args.push(start..end);
+            partial.pos = end + 2;
+        }
+        let Partial { args, pos, .. } = self.partial.take().unwrap_or_default();
+        let raw = buf.split_to(pos).freeze();
+        let args = args.into_iter().map(|r| raw.slice(r)).collect();
+        Ok(Some(Some(Request {
+            args,
+            raw: Some(raw),
+        })))
+    }
+}
+
+/// Inline command (`PING\r\n`, `set "a b" c\n`): `Some(None)` = blank line consumed.
+fn parse_inline(buf: &mut BytesMut) -> Result<Option<Option<Request>>, ParseError> {
+    let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
+        if buf.len() > INLINE_MAX_SIZE {
+            return Err(ParseError::TooBigInline);
+        }
+        return Ok(None);
+    };
+    let line = buf.split_to(nl + 1);
+    let mut text = &line[..nl];
+    if text.last() == Some(&b'\r') {
+        text = &text[..text.len() - 1];
+    }
+    let args = split_args(text).ok_or(ParseError::UnbalancedQuotes)?;
+    if args.is_empty() {
+        return Ok(Some(None));
+    }
+    Ok(Some(Some(Request { args, raw: None })))
+}
+
+fn find_cr(buf: &[u8], from: usize) -> Option<usize> {
+    buf.get(from..)?
+        .iter()
+        .position(|&b| b == b'\r')
+        .map(|i| i + from)
+}
+
+/// Redis' `string2ll`: optional `-`, digits, no `+`, no leading zeros, no spaces, fits in i64.
+pub fn parse_strict_i64(s: &[u8]) -> Option<i64> {
+    let (negative, digits) = match s.split_first()? {
+        (b'-', rest) => (true, rest),
+        _ => (false, s),
+    };
+    if digits.is_empty() || digits.len() > 19 || (digits[0] == b'0' && (s.len() > 1)) {
+        return None;
+    }
+    let mut value: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        let digit = i64::from(d - b'0');
+        value = value.checked_mul(10)?;
+        value = if negative {
+            value.checked_sub(digit)?
+        } else {
+            value.checked_add(digit)?
+        };
+    }
+    Some(value)
+}
+
+/// Redis' `sdssplitargs`: whitespace-separated words, `"..."` with C-like escapes (`\n`,
+/// `\xHH`, ...), `'...'` with only `\'`. A closing quote must be followed by a space or the
+/// end of the line. `None` = unbalanced quotes.
+fn split_args(line: &[u8]) -> Option<Vec<Bytes>> {
+    let mut args = Vec::new();
+    let mut i = 0;
+    let n = line.len();
+    loop {
+        while i < n && line[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if i >= n {
+            return Some(args);
+        }
+        let mut current = Vec::new();
+        let mut in_double = false;
+        let mut in_single = false;
+        loop {
+            if in_double {
+                let c = *line.get(i)?;
+                if c == b'\\' && i + 3 < n && line[i + 1] == b'x' {
+                    if let (Some(h), Some(l)) = (hex(line[i + 2]), hex(line[i + 3])) {
+                        current.push(h * 16 + l);
+                        i += 4;
+                        continue;
+                    }
+                }
+                if c == b'\\' && i + 1 < n {
+                    i += 1;
+                    current.push(match line[i] {
+                        b'n' => b'\n',
+                        b'r' => b'\r',
+                        b't' => b'\t',
+                        b'b' => 0x08,
+                        b'a' => 0x07,
+                        other => other,
+                    });
+                } else if c == b'"' {
+                    if i + 1 < n && !line[i + 1].is_ascii_whitespace() {
+                        return None;
+                    }
+                    i += 1;
+                    break;
+                } else {
+                    current.push(c);
+                }
+            } else if in_single {
+                let c = *line.get(i)?;
+                if c == b'\\' && i + 1 < n && line[i + 1] == b'\'' {
+                    i += 1;
+                    current.push(b'\'');
+                } else if c == b'\'' {
+                    if i + 1 < n && !line[i + 1].is_ascii_whitespace() {
+                        return None;
+                    }
+                    i += 1;
+                    break;
+                } else {
+                    current.push(c);
+                }
+            } else {
+                match line.get(i) {
+                    None => break,
+                    Some(c) if c.is_ascii_whitespace() => break,
+                    Some(b'"') => in_double = true,
+                    Some(b'\'') => in_single = true,
+                    Some(&c) => current.push(c),
+                }
+            }
+            i += 1;
+        }
+        args.push(Bytes::from(current));
+    }
+}
+
+fn hex(c: u8) -> Option<u8> {
+    (c as char).to_digit(16).map(|d| d as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Args = Vec<Vec<u8>>;
+
+    fn parse_all(input: &[u8]) -> Result<Vec<Args>, ParseError> {
+        let mut parser = RequestParser::new(DEFAULT_MAX_BULK_LEN);
+        let mut buf = BytesMut::from(input);
+        let mut out = Vec::new();
+        while let Some(req) = parser.next(&mut buf)? {
+            out.push(req.args.iter().map(|a| a.to_vec()).collect());
+        }
+        Ok(out)
+    }
+
+    fn words(list: &[&str]) -> Vec<Vec<u8>> {
+        list.iter().map(|w| w.as_bytes().to_vec()).collect()
+    }
+
+    #[test]
+    fn multibulk_and_inline_requests() {
+        let cases: &[(&[u8], Vec<Args>)] = &[
+            (b"*1\r\n$4\r\nPING\r\n", vec![words(&["PING"])]),
+            (b"PING\r\n", vec![words(&["PING"])]),
+            (b"PING\n", vec![words(&["PING"])]),
+            (b"\r\n\r\nPING\r\n", vec![words(&["PING"])]),
+            (b"*0\r\n*-10\r\nPING\r\n", vec![words(&["PING"])]),
+            (
+                b"set \"a b\" 'c d'\r\n",
+                vec![words(&["set", "a b", "c d"])],
+            ),
+            (b"echo \"\\x41\\n\"\r\n", vec![words(&["echo", "A\n"])]),
+            (b"echo 'it\\'s'\r\n", vec![words(&["echo", "it's"])]),
+            (
+                b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n*1\r\n$4\r\nPING\r\n",
+                vec![words(&["SET", "k", ""]), words(&["PING"])],
+            ),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(
+                &parse_all(input).unwrap(),
+                expected,
+                "{:?}",
+                String::from_utf8_lossy(input)
+            );
+        }
+    }
+
+    #[test]
+    fn protocol_errors_use_redis_wording() {
+        let cases: &[(&[u8], &str)] = &[
+            (
+                b"*3000000000\r\n",
+                "Protocol error: invalid multibulk length",
+            ),
+            (b"*x\r\n", "Protocol error: invalid multibulk length"),
+            (b"*1\r\n$-10\r\n", "Protocol error: invalid bulk length"),
+            (b"*1\r\n$04\r\n", "Protocol error: invalid bulk length"),
+            (b"*1\r\n$+4\r\n", "Protocol error: invalid bulk length"),
+            (b"*1\r\n$abc\r\n", "Protocol error: invalid bulk length"),
+            (
+                b"*1\r\n$2000000000\r\n",
+                "Protocol error: invalid bulk length",
+            ),
+            (b"*1\r\nfoo\r\n", "Protocol error: expected '$', got 'f'"),
+            (
+                b"set \"\"\"k\"\"\" v\r\n",
+                "Protocol error: unbalanced quotes in request",
+            ),
+            (
+                b"set \"k v\r\n",
+                "Protocol error: unbalanced quotes in request",
+            ),
+        ];
+        for (input, text) in cases {
+            let err = parse_all(input).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                *text,
+                "{:?}",
+                String::from_utf8_lossy(input)
+            );
+        }
+    }
+
+    #[test]
+    fn oversized_lines_are_refused_without_newline() {
+        let big = vec![b'a'; INLINE_MAX_SIZE + 1];
+        assert_eq!(parse_all(&big).unwrap_err(), ParseError::TooBigInline);
+        let mut mb = b"*".to_vec();
+        mb.extend(std::iter::repeat_n(b'1', INLINE_MAX_SIZE + 1));
+        assert_eq!(
+            parse_all(&mb).unwrap_err(),
+            ParseError::TooBigMultibulkCount
+        );
+        let mut bulk = b"*1\r\n$".to_vec();
+        bulk.extend(std::iter::repeat_n(b'1', INLINE_MAX_SIZE + 1));
+        assert_eq!(parse_all(&bulk).unwrap_err(), ParseError::TooBigBulkCount);
+    }
+
+    #[test]
+    fn configured_bulk_cap_is_enforced() {
+        let mut parser = RequestParser::new(4);
+        let mut buf = BytesMut::from(&b"*1\r\n$5\r\nhello\r\n"[..]);
+        assert_eq!(
+            parser.next(&mut buf).unwrap_err(),
+            ParseError::InvalidBulkLength
+        );
+    }
+
+    #[test]
+    fn byte_by_byte_feeding_gives_the_same_requests() {
+        let input = b"*3\r\n$3\r\nSET\r\n$3\r\nkey\r\n$5\r\nvalue\r\nGET key\r\n*2\r\n$3\r\nDEL\r\n$3\r\nkey\r\n";
+        let mut parser = RequestParser::new(DEFAULT_MAX_BULK_LEN);
+        let mut buf = BytesMut::new();
+        let mut got = Vec::new();
+        for &b in input.iter() {
+            buf.extend_from_slice(&[b]);
+            while let Some(req) = parser.next(&mut buf).unwrap() {
+                got.push(req.args.iter().map(|a| a.to_vec()).collect::<Vec<_>>());
+            }
+        }
+        assert_eq!(
+            got,
+            vec![
+                words(&["SET", "key", "value"]),
+                words(&["GET", "key"]),
+                words(&["DEL", "key"])
+            ]
+        );
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn raw_bytes_are_kept_for_multibulk() {
+        let mut parser = RequestParser::new(DEFAULT_MAX_BULK_LEN);
+        let input = b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n";
+        let mut buf = BytesMut::from(&input[..]);
+        let req = parser.next(&mut buf).unwrap().unwrap();
+        assert_eq!(req.raw.unwrap().as_ref(), input);
+    }
+
+    #[test]
+    fn strict_integers_like_string2ll() {
+        assert_eq!(parse_strict_i64(b"0"), Some(0));
+        assert_eq!(parse_strict_i64(b"-5"), Some(-5));
+        assert_eq!(parse_strict_i64(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(parse_strict_i64(b"-9223372036854775808"), Some(i64::MIN));
+        for bad in [
+            &b"01"[..],
+            b"+1",
+            b"",
+            b"-",
+            b" 1",
+            b"1 ",
+            b"9223372036854775808",
+            b"-0",
+        ] {
+            assert_eq!(parse_strict_i64(bad), None, "{:?}", bad);
+        }
+    }
+}

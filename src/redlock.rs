@@ -1,0 +1,329 @@
+//! The Redlock decision, pure: quorum size, drift and validity arithmetic, when an acquire is
+//! decided, where a refused acquire must be rolled back, and the quorum reply rule that merges
+//! the replies of N masters into the one reply a single Redis would give.
+//!
+//! Nothing here does I/O or reads a clock; callers pass the votes and elapsed times in. That
+//! keeps every rule table-testable and the safety arguments next to the arithmetic:
+//!
+//! - **Quorum** `Q = N/2 + 1`: two sets of Q masters out of N always intersect, so two
+//!   acquires of one key cannot both collect Q `OK`s while the keys they set are alive.
+//! - **Validity** `TTL − elapsed − drift`, elapsed measured from when the request was read off
+//!   the client's socket (earlier than any master saw it, so it over-estimates the time
+//!   consumed): the client's lease never outlives the keys on the masters (redis.io "Distributed
+//!   Locks with Redis", step 3).
+//! - **Padding**: masters are asked for `PX = TTL + drift`, so that a client counting TTL from
+//!   the moment it *sent* the command is covered even if a master's clock runs fast by up to the
+//!   drift factor.
+
+use crate::protocol::Reply;
+use std::time::Duration;
+
+/// Majority of `n` masters.
+pub fn quorum(n: usize) -> usize {
+    n / 2 + 1
+}
+
+/// Clock drift allowance for a lease of `ttl_ms` (contract §1: `TTL × F + 2 ms`), rounded up.
+pub fn drift_ms(ttl_ms: u64, drift_factor: f64) -> u64 {
+    ((ttl_ms as f64) * drift_factor).ceil() as u64 + 2
+}
+
+/// The `PX` each master is asked for: `TTL + drift` (contract §2, acquire step 4).
+pub fn backend_ttl_ms(ttl_ms: u64, drift_factor: f64) -> u64 {
+    ttl_ms.saturating_add(drift_ms(ttl_ms, drift_factor))
+}
+
+/// How long after the request was read the client may still be told `OK`:
+/// `TTL − drift`. `None` if the drift alone eats the whole lease (no grant is ever valid).
+pub fn validity_window(ttl_ms: u64, drift_factor: f64) -> Option<Duration> {
+    let drift = drift_ms(ttl_ms, drift_factor);
+    (ttl_ms > drift).then(|| Duration::from_millis(ttl_ms - drift))
+}
+
+/// What one master said about one fanned-out request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Vote {
+    /// Sent, no answer yet.
+    Pending,
+    /// No answer within the node timeout, or the connection failed: counts as "no".
+    Missing,
+    /// The master's reply.
+    Replied(Reply),
+}
+
+/// State of an acquire (`SET key value NX PX ttl` on every master).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireDecision {
+    /// Neither outcome is certain yet.
+    Undecided,
+    /// At least Q masters set the key (the validity check is the caller's, at reply time).
+    Quorum,
+    /// Q `OK`s can no longer be reached.
+    Refused,
+}
+
+/// Decides an acquire as soon as the outcome is known: Q `OK`s, or more than `N − Q` votes that
+/// are not `OK` (an answered null, an error, a missing answer).
+pub fn acquire_decision(votes: &[Vote]) -> AcquireDecision {
+    let n = votes.len();
+    let q = quorum(n);
+    let granted = votes.iter().filter(|v| is_ok(v)).count();
+    let denied = votes
+        .iter()
+        .filter(|v| !matches!(v, Vote::Pending) && !is_ok(v))
+        .count();
+    if granted >= q {
+        AcquireDecision::Quorum
+    } else if denied > n - q {
+        AcquireDecision::Refused
+    } else {
+        AcquireDecision::Undecided
+    }
+}
+
+fn is_ok(vote: &Vote) -> bool {
+    matches!(vote, Vote::Replied(Reply::Simple(s)) if s.as_ref() == b"OK")
+}
+
+/// True where a refused acquire must be rolled back: the master said `OK`, or its answer is
+/// unknown (still pending, timed out, connection lost: the write may have been applied).
+/// A master that answered null did *not* take our value; deleting "our" value there could
+/// delete another holder's lock that happens to use the same token (the PHP seed draws tokens
+/// from only 9001 values), so those masters are left alone.
+pub fn may_hold_our_value(vote: &Vote) -> bool {
+    match vote {
+        Vote::Pending | Vote::Missing => true,
+        Vote::Replied(_) => is_ok(vote),
+    }
+}
+
+/// The quorum reply rule (contract §2), applied as votes arrive. `None` = wait for more votes.
+///
+/// 1. At least Q masters gave the same reply: that reply (decidable before the rest answer).
+/// 2. At least Q integers: the largest `v` such that at least Q masters replied `≥ v`
+///    (the Q-th largest), so a count or a "deleted" flag is only claimed if a majority did it.
+/// 3. At least Q replies, a mix of one value and null: null (the majority does not hold it).
+/// 4. Otherwise `NOQUORUM`.
+pub fn merge(votes: &[Vote]) -> Option<Reply> {
+    let n = votes.len();
+    let q = quorum(n);
+    let replies: Vec<&Reply> = votes
+        .iter()
+        .filter_map(|v| match v {
+            Vote::Replied(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    for (i, candidate) in replies.iter().enumerate() {
+        if replies[i..].iter().filter(|r| *r == candidate).count() >= q {
+            return Some((*candidate).clone());
+        }
+    }
+    if votes.iter().any(|v| matches!(v, Vote::Pending)) {
+        return None;
+    }
+    let mut integers: Vec<i64> = replies
+        .iter()
+        .filter_map(|r| match r {
+            Reply::Integer(i) => Some(*i),
+            _ => None,
+        })
+        .collect();
+    if integers.len() >= q {
+        integers.sort_unstable_by(|a, b| b.cmp(a));
+        return Some(Reply::Integer(integers[q - 1]));
+    }
+    if replies.len() >= q {
+        let values: Vec<&Reply> = replies
+            .iter()
+            .copied()
+            .filter(|r| **r != Reply::Null)
+            .collect();
+        if let Some(first) = values.first() {
+            if !first.is_error() && values.iter().all(|r| r == first) {
+                return Some(Reply::Null);
+            }
+        }
+    }
+    Some(no_quorum(n))
+}
+
+/// The refusal when no majority agreed.
+pub fn no_quorum(n: usize) -> Reply {
+    Reply::error(format!(
+        "NOQUORUM fewer than {} of {} masters agreed",
+        quorum(n),
+        n
+    ))
+}
+
+/// `PTTL`/`TTL` never promise more than the lock holds: the drift padding added to the
+/// master's `PX` at acquire time is taken off again. Negative answers (`-1` no expiry,
+/// `-2` no key) are passed through. `unit_ms` is 1 for `PTTL`, 1000 for `TTL`.
+pub fn conservative_ttl(reply: Reply, unit_ms: u64, drift_factor: f64) -> Reply {
+    match reply {
+        Reply::Integer(t) if t > 0 => {
+            let ms = t as u64 * unit_ms;
+            let drift = drift_ms(ms, drift_factor);
+            let kept = ms.saturating_sub(drift) / unit_ms;
+            Reply::Integer(kept as i64)
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use AcquireDecision::*;
+
+    fn ok() -> Vote {
+        Vote::Replied(Reply::ok())
+    }
+    fn null() -> Vote {
+        Vote::Replied(Reply::Null)
+    }
+    fn int(i: i64) -> Vote {
+        Vote::Replied(Reply::Integer(i))
+    }
+    fn bulk(s: &'static str) -> Vote {
+        Vote::Replied(Reply::Bulk(Bytes::from_static(s.as_bytes())))
+    }
+    fn err(s: &str) -> Vote {
+        Vote::Replied(Reply::error(s))
+    }
+    use Vote::{Missing as M, Pending as P};
+
+    #[test]
+    fn quorum_sizes() {
+        for (n, q) in [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (7, 4)] {
+            assert_eq!(quorum(n), q, "n={n}");
+        }
+    }
+
+    #[test]
+    fn drift_and_padding() {
+        assert_eq!(drift_ms(30_000, 0.01), 302);
+        assert_eq!(backend_ttl_ms(30_000, 0.01), 30_302);
+        assert_eq!(drift_ms(1, 0.01), 3);
+        assert_eq!(
+            validity_window(30_000, 0.01),
+            Some(Duration::from_millis(29_698))
+        );
+        assert_eq!(validity_window(3, 0.01), None);
+        assert_eq!(validity_window(2, 0.0), None);
+    }
+
+    #[test]
+    fn acquire_decisions() {
+        let cases: Vec<(Vec<Vote>, AcquireDecision)> = vec![
+            (vec![ok(), ok(), ok(), P, P], Quorum),
+            (vec![ok(), ok(), P, P, P], Undecided),
+            (vec![null(), null(), null(), P, P], Refused),
+            (vec![ok(), ok(), null(), null(), P], Undecided),
+            (vec![ok(), ok(), null(), null(), M], Refused),
+            (vec![M, M, M, P, P], Refused),
+            (vec![ok(), err("OOM x"), M, ok(), ok()], Quorum),
+            (vec![ok()], Quorum),
+            (vec![M], Refused),
+            (vec![ok(), null(), P], Undecided),
+            (vec![ok(), ok(), P], Quorum),
+        ];
+        for (votes, expected) in cases {
+            assert_eq!(acquire_decision(&votes), expected, "{votes:?}");
+        }
+    }
+
+    #[test]
+    fn rollback_targets() {
+        assert!(may_hold_our_value(&ok()));
+        assert!(may_hold_our_value(&P));
+        assert!(may_hold_our_value(&M));
+        assert!(!may_hold_our_value(&null()));
+        assert!(!may_hold_our_value(&err("ERR x")));
+    }
+
+    #[test]
+    fn merge_rule() {
+        let noq = Some(no_quorum(5));
+        let cases: Vec<(Vec<Vote>, Option<Reply>)> = vec![
+            // same reply from Q masters wins, even before the rest answered
+            (
+                vec![bulk("v"), bulk("v"), bulk("v"), P, P],
+                Some(Reply::Bulk("v".into())),
+            ),
+            (vec![ok(), ok(), M, ok(), err("ERR x")], Some(Reply::ok())),
+            // not yet decidable
+            (vec![int(1), int(0), int(1), P, P], None),
+            // integers: the Q-th largest
+            (
+                vec![int(1), int(1), int(0), int(0), int(1)],
+                Some(Reply::Integer(1)),
+            ),
+            (
+                vec![int(1), int(1), int(0), int(0), M],
+                Some(Reply::Integer(0)),
+            ),
+            (
+                vec![int(29_000), int(28_000), int(30_000), M, M],
+                Some(Reply::Integer(28_000)),
+            ),
+            (
+                vec![int(0), int(0), int(1), int(1), M],
+                Some(Reply::Integer(0)),
+            ),
+            (
+                vec![int(-2), int(5000), int(-2), int(5000), int(4000)],
+                Some(Reply::Integer(4000)),
+            ),
+            // "0 means success" codes: a majority of 0 gives 0
+            (
+                vec![int(0), int(0), int(0), int(1), int(1)],
+                Some(Reply::Integer(0)),
+            ),
+            // mix of one value and null: null
+            (
+                vec![bulk("v"), bulk("v"), null(), null(), M],
+                Some(Reply::Null),
+            ),
+            (vec![bulk("v"), null(), M, M, M], noq.clone()),
+            // two different values: no quorum
+            (vec![bulk("v"), bulk("w"), null(), null(), M], noq.clone()),
+            // errors never turn into null
+            (
+                vec![err("ERR a"), null(), null(), err("ERR a"), M],
+                noq.clone(),
+            ),
+            (vec![M, M, M, M, M], noq),
+            (
+                vec![err("WRONGTYPE x"); 3],
+                Some(Reply::error("WRONGTYPE x")),
+            ),
+            (vec![int(7)], Some(Reply::Integer(7))),
+        ];
+        for (votes, expected) in cases {
+            assert_eq!(merge(&votes), expected, "{votes:?}");
+        }
+    }
+
+    #[test]
+    fn ttl_answers_never_exceed_the_lease() {
+        let cases = [
+            (30_302, 1, 29_996),
+            (-2, 1, -2),
+            (-1, 1, -1),
+            (0, 1, 0),
+            (1, 1, 0),
+            (30, 1000, 29),
+            (1, 1000, 0),
+        ];
+        for (raw, unit, expected) in cases {
+            assert_eq!(
+                conservative_ttl(Reply::Integer(raw), unit, 0.01),
+                Reply::Integer(expected),
+                "{raw} unit {unit}"
+            );
+        }
+    }
+}
