@@ -61,10 +61,10 @@ async function main() {
   };
   const a = createClient(opts);
   const b = createClient(opts);
-  a.on("error", (e) => note(`client A error event: ${e.message}`));
-  b.on("error", (e) => note(`client B error event: ${e.message}`));
-  await a.connect();
-  await b.connect();
+  a.on("error", (e) => C.clientError("client A", e));
+  b.on("error", (e) => C.clientError("client B", e));
+  await C.deadline(a.connect(), 10000, `client A connect to 127.0.0.1:${E.proxyPort} (via tap)`);
+  await C.deadline(b.connect(), 10000, `client B connect to 127.0.0.1:${E.proxyPort} (via tap)`);
   const token = require("crypto").randomBytes(16).toString("hex");
   const other = `other-${require("crypto").randomBytes(8).toString("hex")}`;
 

@@ -52,7 +52,7 @@ async function main() {
   const mk = () => {
     const c = new Redis({ host: C.HOST, port: tap.port, connectTimeout: 5000, commandTimeout: 10000,
                           maxRetriesPerRequest: 2, retryStrategy: (n) => (n > 3 ? null : 200) });
-    c.on("error", (e) => note(`ioredis error event: ${e.message}`));
+    c.on("error", (e) => C.clientError(`ioredis -> 127.0.0.1:${E.proxyPort}`, e));
     return c;
   };
   const client = mk();

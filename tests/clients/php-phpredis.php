@@ -24,6 +24,7 @@ if ($port === false || $port === "" || $masterPorts === false || $masterPorts ==
     exit(2);
 }
 define("LOCK_PROXY_PORT", (int)$port);
+set_exception_handler(function ($e) { fail("uncaught " . get_class($e) . ": " . $e->getMessage()); });
 $KEY = getenv("KEY") ?: ("rlp-test:php-phpredis:" . getmypid() . ":" . bin2hex(random_bytes(4)));
 if (!extension_loaded("redis")) fail("the phpredis extension is not loaded (run tests/clients/install.sh)");
 // Bound every wait: the whole script gets 90 s, socket connects/reads 10 s.

@@ -147,11 +147,14 @@ run_oneshot() {
 run_interactive() {
   local reply line
   # client A: one interactive session on a coprocess, one line in, one line out
-  coproc CLI { exec timeout 60 redis-cli -h "$HOST" -p "$PROXY_PORT"; }
+  local errf
+  errf=$(mktemp)
+  coproc CLI { exec timeout 60 redis-cli -h "$HOST" -p "$PROXY_PORT" 2>"$errf"; }
   local cli_pid=$CLI_PID
   send() {  # command-line expected label
     printf '%s\n' "$1" >&"${CLI[1]}" || fail "$3: cannot write to redis-cli"
-    IFS= read -r -t "$TO" reply <&"${CLI[0]}" || fail "$3: no reply from interactive redis-cli within ${TO}s"
+    IFS= read -r -t "$TO" reply <&"${CLI[0]}" \
+      || fail "$3: no reply from interactive redis-cli within ${TO}s; its stderr: $(head -c 500 "$errf")"
     [ "$reply" = "$2" ] || fail "$3: expected '$2', got '$reply'"
     ok
   }
@@ -174,8 +177,9 @@ run_interactive() {
   exec {CLI[1]}>&-
   wait "$cli_pid"
   local rc=$?
-  [ $rc -eq 0 ] || fail "interactive redis-cli exited with status $rc"
+  [ $rc -eq 0 ] || fail "interactive redis-cli exited with status $rc; its stderr: $(head -c 500 "$errf")"
   ok
+  rm -f "$errf"
 }
 
 case "$MODE" in

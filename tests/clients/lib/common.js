@@ -23,10 +23,12 @@ const depRequire = createRequire(path.join(NODE_DEPS, "package.json"));
 let CLIENT = "node";
 let KEY = "";
 let CHECKS = 0;
+let LAST_CLIENT_ERROR = null;   // last "error" event of a lock client, shown on failure
 
 function setClient(name) { CLIENT = name; }
 function fail(msg) {
   process.stderr.write(`FAIL [${CLIENT} key=${KEY}]: ${msg}\n`);
+  if (LAST_CLIENT_ERROR) process.stderr.write(`  (last client error event: ${LAST_CLIENT_ERROR})\n`);
   process.exit(1);
 }
 function check(cond, msg) {
@@ -37,6 +39,18 @@ function note(msg) {
   if (process.env.VERBOSE) process.stderr.write(`  [${CLIENT}] ${msg}\n`);
 }
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+function clientError(who, e) {
+  LAST_CLIENT_ERROR = `${who}: ${e && e.message ? e.message : e}`;
+  note(`error event ${LAST_CLIENT_ERROR}`);
+}
+// fail if `p` has not settled within `ms`
+function deadline(p, ms, label) {
+  let t;
+  return Promise.race([
+    p.finally(() => clearTimeout(t)),
+    new Promise((_, rej) => { t = setTimeout(() => rej(new Error(`${label}: no answer within ${ms} ms`)), ms); }),
+  ]);
+}
 
 function requireDep(name) {
   try {
@@ -228,4 +242,5 @@ function result(client, version, protocol) {
 
 module.exports = {
   HOST, requireDep, depVersion, env, watchdog, Masters, startTap, check, fail, note, sleep, sha1, result,
+  clientError, deadline,
 };

@@ -1,0 +1,109 @@
+//! A TCP fault relay between the proxy and one master: forwards both directions, and on demand
+//! delays every chunk, blackholes traffic (accepts and reads, forwards nothing), or resets
+//! every connection. Settings apply to live connections at once.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Mode {
+    Pass = 0,
+    Blackhole = 1,
+    Reset = 2,
+}
+
+#[derive(Default)]
+struct State {
+    delay_ms: AtomicU64,
+    mode: AtomicU8,
+    closed: AtomicBool,
+}
+
+/// A running relay; dropped = stops accepting.
+pub struct Relay {
+    pub port: u16,
+    state: Arc<State>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    pub async fn start(upstream_port: u16) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let state = Arc::new(State::default());
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let st = st.clone();
+                tokio::spawn(async move {
+                    if Mode::Reset as u8 == st.mode.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let Ok(server) = TcpStream::connect(("127.0.0.1", upstream_port)).await else {
+                        return;
+                    };
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    tokio::join!(pipe(cr, sw, st.clone()), pipe(sr, cw, st));
+                });
+            }
+        });
+        Relay { port, state, task }
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn set_delay(&self, delay: Duration) {
+        self.state
+            .delay_ms
+            .store(delay.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    pub fn set_mode(&self, mode: Mode) {
+        self.state.mode.store(mode as u8, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.state.closed.store(true, Ordering::Relaxed);
+        self.task.abort();
+    }
+}
+
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    state: Arc<State>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if state.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        match state.mode.load(Ordering::Relaxed) {
+            m if m == Mode::Reset as u8 => return,
+            m if m == Mode::Blackhole as u8 => continue,
+            _ => {}
+        }
+        let delay = state.delay_ms.load(Ordering::Relaxed);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! End-to-end Redlock behaviour through the proxy over real redis-server masters, checked on
+//! the masters directly.
+
+mod common;
+
+use common::relay::Relay;
+use common::{key, master_cmd, Env, Proxy, RELEASE};
+use redlock_proxy::local::LocalCluster;
+use std::time::{Duration, Instant};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_contend_release_over_five_masters() {
+    let env = Env::start(5).await;
+    let k = key("acr");
+    let mut c = env.proxy.client().await;
+    assert_eq!(
+        c.cmd(&["SET", &k, "tok-a", "NX", "PX", "30000"]).await,
+        "+OK"
+    );
+    assert!(env.holders(&k, "tok-a").await >= 3);
+    for port in env.ports() {
+        if common::master_get(port, &k).await.as_deref() == Some("tok-a") {
+            let pttl: i64 = master_cmd(port, &["PTTL", &k]).await[1..].parse().unwrap();
+            assert!(
+                pttl >= 30_000,
+                "master PTTL {pttl} covers the requested TTL plus drift"
+            );
+        }
+    }
+    // Contention: exactly what one Redis answers when the lock is held.
+    let mut other = env.proxy.client().await;
+    assert_eq!(
+        other.cmd(&["SET", &k, "tok-b", "NX", "PX", "30000"]).await,
+        "$nil"
+    );
+    assert_eq!(env.holders(&k, "tok-b").await, 0);
+    // Options in any order and case, EX in seconds.
+    assert_eq!(
+        other.cmd(&["set", &k, "tok-b", "ex", "30", "nx"]).await,
+        "$nil"
+    );
+    // PTTL through the proxy never promises more than the lock holds.
+    let pttl: i64 = c.cmd(&["PTTL", &k]).await[1..].parse().unwrap();
+    assert!((29_000..=30_000).contains(&pttl), "{pttl}");
+    assert_eq!(c.cmd(&["GET", &k]).await, "$tok-a");
+    // Release by a non-owner does nothing; by the owner removes it everywhere.
+    assert_eq!(other.cmd(&["EVAL", RELEASE, "1", &k, "tok-b"]).await, ":0");
+    assert!(env.holders(&k, "tok-a").await >= 3);
+    assert_eq!(c.cmd(&["EVAL", RELEASE, "1", &k, "tok-a"]).await, ":1");
+    env.assert_gone(&k).await;
+    // Now free for the other client.
+    assert_eq!(
+        other.cmd(&["SET", &k, "tok-b", "PX", "30000", "NX"]).await,
+        "+OK"
+    );
+    assert_eq!(other.cmd(&["DEL", &k]).await, ":1");
+    env.assert_gone(&k).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partial_grants_are_rolled_back_and_foreign_values_kept() {
+    let env = Env::start(5).await;
+    let ports = env.ports();
+    let mut c = env.proxy.client().await;
+
+    // Another value on 2 of 5: our value still reaches a majority of 3.
+    let k = key("rb2");
+    for port in &ports[..2] {
+        master_cmd(*port, &["SET", &k, "foreign", "PX", "30000"]).await;
+    }
+    assert_eq!(
+        c.cmd(&["SET", &k, "mine", "NX", "PX", "30000"]).await,
+        "+OK"
+    );
+    assert_eq!(env.holders(&k, "mine").await, 3);
+    assert_eq!(env.holders(&k, "foreign").await, 2);
+
+    // Another value on 3 of 5: null, our value nowhere, the foreign value untouched.
+    let k = key("rb3");
+    for port in &ports[..3] {
+        master_cmd(*port, &["SET", &k, "foreign", "PX", "30000"]).await;
+    }
+    assert_eq!(
+        c.cmd(&["SET", &k, "mine", "NX", "PX", "30000"]).await,
+        "$nil"
+    );
+    assert_eq!(env.holders(&k, "mine").await, 0);
+    assert_eq!(env.holders(&k, "foreign").await, 3);
+
+    // A contender using the holder's own token (the PHP seed draws tokens from 9001 values)
+    // must not delete the holder's lock while rolling back its failed attempt.
+    let k = key("same-token");
+    for port in &ports[..3] {
+        master_cmd(*port, &["SET", &k, "4242", "PX", "30000"]).await;
+    }
+    assert_eq!(
+        c.cmd(&["SET", &k, "4242", "NX", "PX", "30000"]).await,
+        "$nil"
+    );
+    assert_eq!(env.holders(&k, "4242").await, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minority_down_still_grants_majority_down_refuses_fast() {
+    let mut env = Env::start(5).await;
+    let node_timeout = Duration::from_millis(50);
+    env.masters.masters[0].kill();
+    env.masters.masters[1].kill();
+    let mut c = env.proxy.client().await;
+    let k = key("down2");
+    assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "30000"]).await, "+OK");
+    assert_eq!(c.cmd(&["GET", &k]).await, "$v");
+    assert_eq!(c.cmd(&["EVAL", RELEASE, "1", &k, "v"]).await, ":1");
+
+    env.masters.masters[2].kill();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let k = key("down3");
+    let started = Instant::now();
+    assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "30000"]).await, "$nil");
+    let took = started.elapsed();
+    assert!(took < node_timeout * 2, "refused in {took:?}");
+    assert_eq!(env.holders(&k, "v").await, 0);
+    let started = Instant::now();
+    let reply = c.cmd(&["GET", &k]).await;
+    assert!(
+        reply.starts_with("-NOQUORUM fewer than 3 of 5 masters agreed"),
+        "{reply}"
+    );
+    assert!(started.elapsed() < node_timeout * 2);
+
+    // Masters come back (empty): the proxy reconnects by itself.
+    for m in &mut env.masters.masters[..3] {
+        m.restart(&[]).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let k = key("back");
+    loop {
+        let reply = c.cmd(&["SET", &k, "v", "NX", "PX", "30000"]).await;
+        if reply == "+OK" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no grant 5 s after the masters returned"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masters_slower_than_the_ttl_give_null_and_leave_nothing() {
+    let masters = LocalCluster::start(3).unwrap();
+    let mut relays = Vec::new();
+    for m in &masters.masters {
+        relays.push(Relay::start(m.port).await);
+    }
+    let proxy = Proxy::start(relays.iter().map(Relay::addr).collect(), |c| {
+        c.node_timeout_ms = 1000;
+    })
+    .await;
+    for r in &relays {
+        r.set_delay(Duration::from_millis(60));
+    }
+    let mut c = proxy.client().await;
+    let k = key("slow");
+    // TTL 50 ms: validity 50 - 2.5 - drift < the 60+ ms the masters take to answer.
+    assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "50"]).await, "$nil");
+    for m in &masters.masters {
+        assert_eq!(common::master_get(m.port, &k).await, None);
+    }
+    // With the same delay a long TTL is granted: the validity rule, not the delay, refused.
+    assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "30000"]).await, "+OK");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evalsha_noscript_load_and_healing() {
+    let env = Env::start(3).await;
+    let mut c = env.proxy.client().await;
+    let sha = "a4f7e0b1ccdd3a2d1adca5bd2e0d4f3a7e4bd9aa"; // not a loaded script
+    assert_eq!(
+        c.cmd(&["EVALSHA", sha, "0"]).await,
+        "-NOSCRIPT No matching script. Please use EVAL."
+    );
+    let body = "return redis.call('get', KEYS[1])";
+    let loaded = c.cmd(&["SCRIPT", "LOAD", body]).await;
+    let real_sha = format!("${}", sha1_hex(body));
+    assert_eq!(loaded, real_sha);
+    let k = key("evalsha");
+    c.cmd(&["SET", &k, "v", "NX", "PX", "30000"]).await;
+    assert_eq!(c.cmd(&["EVALSHA", &real_sha[1..], "1", &k]).await, "$v");
+    assert_eq!(
+        c.cmd(&["SCRIPT", "EXISTS", &real_sha[1..], sha]).await,
+        "*[:1,:0]"
+    );
+    // The masters lose their script caches: the proxy re-loads invisibly.
+    for port in env.ports() {
+        master_cmd(port, &["SCRIPT", "FLUSH"]).await;
+    }
+    assert_eq!(
+        c.cmd(&["EVALSHA", &real_sha[1..].to_uppercase(), "1", &k])
+            .await,
+        "$v"
+    );
+    // SCRIPT FLUSH through the proxy forgets it everywhere.
+    assert_eq!(c.cmd(&["SCRIPT", "FLUSH"]).await, "+OK");
+    assert_eq!(
+        c.cmd(&["EVALSHA", &real_sha[1..], "1", &k]).await,
+        "-NOSCRIPT No matching script. Please use EVAL."
+    );
+    // EVAL remembers the body for later EVALSHA.
+    let release_sha = sha1_hex(RELEASE);
+    assert_eq!(c.cmd(&["EVAL", RELEASE, "1", &k, "nope"]).await, ":0");
+    for port in env.ports() {
+        master_cmd(port, &["SCRIPT", "FLUSH"]).await;
+    }
+    assert_eq!(c.cmd(&["EVALSHA", &release_sha, "1", &k, "v"]).await, ":1");
+    env.assert_gone(&k).await;
+    // numkeys errors as Redis words them.
+    assert_eq!(
+        c.cmd(&["EVAL", "return 1", "2", "k"]).await,
+        "-ERR Number of keys can't be greater than number of args"
+    );
+    assert_eq!(
+        c.cmd(&["EVAL", "return 1", "-1"]).await,
+        "-ERR Number of keys can't be negative"
+    );
+    assert_eq!(
+        c.cmd(&["EVAL", "return 1", "x"]).await,
+        "-ERR value is not an integer or out of range"
+    );
+}
+
+fn sha1_hex(body: &str) -> String {
+    redlock_proxy::cluster::script_sha(body.as_bytes())
+}
