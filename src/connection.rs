@@ -108,12 +108,15 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
                     break;
                 }
             };
-            let protocol = session.protocol;
             let ctx = Ctx {
                 shared: &shared,
                 received_at,
             };
-            let slot = match commands::dispatch(&ctx, &mut session, request) {
+            let action = commands::dispatch(&ctx, &mut session, request);
+            // The protocol in force once the command ran, as in Redis: `HELLO 3` is answered
+            // in RESP3, a request pipelined before it in RESP2.
+            let protocol = session.protocol;
+            let slot = match action {
                 Action::Ready(reply) => Slot::Ready(Some((protocol, Outcome::Reply(reply)))),
                 Action::Close(reply) => {
                     closing = true;

@@ -179,7 +179,7 @@ impl RequestParser {
 
 /// Inline command (`PING\r\n`, `set "a b" c\n`): `Some(None)` = blank line consumed.
 fn parse_inline(buf: &mut BytesMut) -> Result<Option<Option<Request>>, ParseError> {
-    let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
+    let Some(nl) = find_byte(buf, 0, b'\n') else {
         if buf.len() > INLINE_MAX_SIZE {
             return Err(ParseError::TooBigInline);
         }
@@ -197,11 +197,17 @@ fn parse_inline(buf: &mut BytesMut) -> Result<Option<Option<Request>>, ParseErro
     Ok(Some(Some(Request { args, raw: None })))
 }
 
+/// Position of the first `target` at or after `from`. Like Redis' `strchr` on the query
+/// buffer, the search stops at a NUL byte: a line with a NUL before its end is not complete
+/// (Redis waits for more input, up to the 64 KiB line limit).
+fn find_byte(buf: &[u8], from: usize, target: u8) -> Option<usize> {
+    let rest = buf.get(from..)?;
+    let at = rest.iter().position(|&b| b == target || b == 0)?;
+    (rest[at] == target).then_some(at + from)
+}
+
 fn find_cr(buf: &[u8], from: usize) -> Option<usize> {
-    buf.get(from..)?
-        .iter()
-        .position(|&b| b == b'\r')
-        .map(|i| i + from)
+    find_byte(buf, from, b'\r')
 }
 
 /// Redis' `string2ll`: optional `-`, digits, no `+`, no leading zeros, no spaces, fits in i64.

@@ -69,11 +69,13 @@ async function main() {
   const other = `other-${require("crypto").randomBytes(8).toString("hex")}`;
 
   // ---- acquire ----
+  C.stage("acquire");
   let r = await a.set(KEY, token, { NX: true, PX: 30000 });
   check(r === "OK", `A SET NX PX: expected "OK", got ${JSON.stringify(r)}`);
   await masters.checkMajority(KEY, token, 29000, "after A SET NX PX", 30000);
 
   // ---- contention ----
+  C.stage("contention");
   r = await b.set(KEY, other, { NX: true, PX: 30000 });
   check(r === null, `B SET NX PX while A holds the lock: expected null, got ${JSON.stringify(r)}`);
   await masters.checkMajority(KEY, token, 28000, "after B contention");
@@ -84,11 +86,13 @@ async function main() {
   await masters.checkMajority(KEY, token, 28000, "after B's wrong-token EVALs");
 
   // ---- extend ----
+  C.stage("extend");
   r = await a.eval(EXTEND, { keys: [KEY], arguments: [token, "60000"] });
   check(r === 1, `A EVAL extend: expected the number 1, got ${JSON.stringify(r)} (${typeof r})`);
   await masters.checkMajority(KEY, token, 59000, "after A EVAL extend to 60000 ms", 60000);
 
   // ---- release ----
+  C.stage("release");
   r = await a.eval(RELEASE, { keys: [KEY], arguments: [token] });
   check(r === 1, `A EVAL release: expected the number 1, got ${JSON.stringify(r)} (${typeof r})`);
   await masters.checkAbsent(KEY, "after A EVAL release");
@@ -96,6 +100,7 @@ async function main() {
   check(r === 0, `A EVAL release again: expected 0, got ${JSON.stringify(r)}`);
 
   // ---- defineScript, recorded script text, after SCRIPT FLUSH on the masters ----
+  C.stage("defineScript, recorded script text, after SCRIPT FLUSH on the masters");
   r = await a.set(KEY, token, { NX: true, PX: 30000 });
   check(r === "OK", `A SET NX PX (2): expected "OK", got ${JSON.stringify(r)}`);
   await masters.checkMajority(KEY, token, 29000, "after A SET NX PX (2)");
@@ -109,6 +114,7 @@ async function main() {
   await masters.checkAbsent(KEY, "after A lockRelease");
 
   // ---- defineScript with a script no server has seen: EVALSHA -> NOSCRIPT -> EVAL ----
+  C.stage("defineScript with a script no server has seen: EVALSHA -> NOSCRIPT -> EVAL");
   const fsha = C.sha1(RELEASE_FRESH);
   r = await a.set(KEY, token, { NX: true, PX: 30000 });
   check(r === "OK", `A SET NX PX (3): expected "OK", got ${JSON.stringify(r)}`);

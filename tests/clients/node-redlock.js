@@ -66,6 +66,7 @@ async function main() {
   const scriptCalls = (name) => evalshaCount(SHA[name]) + evalCount(SHA[name]);
 
   // ---- acquire ----
+  C.stage("acquire");
   let lock = await redlock.acquire([KEY], 30000);
   check(typeof lock.value === "string" && lock.value.length === 32, `acquire: unexpected lock value ${JSON.stringify(lock.value)}`);
   check(lock.expiration > Date.now() + 29000, `acquire: lock.expiration only ${lock.expiration - Date.now()} ms ahead`);
@@ -73,6 +74,7 @@ async function main() {
   check(scriptCalls("acquire") >= 1, "acquire: redlock's acquire script (sha 96da..) was not seen on the wire");
 
   // ---- contention: a second Redlock instance, retryCount 0 -> one attempt, ExecutionError ----
+  C.stage("contention: a second Redlock instance, retryCount 0 -> one attempt, ExecutionError");
   let t0 = Date.now();
   try {
     await redlock2.acquire([KEY], 30000);
@@ -86,6 +88,7 @@ async function main() {
   await masters.checkMajority(KEY, lock.value, 28000, "after B contention");   // B's value nowhere
 
   // ---- extend ----
+  C.stage("extend");
   const extends0 = scriptCalls("extend");
   lock = await lock.extend(60000);
   check(lock.expiration > Date.now() + 59000, "extend(60000): lock.expiration did not move");
@@ -96,6 +99,7 @@ async function main() {
   await masters.flushScripts();
 
   // ---- release ----
+  C.stage("release");
   const rel = await lock.release();
   check(rel && Array.isArray(rel.attempts), "release: expected an ExecutionResult");
   await masters.checkAbsent(KEY, "after release");
@@ -109,6 +113,7 @@ async function main() {
   await masters.checkAbsent(KEY, "after release again");
 
   // ---- using(): auto-extension past the original TTL ----
+  C.stage("using(): auto-extension past the original TTL");
   const usingTtl = 2000;
   const holdMs = 3200;
   const ext0 = scriptCalls("extend");
@@ -133,6 +138,7 @@ async function main() {
   await masters.checkAbsent(KEY, "after using()");
 
   // ---- protocol, as negotiated on the wire ----
+  C.stage("protocol, as negotiated on the wire");
   const protocol = tap.protocolOf(0);
   check(protocol === tap.protocolOf(1), "the two ioredis clients negotiated different protocols");
   if (client.condition && client.condition.protocol !== undefined) {

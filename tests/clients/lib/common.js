@@ -82,8 +82,10 @@ function env(clientName) {
 }
 
 // Bound the whole run; the timer does not keep the process alive.
+let STAGE = "start";
+function stage(s) { STAGE = s; }
 function watchdog(ms) {
-  setTimeout(() => fail(`timed out after ${ms / 1000} s`), ms).unref();
+  setTimeout(() => fail(`timed out after ${ms / 1000} s, during: ${STAGE}`), ms).unref();
 }
 
 class Masters {
@@ -151,7 +153,14 @@ class Masters {
 }
 
 // ---- the tap: loopback relay that watches the RESP stream in both directions ----
-function startTap(targetPort) {
+async function startTap(targetPort) {
+  // fail fast and clearly if nothing listens on the proxy port
+  await new Promise((resolve) => {
+    const s = net.connect({ host: HOST, port: targetPort });
+    const t = setTimeout(() => { s.destroy(); fail(`cannot connect to the proxy at ${HOST}:${targetPort}: no answer in 5 s`); }, 5000);
+    s.once("connect", () => { clearTimeout(t); s.end(); resolve(); });
+    s.once("error", (e) => { clearTimeout(t); fail(`cannot connect to the proxy at ${HOST}:${targetPort}: ${e.code || e.message}`); });
+  });
   const conns = [];
   const server = net.createServer((down) => {
     const rec = { commands: [], helloProto: null, firstReplyType: null, errors: [] };
@@ -178,6 +187,7 @@ function startTap(targetPort) {
       base += s.length - keep;
       tail = s.slice(s.length - keep);
     });
+    up.on("error", (e) => clientError(`tap -> proxy ${HOST}:${targetPort}`, e));
     const end = () => { down.destroy(); up.destroy(); };
     down.on("error", end); up.on("error", end); down.on("close", end); up.on("close", end);
   });
@@ -242,5 +252,5 @@ function result(client, version, protocol) {
 
 module.exports = {
   HOST, requireDep, depVersion, env, watchdog, Masters, startTap, check, fail, note, sleep, sha1, result,
-  clientError, deadline,
+  clientError, deadline, stage,
 };
