@@ -38,6 +38,15 @@ pub struct Config {
     /// Serve `SETNX` and `SET … NX` without expiry as plain fanned-out writes instead of
     /// refusing them. Off by default: such a lock can never be made safe.
     pub allow_locks_without_expiry: bool,
+    /// How often each master's health (`INFO`) is checked.
+    pub health_interval_ms: u64,
+    /// Quarantine masters that restarted or lost data until every lease they may have held
+    /// has expired. Only tests switch this off (the negative control of the safety suite).
+    pub quarantine: bool,
+    /// Largest lock TTL any proxy in front of these masters grants (acquires above it are
+    /// refused). A master that lost its data is quarantined for this long plus drift. When
+    /// unset, the largest TTL this proxy itself has granted is used (safe with one proxy).
+    pub max_lock_ttl_ms: Option<u64>,
 }
 
 impl Default for Config {
@@ -54,6 +63,9 @@ impl Default for Config {
             max_inflight_per_client: 1024,
             maxclients: 10_000,
             allow_locks_without_expiry: false,
+            health_interval_ms: 100,
+            quarantine: true,
+            max_lock_ttl_ms: None,
         }
     }
 }
