@@ -14,6 +14,7 @@
 //! - A caller never waits longer than the node timeout for one reply; a missing reply is a
 //!   "no" vote ([`Vote::Missing`]), never an error that stops the fan-out.
 
+use crate::health::{judge, Observation};
 use crate::protocol::Reply;
 use crate::redlock::Vote;
 use bytes::{Bytes, BytesMut};
@@ -49,6 +50,17 @@ pub struct MasterStats {
     pub retired: AtomicU64,
 }
 
+/// What the health monitor last concluded about a master ([`crate::health`]).
+#[derive(Debug, Default)]
+struct HealthState {
+    last: Option<Observation>,
+    /// Connection number (see [`MasterStats::connects`]) the last observation was made on.
+    checked_connect: u64,
+    quarantined_until: Option<Instant>,
+    quarantine_reason: Option<String>,
+    unsafe_reason: Option<String>,
+}
+
 /// One independent Redis master and its current connection.
 pub struct Master {
     pub addr: String,
@@ -56,6 +68,8 @@ pub struct Master {
     link: Mutex<Option<Arc<Link>>>,
     pub stats: MasterStats,
     connected: AtomicBool,
+    health: Mutex<HealthState>,
+    new_connection: Notify,
 }
 
 impl std::fmt::Debug for Master {
@@ -97,7 +111,105 @@ impl Master {
             link: Mutex::new(None),
             stats: MasterStats::default(),
             connected: AtomicBool::new(false),
+            health: Mutex::new(HealthState::default()),
+            new_connection: Notify::new(),
         })
+    }
+
+    /// May this master's votes count right now? Only on a connection whose `INFO` has been
+    /// judged, outside quarantine, and in a safe configuration.
+    pub fn eligible(&self) -> bool {
+        if !self.is_connected() {
+            return false;
+        }
+        let connects = self.connect_count();
+        let Ok(h) = self.health.lock() else {
+            return false;
+        };
+        h.checked_connect == connects
+            && h.unsafe_reason.is_none()
+            && h.quarantined_until.is_none_or(|t| Instant::now() >= t)
+    }
+
+    /// `up`, `down`, `connecting`, `quarantined (…)` or `unsafe (…)`, for `INFO`.
+    pub fn state(&self) -> String {
+        if !self.is_connected() {
+            return "down".into();
+        }
+        let connects = self.connect_count();
+        let Ok(h) = self.health.lock() else {
+            return "unknown".into();
+        };
+        let now = Instant::now();
+        if let Some(reason) = &h.unsafe_reason {
+            return format!("unsafe ({reason})");
+        }
+        if let (Some(until), Some(reason)) = (h.quarantined_until, &h.quarantine_reason) {
+            if now < until {
+                return format!(
+                    "quarantined ({reason}; {} ms left)",
+                    (until - now).as_millis()
+                );
+            }
+        }
+        if h.checked_connect != connects {
+            return "connecting".into();
+        }
+        "up".into()
+    }
+
+    /// Number of connections made so far (changes on every reconnect).
+    pub fn connect_count(&self) -> u64 {
+        self.stats.connects.load(Ordering::Relaxed)
+    }
+
+    /// Resolves once a connection newer than connection number `seen` exists.
+    pub async fn wait_new_connection(&self, seen: u64) {
+        loop {
+            let notified = self.new_connection.notified();
+            if self.connect_count() != seen {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Records a health observation made on connection number `connect`. A loss of data
+    /// starts a quarantine of `quarantine` (when quarantine is on) from `now`.
+    pub fn observe(
+        &self,
+        obs: Observation,
+        connect: u64,
+        quarantine: Option<Duration>,
+        now: Instant,
+    ) {
+        let Ok(mut h) = self.health.lock() else {
+            return;
+        };
+        let verdict = judge(h.last.as_ref(), &obs);
+        if let Some(reason) = verdict.lost {
+            match quarantine {
+                Some(wait) => {
+                    tracing::warn!(master = %self.addr, %reason, wait_ms = wait.as_millis() as u64, "master lost data: quarantined until every lease it held has expired");
+                    h.quarantined_until = Some(now + wait);
+                    h.quarantine_reason = Some(reason);
+                }
+                None => {
+                    tracing::warn!(master = %self.addr, %reason, "master lost data (quarantine is off)")
+                }
+            }
+        }
+        if verdict.unsafe_config != h.unsafe_reason {
+            match &verdict.unsafe_config {
+                Some(reason) => {
+                    tracing::error!(master = %self.addr, %reason, "master refused: unsafe for locks")
+                }
+                None => tracing::info!(master = %self.addr, "master configuration safe again"),
+            }
+            h.unsafe_reason = verdict.unsafe_config;
+        }
+        h.last = Some(obs);
+        h.checked_connect = connect;
     }
 
     /// Whether a usable connection exists right now.
@@ -125,8 +237,24 @@ impl Master {
         Some(rx)
     }
 
-    /// Sends one request and waits at most the node timeout for its reply.
+    /// Sends one request and waits at most the node timeout for its reply. A master that is
+    /// not [eligible](Master::eligible) still gets the request (a rollback or release must
+    /// reach it too) but its vote is [`Vote::Missing`] at once.
     pub async fn call(&self, payload: Bytes, late: Option<LateHook>) -> Vote {
+        if !self.eligible() {
+            drop(self.send(payload, late));
+            self.stats.missing.fetch_add(1, Ordering::Relaxed);
+            return Vote::Missing;
+        }
+        self.probe_with(payload, late).await
+    }
+
+    /// Like [`Master::call`] but regardless of eligibility: for the health monitor.
+    pub async fn probe(&self, payload: Bytes) -> Vote {
+        self.probe_with(payload, None).await
+    }
+
+    async fn probe_with(&self, payload: Bytes, late: Option<LateHook>) -> Vote {
         let vote = match self.send(payload, late) {
             None => Vote::Missing,
             Some(rx) => match timeout(self.node_timeout, rx).await {
@@ -167,6 +295,7 @@ async fn supervise(master: Arc<Master>, mut stop: watch::Receiver<bool>) {
                 backoff = BACKOFF_MIN;
                 let (link, mut retired) = start_link(stream, master.node_timeout);
                 master.install(Some(link.clone()));
+                master.new_connection.notify_waiters();
                 tokio::select! {
                     _ = retired.wait_for(|r| *r) => {}
                     _ = stop.wait_for(|s| *s) => link.retire(),

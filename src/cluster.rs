@@ -9,12 +9,14 @@
 //! master is never overtaken by it.
 
 use crate::backend::{LateHook, Master};
+use crate::config::Config;
 use crate::protocol::reply::encode_command;
 use crate::protocol::Reply;
 use crate::redlock::{quorum, Vote};
 use bytes::{Bytes, BytesMut};
 use dashmap::DashMap;
 use futures::stream::{FuturesUnordered, StreamExt};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -29,27 +31,56 @@ pub struct Cluster {
     pub scripts: DashMap<String, Bytes>,
     pub drift_factor: f64,
     pub node_timeout: Duration,
+    /// Quarantine masters that lost data (off only in tests).
+    pub quarantine: bool,
+    /// Configured cap on lock TTLs across all proxies, if any.
+    pub max_lock_ttl_cap: Option<u64>,
+    /// Largest TTL this proxy has sent to the masters in an acquire.
+    largest_ttl_sent: AtomicU64,
     stop: watch::Sender<bool>,
 }
 
 impl Cluster {
-    /// Starts connecting to every master in `addrs`.
-    pub fn start(addrs: &[String], node_timeout: Duration, drift_factor: f64) -> Arc<Cluster> {
+    /// Starts connecting to, and watching, every master of `config.backends`.
+    pub fn start(config: &Config) -> Arc<Cluster> {
         let (stop, stop_rx) = watch::channel(false);
-        let masters: Vec<Arc<Master>> = addrs
+        let node_timeout = config.node_timeout();
+        let masters: Vec<Arc<Master>> = config
+            .backends
             .iter()
             .map(|a| Master::new(a.clone(), node_timeout))
             .collect();
         for master in &masters {
             master.spawn(stop_rx.clone());
         }
-        Arc::new(Cluster {
+        let cluster = Arc::new(Cluster {
             masters,
             scripts: DashMap::new(),
-            drift_factor,
+            drift_factor: config.drift_factor,
             node_timeout,
+            quarantine: config.quarantine,
+            max_lock_ttl_cap: config.max_lock_ttl_ms,
+            largest_ttl_sent: AtomicU64::new(0),
             stop,
-        })
+        });
+        crate::health::spawn_monitors(
+            &cluster,
+            Duration::from_millis(config.health_interval_ms),
+            stop_rx,
+        );
+        cluster
+    }
+
+    /// Records that an acquire with `ttl_ms` is being sent to the masters.
+    pub fn note_ttl(&self, ttl_ms: u64) {
+        self.largest_ttl_sent.fetch_max(ttl_ms, Ordering::Relaxed);
+    }
+
+    /// The longest lease any master may hold: the configured cap, else the largest TTL this
+    /// proxy has sent.
+    pub fn max_lock_ttl_ms(&self) -> u64 {
+        self.max_lock_ttl_cap
+            .unwrap_or_else(|| self.largest_ttl_sent.load(Ordering::Relaxed))
     }
 
     /// Stops every connection task.

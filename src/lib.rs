@@ -8,6 +8,7 @@
 //! - [`redlock`]: the pure decision logic (quorum, validity, merge rule), no I/O.
 //! - [`cluster`]: fan-out to every master and the script cache.
 //! - [`backend`]: one pipelined connection per master, timeouts, retirement, reconnects.
+//! - [`health`]: master health watching, quarantine of masters that lost data, unsafe configs.
 //! - [`server`]: the accept loop and graceful shutdown; [`config`]; [`local`] (child masters).
 
 pub mod backend;
@@ -15,6 +16,7 @@ pub mod cluster;
 pub mod commands;
 pub mod config;
 pub mod connection;
+pub mod health;
 pub mod local;
 pub mod protocol;
 pub mod redlock;

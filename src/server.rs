@@ -33,7 +33,7 @@ impl Shared {
 /// Serves clients on `listener` with the masters in `config.backends` until `shutdown`
 /// completes, then drains connections and returns.
 pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future) {
-    let cluster = Cluster::start(&config.backends, config.node_timeout(), config.drift_factor);
+    let cluster = Cluster::start(&config);
     let limit = Arc::new(Semaphore::new(config.maxclients));
     let shared = Arc::new(Shared {
         cluster: cluster.clone(),

@@ -108,7 +108,8 @@ async fn minority_down_still_grants_majority_down_refuses_fast() {
     env.masters.masters[1].kill();
     let mut c = env.proxy.client().await;
     let k = key("down2");
-    assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "30000"]).await, "+OK");
+    // 1 s leases: a master that comes back empty is quarantined for about that long.
+    assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "1000"]).await, "+OK");
     assert_eq!(c.cmd(&["GET", &k]).await, "$v");
     assert_eq!(c.cmd(&["EVAL", RELEASE, "1", &k, "v"]).await, ":1");
 
@@ -116,7 +117,7 @@ async fn minority_down_still_grants_majority_down_refuses_fast() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let k = key("down3");
     let started = Instant::now();
-    assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "30000"]).await, "$nil");
+    assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "1000"]).await, "$nil");
     let took = started.elapsed();
     assert!(took < node_timeout * 2, "refused in {took:?}");
     assert_eq!(env.holders(&k, "v").await, 0);
@@ -128,14 +129,25 @@ async fn minority_down_still_grants_majority_down_refuses_fast() {
     );
     assert!(started.elapsed() < node_timeout * 2);
 
-    // Masters come back (empty): the proxy reconnects by itself.
+    // The masters come back empty: the proxy reconnects by itself, sees the new run_ids and
+    // keeps them out of every quorum until the longest lease (1 s + drift) has expired.
     for m in &mut env.masters.masters[..3] {
         m.restart(&[]).unwrap();
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
     let k = key("back");
+    let deadline = Instant::now() + Duration::from_secs(1);
     loop {
-        let reply = c.cmd(&["SET", &k, "v", "NX", "PX", "30000"]).await;
+        let info = c.cmd(&["INFO", "masters"]).await;
+        if info.matches("quarantined (restarted").count() == 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not quarantined: {info}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "1000"]).await, "$nil");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let reply = c.cmd(&["SET", &k, "v", "NX", "PX", "1000"]).await;
         if reply == "+OK" {
             break;
         }
@@ -145,6 +157,8 @@ async fn minority_down_still_grants_majority_down_refuses_fast() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let info = c.cmd(&["INFO", "masters"]).await;
+    assert_eq!(info.matches("state=up").count(), 5, "{info}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -106,6 +106,13 @@ pub fn set(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
         return Action::Ready(Reply::error(refusal));
     }
     let ttl_ms = opts.ttl_ms.unwrap_or_default();
+    if let Some(cap) = cluster.max_lock_ttl_cap.filter(|cap| ttl_ms > *cap) {
+        // Quarantine of a master that lost data lasts `cap` + drift: a longer lease could
+        // outlive it.
+        return Action::Ready(Reply::error(format!(
+            "ERR lock TTL {ttl_ms} ms is above max_lock_ttl_ms ({cap} ms) of redlock-proxy"
+        )));
+    }
     let key = request.args[1].clone();
     let value = request.args[2].clone();
     Action::Defer(Box::pin(acquire(
@@ -148,6 +155,7 @@ pub async fn acquire(
         return Outcome::Reply(Reply::Null);
     };
     let deadline = received_at + window;
+    cluster.note_ttl(ttl_ms);
     let px = backend_ttl_ms(ttl_ms, cluster.drift_factor).to_string();
     let payload = command(&[b"SET".as_ref(), &key, &value, b"NX", b"PX", px.as_bytes()]);
     let refused = Arc::new(AtomicBool::new(false));

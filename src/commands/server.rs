@@ -241,7 +241,7 @@ pub fn info(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
                 out,
                 "master{i}:addr={},state={},replies={},missing={},connects={},retired_connections={}\r\n",
                 m.addr,
-                if m.is_connected() { "up" } else { "down" },
+                m.state(),
                 m.stats.replies.load(Ordering::Relaxed),
                 m.stats.missing.load(Ordering::Relaxed),
                 m.stats.connects.load(Ordering::Relaxed),
