@@ -55,7 +55,11 @@ async fn redis_cli_one_shot_session() {
     assert_eq!(out[6], "OK\n");
     assert_eq!(out[7], "\n");
     assert!(out[8].contains("proto 3\n"), "{}", out[8]);
-    assert!(out[9].starts_with("ERR 'FLUSHALL' is refused by redlock-proxy"), "{}", out[9]);
+    assert!(
+        out[9].starts_with("ERR 'FLUSHALL' is refused by redlock-proxy"),
+        "{}",
+        out[9]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -100,7 +104,10 @@ async fn resp3_through_the_redis_crate() {
     c.cmd(&["SET", &k, "v", "NX", "PX", "30000"]).await;
     assert_eq!(c.cmd(&["SET", &k, "w", "NX", "PX", "30000"]).await, "_");
     assert!(c.cmd(&["INFO"]).await.starts_with("=txt:# Server"));
-    assert_eq!(c.cmd(&["HELLO", "4"]).await, "-NOPROTO unsupported protocol version");
+    assert_eq!(
+        c.cmd(&["HELLO", "4"]).await,
+        "-NOPROTO unsupported protocol version"
+    );
     c.cmd(&["HELLO", "2"]).await;
     assert_eq!(c.cmd(&["SET", &k, "w", "NX", "PX", "30000"]).await, "$nil");
 }
@@ -116,7 +123,17 @@ async fn a_thousand_pipelined_mixed_commands_come_back_in_order() {
         let v = format!("v{i}");
         let (cmd, want): (Vec<String>, String) = match i % 5 {
             0 => (vec!["ECHO".into(), v.clone()], format!("${v}")),
-            1 => (vec!["SET".into(), k.clone(), v.clone(), "NX".into(), "PX".into(), "30000".into()], String::new()),
+            1 => (
+                vec![
+                    "SET".into(),
+                    k.clone(),
+                    v.clone(),
+                    "NX".into(),
+                    "PX".into(),
+                    "30000".into(),
+                ],
+                String::new(),
+            ),
             2 => (vec!["GET".into(), k.clone()], String::new()),
             3 => (vec!["DEL".into(), k.clone()], String::new()),
             _ => (vec!["PING".into()], "+PONG".into()),
@@ -216,7 +233,13 @@ async fn handshake_commands_answer_like_redis() {
     // What redis-py, node-redis and ioredis send on connect, pipelined.
     let mut bytes = encode(&["CLIENT", "SETINFO", "LIB-NAME", "redis-py"]);
     bytes.extend(encode(&["CLIENT", "SETINFO", "LIB-VER", "8.1.0"]));
-    bytes.extend(encode(&["CLIENT", "MAINT_NOTIFICATIONS", "ON", "moving-endpoint-type", "internal-ip"]));
+    bytes.extend(encode(&[
+        "CLIENT",
+        "MAINT_NOTIFICATIONS",
+        "ON",
+        "moving-endpoint-type",
+        "internal-ip",
+    ]));
     bytes.extend(encode(&["SELECT", "0"]));
     bytes.extend(encode(&["CLIENT", "SETNAME", "worker-1"]));
     bytes.extend(encode(&["CLIENT", "GETNAME"]));
@@ -233,15 +256,33 @@ async fn handshake_commands_answer_like_redis() {
     let info = c.cmd(&["INFO"]).await;
     assert!(info.contains("loading:0"), "{info}");
     assert!(info.contains("redis_version:"), "{info}");
-    assert!(info.contains("# Masters\r\nmasters:3\r\nquorum:2"), "{info}");
+    assert!(
+        info.contains("# Masters\r\nmasters:3\r\nquorum:2"),
+        "{info}"
+    );
     assert!(info.contains("master0:addr=127.0.0.1:"), "{info}");
     assert!(info.contains("state=up"), "{info}");
-    assert!(c.cmd(&["CLIENT", "INFO"]).await.contains("lib-name=redis-py lib-ver=8.1.0"));
-    assert!(c.cmd(&["SELECT", "1"]).await.starts_with("-ERR SELECT 1 is refused"));
-    assert!(c.cmd(&["MULTI"]).await.starts_with("-ERR 'MULTI' is refused by redlock-proxy"));
-    assert!(c.cmd(&["SETNX", "k", "v"]).await.starts_with("-ERR SETNX is refused"));
+    assert!(c
+        .cmd(&["CLIENT", "INFO"])
+        .await
+        .contains("lib-name=redis-py lib-ver=8.1.0"));
+    assert!(c
+        .cmd(&["SELECT", "1"])
+        .await
+        .starts_with("-ERR SELECT 1 is refused"));
+    assert!(c
+        .cmd(&["MULTI"])
+        .await
+        .starts_with("-ERR 'MULTI' is refused by redlock-proxy"));
+    assert!(c
+        .cmd(&["SETNX", "k", "v"])
+        .await
+        .starts_with("-ERR SETNX is refused"));
     assert!(c.cmd(&["COMMAND", "DOCS"]).await.starts_with("*["));
-    assert!(c.cmd(&["COMMAND", "INFO", "set"]).await.starts_with("*[*[$set,:-3,"));
+    assert!(c
+        .cmd(&["COMMAND", "INFO", "set"])
+        .await
+        .starts_with("*[*[$set,:-3,"));
     assert_eq!(c.cmd(&["ECHO", "x"]).await, "$x");
     assert_eq!(c.cmd(&["RESET"]).await, "+RESET");
     assert_eq!(c.cmd(&["CLIENT", "GETNAME"]).await, "$nil");
