@@ -10,6 +10,7 @@
 
 use crate::backend::{LateHook, Master};
 use crate::config::Config;
+use crate::lease_script::{recognise, LeaseShape};
 use crate::protocol::reply::encode_command;
 use crate::protocol::Reply;
 use crate::redlock::{quorum, Vote};
@@ -27,8 +28,8 @@ pub type LateHookFactory<'a> = &'a (dyn Fn(usize) -> Option<LateHook> + Sync);
 /// All masters, the shared script cache and the timing settings.
 pub struct Cluster {
     pub masters: Vec<Arc<Master>>,
-    /// SHA1 (lower-case hex) → script body, from every `EVAL` and `SCRIPT LOAD` seen.
-    pub scripts: DashMap<String, Bytes>,
+    /// SHA1 (lower-case hex) → script, from every `EVAL` and `SCRIPT LOAD` seen.
+    pub scripts: DashMap<String, Script>,
     pub drift_factor: f64,
     pub node_timeout: Duration,
     /// Quarantine masters that lost data (off only in tests).
@@ -156,6 +157,32 @@ pub fn command<A: AsRef<[u8]>>(args: &[A]) -> Bytes {
     let mut out = BytesMut::new();
     encode_command(args, &mut out);
     out.freeze()
+}
+
+/// A script the proxy has seen: its body and, if it sets a lease from an argument, where.
+#[derive(Debug, Clone)]
+pub struct Script {
+    pub body: Bytes,
+    pub lease: Option<LeaseShape>,
+}
+
+impl Cluster {
+    /// The cached script for `body`, analysed once and remembered under its SHA1.
+    pub fn remember_script(&self, body: Bytes) -> Script {
+        self.scripts
+            .entry(script_sha(&body))
+            .or_insert_with(|| Script {
+                lease: recognise(&body),
+                body,
+            })
+            .clone()
+    }
+
+    /// The cached script with this SHA1 (any case), if known.
+    pub fn script_by_sha(&self, sha: &[u8]) -> Option<Script> {
+        let sha = String::from_utf8_lossy(sha).to_ascii_lowercase();
+        self.scripts.get(&sha).map(|s| s.clone())
+    }
 }
 
 /// Lower-case hex SHA1 of a script body, as Redis computes it for `EVALSHA`.

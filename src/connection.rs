@@ -144,14 +144,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
             Event::Done((protocol, outcome)) => {
                 let reply = match outcome {
                     Outcome::Reply(reply) => reply,
-                    Outcome::Grant { deadline, rollback } => {
-                        if Instant::now() < deadline {
-                            Reply::ok()
-                        } else {
-                            rollback.await;
-                            Reply::Null
-                        }
-                    }
+                    Outcome::Lease(lease) => lease.settle().await,
                 };
                 reply.encode(protocol, &mut wbuf);
                 if (in_flight.is_empty() || wbuf.len() >= FLUSH_AT)

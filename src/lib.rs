@@ -17,6 +17,7 @@ pub mod commands;
 pub mod config;
 pub mod connection;
 pub mod health;
+pub mod lease_script;
 pub mod local;
 pub mod protocol;
 pub mod redlock;

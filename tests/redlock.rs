@@ -247,3 +247,88 @@ async fn evalsha_noscript_load_and_healing() {
 fn sha1_hex(body: &str) -> String {
     redlock_proxy::cluster::script_sha(body.as_bytes())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_scripts_are_padded_and_validity_checked() {
+    let masters = LocalCluster::start(3).unwrap();
+    let mut relays = Vec::new();
+    for m in &masters.masters {
+        relays.push(Relay::start(m.port).await);
+    }
+    let proxy = Proxy::start(relays.iter().map(Relay::addr).collect(), |c| {
+        c.node_timeout_ms = 1000;
+    })
+    .await;
+    let pttls = |k: String| {
+        let ports: Vec<u16> = masters.masters.iter().map(|m| m.port).collect();
+        async move {
+            let mut out = Vec::new();
+            for p in ports {
+                out.push(
+                    master_cmd(p, &["PTTL", &k]).await[1..]
+                        .parse::<i64>()
+                        .unwrap(),
+                );
+            }
+            out
+        }
+    };
+    let script = |name: &str| std::fs::read_to_string(format!("tests/scripts/{name}.lua")).unwrap();
+    let mut c = proxy.client().await;
+    let k = key("lease");
+    assert_eq!(c.cmd(&["SET", &k, "tok", "NX", "PX", "30000"]).await, "+OK");
+
+    // compare-then-PEXPIRE (redis-cli, node-redis): TTL padded by drift on every master.
+    let extend = script("redis-cli-extend");
+    assert_eq!(
+        c.cmd(&["EVAL", &extend, "1", &k, "tok", "60000"]).await,
+        ":1"
+    );
+    assert!(pttls(k.clone()).await.iter().all(|t| *t > 60_000), "padded");
+    // redlock's re-SET with PX, by EVALSHA after SCRIPT LOAD.
+    let redlock_extend = script("node-redlock-extend");
+    let sha = c.cmd(&["SCRIPT", "LOAD", &redlock_extend]).await;
+    assert_eq!(
+        c.cmd(&["EVALSHA", &sha[1..], "1", &k, "tok", "90000"])
+            .await,
+        ":1"
+    );
+    assert!(pttls(k.clone()).await.iter().all(|t| *t > 90_000), "padded");
+    // Wrong token: 0, nothing changed.
+    assert_eq!(
+        c.cmd(&["EVALSHA", &sha[1..], "1", &k, "nope", "1000"])
+            .await,
+        ":0"
+    );
+    // redis-py's extend computes its TTL (PTTL + n): not recognised, runs unchanged.
+    let py_extend = script("python-redis-py-extend");
+    assert_eq!(
+        c.cmd(&["EVAL", &py_extend, "1", &k, "tok", "10000", "1"])
+            .await,
+        ":1"
+    );
+    assert!(
+        pttls(k.clone()).await.iter().all(|t| *t <= 10_000),
+        "not padded"
+    );
+
+    // Masters slower than the new TTL: every master extends, but the validity has passed
+    // by the time a majority answered, so the client is told 0.
+    for r in &relays {
+        r.set_delay(Duration::from_millis(60));
+    }
+    assert_eq!(c.cmd(&["EVAL", &extend, "1", &k, "tok", "50"]).await, ":0");
+    let k2 = key("lease2");
+    assert_eq!(
+        c.cmd(&["SET", &k2, "tok", "NX", "PX", "30000"]).await,
+        "+OK"
+    );
+    assert_eq!(
+        c.cmd(&["EVALSHA", &sha[1..], "1", &k2, "tok", "50"]).await,
+        ":0"
+    );
+    // A script with another convention gets an error, never something that reads as success.
+    let ok_script = "redis.call('pexpire', KEYS[1], ARGV[1]) return 'OK'";
+    let reply = c.cmd(&["EVAL", ok_script, "1", &k2, "50"]).await;
+    assert!(reply.starts_with("-ERR lease validity expired"), "{reply}");
+}

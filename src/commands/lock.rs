@@ -8,7 +8,7 @@
 //! forever and a restarted master would forget it.
 
 use super::keys::forward_request;
-use super::{not_an_integer, syntax_error, Action, Ctx, Outcome, Session};
+use super::{not_an_integer, syntax_error, Action, Ctx, Lease, Outcome, Session};
 use crate::cluster::{command, rollback_command, Cluster};
 use crate::protocol::{Reply, Request};
 use crate::redlock::{
@@ -139,7 +139,7 @@ pub fn setnx(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action 
 ///   read off the client's socket, which is after the client sent it, so a client counting its
 ///   TTL from its send time is covered by the masters' `PX = TTL + drift` (contract §2).
 /// - `OK` is returned only with Q `OK` votes; the connection writes it only if the deadline has
-///   not passed at write time ([`Outcome::Grant`]).
+///   not passed at write time ([`Lease`]).
 /// - On refusal, every master that may hold our value gets a compare-and-delete before null is
 ///   returned; a master whose `OK` arrives after the refusal (a late reply) is cleaned up by the
 ///   late hook.
@@ -186,10 +186,12 @@ pub async fn acquire(
     };
     if acquire_decision(&votes) == AcquireDecision::Quorum && Instant::now() < deadline {
         tracing::trace!(key = ?key, "granted");
-        return Outcome::Grant {
+        return Outcome::Lease(Lease {
             deadline,
-            rollback: Box::pin(undo.run()),
-        };
+            granted: Reply::ok(),
+            expired: Reply::Null,
+            rollback: Some(Box::pin(undo.run())),
+        });
     }
     undo.run().await;
     Outcome::Reply(Reply::Null)

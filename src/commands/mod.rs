@@ -35,13 +35,31 @@ pub struct Session {
 /// What a command produces once its work is done.
 pub enum Outcome {
     Reply(Reply),
-    /// A lock grant: `OK` may be written only while `Instant::now() < deadline` (the validity
-    /// re-check right before the reply is written, contract §2 step 3); otherwise the writer
-    /// runs `rollback` and writes null instead.
-    Grant {
-        deadline: Instant,
-        rollback: BoxFuture<'static, ()>,
-    },
+    /// A lease (a lock acquire or extend) that is only valid until `deadline`.
+    Lease(Lease),
+}
+
+/// A reply that promises a lease: `granted` may be written only while
+/// `Instant::now() < deadline` (the validity re-check right before the reply is written,
+/// contract §2 step 3); otherwise the writer runs `rollback` (if any) and writes `expired`.
+pub struct Lease {
+    pub deadline: Instant,
+    pub granted: Reply,
+    pub expired: Reply,
+    pub rollback: Option<BoxFuture<'static, ()>>,
+}
+
+impl Lease {
+    /// The reply to write now.
+    pub async fn settle(self) -> Reply {
+        if Instant::now() < self.deadline {
+            return self.granted;
+        }
+        if let Some(rollback) = self.rollback {
+            rollback.await;
+        }
+        self.expired
+    }
 }
 
 /// How a request is served.

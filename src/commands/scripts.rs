@@ -7,14 +7,24 @@
 //! An `EVALSHA` of a SHA1 the proxy does not know is still sent on (another proxy may have
 //! loaded it); if a majority of masters do not know it either, the client gets Redis' own
 //! `NOSCRIPT No matching script. Please use EVAL.`
+//!
+//! Lease scripts ([`crate::lease_script`]: compare-then-`PEXPIRE`, `SET … PX ARGV[n]`) get the
+//! acquire's treatment: the TTL argument is padded by drift on the masters, and a success is
+//! written only while `TTL − elapsed − drift > 0`. Past that, a positive integer success
+//! becomes `0` (every recognised library reads 0 as "not extended/not acquired") and any other
+//! reply becomes an error, which no convention reads as success.
 
-use super::{not_an_integer, Action, Ctx, Outcome, Session};
-use crate::cluster::{command, quorum_reply, script_sha};
+use super::{not_an_integer, Action, Ctx, Lease, Outcome, Session};
+use crate::cluster::{command, quorum_reply, Cluster, Script};
 use crate::protocol::{Reply, Request};
+use crate::redlock::{backend_ttl_ms, validity_window};
 use bytes::Bytes;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
 
-/// Checks `numkeys` as Redis' `evalGetKeys` does.
-fn check_numkeys(args: &[Bytes]) -> Result<(), Reply> {
+/// Checks `numkeys` as Redis' `evalGetKeys` does; returns it.
+fn check_numkeys(args: &[Bytes]) -> Result<usize, Reply> {
     let numkeys = super::parse_int(&args[2]).ok_or_else(not_an_integer)?;
     if numkeys < 0 {
         return Err(Reply::error("ERR Number of keys can't be negative"));
@@ -24,44 +34,96 @@ fn check_numkeys(args: &[Bytes]) -> Result<(), Reply> {
             "ERR Number of keys can't be greater than number of args",
         ));
     }
-    Ok(())
+    Ok(numkeys as usize)
 }
 
 /// `EVAL body numkeys key… arg…`
 pub fn eval(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
-    if let Err(reply) = check_numkeys(&request.args) {
-        return Action::Ready(reply);
+    match check_numkeys(&request.args) {
+        Err(reply) => Action::Ready(reply),
+        Ok(numkeys) => {
+            let script = ctx.shared.cluster.remember_script(request.args[1].clone());
+            run(ctx, request, Some(script), numkeys)
+        }
     }
-    let body = request.args[1].clone();
-    ctx.shared
-        .cluster
-        .scripts
-        .entry(script_sha(&body))
-        .or_insert(body);
-    super::keys::forward_request(ctx.cluster(), request)
 }
 
 /// `EVALSHA sha numkeys key… arg…`
 pub fn evalsha(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
-    if let Err(reply) = check_numkeys(&request.args) {
-        return Action::Ready(reply);
+    match check_numkeys(&request.args) {
+        Err(reply) => Action::Ready(reply),
+        Ok(numkeys) => {
+            let script = ctx.shared.cluster.script_by_sha(&request.args[1]);
+            run(ctx, request, script, numkeys)
+        }
     }
+}
+
+/// A lease script's TTL argument: its position in the request and its value in ms.
+fn lease_ttl(script: Option<&Script>, args: &[Bytes], numkeys: usize) -> Option<(usize, u64, u64)> {
+    let shape = script?.lease?;
+    let at = 3 + numkeys + shape.argv - 1;
+    let ttl = super::parse_int(args.get(at)?)?;
+    let ttl_ms = u64::try_from(ttl).ok()?.checked_mul(shape.unit_ms)?;
+    (ttl_ms > 0).then_some((at, ttl_ms, shape.unit_ms))
+}
+
+fn run(ctx: &Ctx<'_>, request: Request, script: Option<Script>, numkeys: usize) -> Action {
     let cluster = ctx.cluster();
-    let sha = String::from_utf8_lossy(&request.args[1]).to_ascii_lowercase();
-    let fallback = cluster.scripts.get(&sha).map(|body| {
-        let mut args = request.args.clone();
-        args[0] = if args[0].len() > 7 {
+    let is_evalsha =
+        request.args[0].len() >= 7 && request.args[0][..7].eq_ignore_ascii_case(b"EVALSHA");
+    let lease = lease_ttl(script.as_ref(), &request.args, numkeys);
+    let mut args = request.args;
+    let mut deadline = None;
+    if let Some((at, ttl_ms, unit_ms)) = lease {
+        // Pad the masters' TTL by drift (rounded up to the script's unit).
+        let padded = backend_ttl_ms(ttl_ms, cluster.drift_factor).div_ceil(unit_ms);
+        args[at] = Bytes::from(padded.to_string());
+        let window = validity_window(ttl_ms, cluster.drift_factor).unwrap_or(Duration::ZERO);
+        deadline = Some(ctx.received_at + window);
+    }
+    let payload = match (&request.raw, lease) {
+        (Some(raw), None) => raw.clone(),
+        _ => command(&args),
+    };
+    // For EVALSHA: the same call as EVAL, for masters that answer NOSCRIPT.
+    let fallback = script.filter(|_| is_evalsha).map(|s| {
+        let mut eval = args.clone();
+        eval[0] = if args[0].len() > 7 {
             Bytes::from_static(b"EVAL_RO")
         } else {
             Bytes::from_static(b"EVAL")
         };
-        args[1] = body.clone();
-        command(&args)
+        eval[1] = s.body;
+        command(&eval)
     });
-    let payload = request.raw.unwrap_or_else(|| command(&request.args));
-    Action::Defer(Box::pin(async move {
-        Outcome::Reply(quorum_reply(&cluster, &payload, fallback.as_ref()).await)
-    }))
+    Action::Defer(Box::pin(settle(cluster, payload, fallback, deadline)))
+}
+
+async fn settle(
+    cluster: Arc<Cluster>,
+    payload: Bytes,
+    fallback: Option<Bytes>,
+    deadline: Option<Instant>,
+) -> Outcome {
+    let reply = quorum_reply(&cluster, &payload, fallback.as_ref()).await;
+    match deadline {
+        Some(deadline) if !reply.is_error() => {
+            let expired = match reply {
+                Reply::Integer(n) if n > 0 => Reply::Integer(0),
+                _ => Reply::error(
+                    "ERR lease validity expired before a majority answered (redlock-proxy); the lock is not held",
+                ),
+            };
+            Outcome::Lease(Lease {
+                deadline,
+                granted: reply,
+                expired,
+                rollback: None,
+            })
+        }
+        _ => Outcome::Reply(reply),
+    }
 }
 
 /// `SCRIPT LOAD|EXISTS|FLUSH|KILL|HELP`
@@ -70,17 +132,13 @@ pub fn script(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action
     let cluster = ctx.cluster();
     match (sub.as_slice(), request.args.len()) {
         (b"LOAD", 3) => {
-            let body = request.args[2].clone();
-            cluster.scripts.insert(script_sha(&body), body);
+            cluster.remember_script(request.args[2].clone());
             super::keys::forward_request(cluster, request)
         }
         (b"EXISTS", n) if n >= 3 => {
             let known = request.args[2..]
                 .iter()
-                .map(|sha| {
-                    let sha = String::from_utf8_lossy(sha).to_ascii_lowercase();
-                    Reply::Integer(i64::from(cluster.scripts.contains_key(&sha)))
-                })
+                .map(|sha| Reply::Integer(i64::from(cluster.script_by_sha(sha).is_some())))
                 .collect();
             Action::Ready(Reply::Array(known))
         }
