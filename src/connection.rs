@@ -1,6 +1,9 @@
 //! One client connection: read requests, run them concurrently, write replies in request order.
 //!
 //! Invariants:
+//! - Requests reach the masters in the order the client sent them. A request that has to
+//!   wait its turn (an acquire queued behind another acquire of the same key) is a barrier:
+//!   nothing after it is dispatched until it is answered.
 //! - Every request, local or fanned out, gets a slot in `in_flight` (a `FuturesOrdered`), so
 //!   replies leave in exactly the order requests arrived, whatever order they complete in.
 //! - At most `max_inflight_per_client` requests are in flight; beyond that the socket is not
@@ -93,10 +96,16 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
     let mut in_flight: FuturesOrdered<Slot> = FuturesOrdered::new();
     let mut closing = false;
     let mut received_at = Instant::now();
+    // Requests pushed and answered so far, and the sequence number of a pending barrier.
+    let (mut pushed, mut answered) = (0u64, 0u64);
+    let mut barrier: Option<u64> = None;
 
     loop {
-        // Parse what is buffered, up to the in-flight bound.
-        while !closing && in_flight.len() < max_inflight {
+        // Parse what is buffered, up to the in-flight bound, unless a barrier is pending.
+        if barrier.is_some_and(|b| answered > b) {
+            barrier = None;
+        }
+        while !closing && barrier.is_none() && in_flight.len() < max_inflight {
             let request = match parser.next(&mut rbuf) {
                 Ok(Some(request)) => request,
                 Ok(None) => break,
@@ -123,8 +132,13 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
                     Slot::Ready(Some((protocol, Outcome::Reply(reply))))
                 }
                 Action::Defer(fut) => Slot::Pending(protocol, fut),
+                Action::Barrier(fut) => {
+                    barrier = Some(pushed);
+                    Slot::Pending(protocol, fut)
+                }
             };
             in_flight.push_back(slot);
+            pushed += 1;
         }
         if rbuf.is_empty() && rbuf.capacity() > KEEP_BUFFER {
             rbuf = BytesMut::new();
@@ -133,7 +147,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
             break;
         }
         closing |= *stop.borrow();
-        let can_read = !closing && in_flight.len() < max_inflight;
+        let can_read = !closing && barrier.is_none() && in_flight.len() < max_inflight;
         let event = tokio::select! {
             biased;
             Some(done) = in_flight.next(), if !in_flight.is_empty() => Event::Done(done),
@@ -142,6 +156,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
         };
         match event {
             Event::Done((protocol, outcome)) => {
+                answered += 1;
                 let reply = match outcome {
                     Outcome::Reply(reply) => reply,
                     Outcome::Lease(lease) => lease.settle().await,

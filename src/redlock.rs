@@ -85,6 +85,16 @@ fn is_ok(vote: &Vote) -> bool {
     matches!(vote, Vote::Replied(Reply::Simple(s)) if s.as_ref() == b"OK")
 }
 
+/// True if at least Q masters answered null to an acquire: the key is held there by someone
+/// else, which is exactly what one Redis would have reported to any concurrent `SET NX`.
+pub fn held_by_majority(votes: &[Vote]) -> bool {
+    votes
+        .iter()
+        .filter(|v| matches!(v, Vote::Replied(Reply::Null)))
+        .count()
+        >= quorum(votes.len())
+}
+
 /// True where a refused acquire must be rolled back: the master said `OK`, or its answer is
 /// unknown (still pending, timed out, connection lost: the write may have been applied).
 /// A master that answered null did *not* take our value; deleting "our" value there could
@@ -233,6 +243,14 @@ mod tests {
         for (votes, expected) in cases {
             assert_eq!(acquire_decision(&votes), expected, "{votes:?}");
         }
+    }
+
+    #[test]
+    fn held_by_majority_needs_q_nulls() {
+        assert!(held_by_majority(&[null(), null(), null(), P, P]));
+        assert!(!held_by_majority(&[null(), null(), M, M, M]));
+        assert!(!held_by_majority(&[null(), null(), ok(), ok(), ok()]));
+        assert!(held_by_majority(&[null()]));
     }
 
     #[test]

@@ -21,6 +21,8 @@ pub struct Shared {
     pub config: Config,
     pub started: Instant,
     pub clients: AtomicUsize,
+    /// Per-key single flight of acquires.
+    pub acquires: Arc<crate::commands::lock::Flights>,
     next_client_id: AtomicU64,
 }
 
@@ -40,6 +42,7 @@ pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future) {
         config,
         started: Instant::now(),
         clients: AtomicUsize::new(0),
+        acquires: Arc::default(),
         next_client_id: AtomicU64::new(0),
     });
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -332,3 +332,53 @@ async fn lease_scripts_are_padded_and_validity_checked() {
     let reply = c.cmd(&["EVAL", ok_script, "1", &k2, "50"]).await;
     assert!(reply.starts_with("-ERR lease validity expired"), "{reply}");
 }
+
+/// `cmdstat_set` calls on one master.
+async fn set_calls(port: u16) -> u64 {
+    let stats = master_cmd(port, &["INFO", "commandstats"]).await;
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_set:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_acquires_of_one_key_coalesce_and_exactly_one_wins() {
+    let env = Env::start(5).await;
+    let k = key("hot");
+    let before: u64 = {
+        let mut sum = 0;
+        for p in env.ports() {
+            sum += set_calls(p).await;
+        }
+        sum
+    };
+    let mut clients = Vec::new();
+    for _ in 0..100 {
+        clients.push(env.proxy.client().await);
+    }
+    let attempts = clients.iter_mut().enumerate().map(|(i, c)| {
+        let k = k.clone();
+        async move {
+            c.cmd(&["SET", &k, &format!("tok{i}"), "NX", "PX", "30000"])
+                .await
+        }
+    });
+    let replies = futures::future::join_all(attempts).await;
+    let winners: Vec<usize> = (0..100).filter(|i| replies[*i] == "+OK").collect();
+    assert_eq!(winners.len(), 1, "{replies:?}");
+    assert!(replies.iter().all(|r| r == "+OK" || r == "$nil"));
+    let winner = format!("tok{}", winners[0]);
+    assert!(env.holders(&k, &winner).await >= 3);
+    let mut after = 0;
+    for p in env.ports() {
+        after += set_calls(p).await;
+    }
+    // Without coalescing: 100 acquires × 5 masters = 500 SETs.
+    assert!(
+        after - before < 250,
+        "{} master SETs for 100 acquires",
+        after - before
+    );
+}

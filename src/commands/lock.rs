@@ -12,11 +12,15 @@ use super::{not_an_integer, syntax_error, Action, Ctx, Lease, Outcome, Session};
 use crate::cluster::{command, rollback_command, Cluster};
 use crate::protocol::{Reply, Request};
 use crate::redlock::{
-    acquire_decision, backend_ttl_ms, may_hold_our_value, validity_window, AcquireDecision,
+    acquire_decision, backend_ttl_ms, held_by_majority, may_hold_our_value, validity_window,
+    AcquireDecision,
 };
 use bytes::Bytes;
+use dashmap::mapref::entry::Entry;
+use dashmap::DashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 /// The parsed options of a `SET`.
@@ -113,15 +117,13 @@ pub fn set(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
             "ERR lock TTL {ttl_ms} ms is above max_lock_ttl_ms ({cap} ms) of redlock-proxy"
         )));
     }
-    let key = request.args[1].clone();
-    let value = request.args[2].clone();
-    Action::Defer(Box::pin(acquire(
-        cluster,
-        key,
-        value,
+    let attempt = Attempt {
+        key: request.args[1].clone(),
+        value: request.args[2].clone(),
         ttl_ms,
-        ctx.received_at,
-    )))
+        received_at: ctx.received_at,
+    };
+    ctx.shared.acquires.start(cluster, attempt)
 }
 
 /// `SETNX key value` has no expiry: refused unless the configuration allows it as a plain write.
@@ -134,7 +136,134 @@ pub fn setnx(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action 
     ))
 }
 
-/// The Redlock acquire. Safety arguments:
+/// One client's acquire request.
+struct Attempt {
+    key: Bytes,
+    value: Bytes,
+    ttl_ms: u64,
+    received_at: Instant,
+}
+
+/// A queued acquire and where its outcome goes.
+struct Waiter {
+    attempt: Attempt,
+    reply: oneshot::Sender<Outcome>,
+}
+
+/// Per-key single flight of acquires on this proxy: while one acquire of a key is out on the
+/// masters, further acquires of that key queue; when it completes they go out as **one**
+/// fan-out (the first one's value), and the others get null, which is what one Redis answers
+/// to every `SET NX` but one. This bounds master work under hot-key polling (the seed's PHP
+/// `Lock` polls every 5 ms) to one fan-out per round trip, however many pollers.
+///
+/// Linearizability: a batch is sent only after all its members arrived, and each member is
+/// answered after the batch's votes are in, so each answer reflects master state from within
+/// that member's own request interval. Followers are answered null only when the batch leader
+/// was granted, or when a majority of masters reported the key held (null votes); a leader
+/// refused for any other reason (timeouts, validity) leaves its followers to try themselves.
+#[derive(Default)]
+pub struct Flights {
+    keys: DashMap<Bytes, Vec<Waiter>>,
+}
+
+impl Flights {
+    /// Starts an acquire of `attempt.key`: at once if none is in flight (the caller leads),
+    /// or queued behind the one in flight (the returned future waits for the batch).
+    fn start(self: &Arc<Self>, cluster: Arc<Cluster>, attempt: Attempt) -> Action {
+        // The map's shard lock is held only inside this block, never across an await.
+        let queued = match self.keys.entry(attempt.key.clone()) {
+            Entry::Vacant(slot) => {
+                slot.insert(Vec::new());
+                Err(attempt)
+            }
+            Entry::Occupied(mut queue) => {
+                let (reply, receiver) = oneshot::channel();
+                queue.get_mut().push(Waiter { attempt, reply });
+                Ok(receiver)
+            }
+        };
+        let receiver = match queued {
+            Ok(receiver) => receiver,
+            Err(attempt) => return self.lead(cluster, attempt),
+        };
+        // Nothing later from this client may reach the masters before this acquire has
+        // (a pipelined `DEL` must not overtake its `SET`): a barrier.
+        Action::Barrier(Box::pin(async move {
+            receiver.await.unwrap_or(Outcome::Reply(Reply::error(
+                "ERR acquire abandoned (redlock-proxy shutting down)",
+            )))
+        }))
+    }
+
+    /// Runs an acquire as the leader of its key's flight.
+    fn lead(self: &Arc<Self>, cluster: Arc<Cluster>, attempt: Attempt) -> Action {
+        let guard = FlightGuard {
+            flights: self.clone(),
+            cluster: cluster.clone(),
+            key: attempt.key.clone(),
+        };
+        Action::Defer(Box::pin(async move {
+            let (outcome, _) = acquire(cluster, attempt).await;
+            drop(guard);
+            outcome
+        }))
+    }
+
+    /// After a flight of `key`: sends the queued acquires as the next batch, or marks the
+    /// key idle.
+    fn next_batch(self: Arc<Self>, cluster: Arc<Cluster>, key: Bytes) {
+        let batch = match self.keys.entry(key) {
+            Entry::Occupied(mut queue) if !queue.get().is_empty() => {
+                std::mem::take(queue.get_mut())
+            }
+            Entry::Occupied(queue) => {
+                queue.remove();
+                return;
+            }
+            Entry::Vacant(_) => return,
+        };
+        tokio::spawn(async move {
+            let key = batch[0].attempt.key.clone();
+            let mut batch = batch.into_iter();
+            let Some(leader) = batch.next() else { return };
+            let (outcome, settled) = acquire(cluster.clone(), leader.attempt).await;
+            let _ = leader.reply.send(outcome);
+            let mut retry = Vec::new();
+            for follower in batch {
+                if settled {
+                    let _ = follower.reply.send(Outcome::Reply(Reply::Null));
+                } else {
+                    retry.push(follower);
+                }
+            }
+            if let Some(mut queue) = self.keys.get_mut(&key) {
+                retry.append(queue.value_mut());
+                *queue.value_mut() = retry;
+            }
+            self.next_batch(cluster, key);
+        });
+    }
+}
+
+/// Ends a flight however its leader ends (completed, or dropped with its client): the queued
+/// acquires of the key then go out, so a key is never left waiting on a vanished leader.
+struct FlightGuard {
+    flights: Arc<Flights>,
+    cluster: Arc<Cluster>,
+    key: Bytes,
+}
+
+impl Drop for FlightGuard {
+    fn drop(&mut self) {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let key = std::mem::take(&mut self.key);
+            self.flights.clone().next_batch(self.cluster.clone(), key);
+        }
+    }
+}
+
+/// The Redlock acquire. Returns the outcome and whether it settles the question for
+/// concurrent acquires of the key (granted, or held by a majority). Safety arguments:
 /// - The grant deadline is `received_at + TTL − drift`; `received_at` is when the request was
 ///   read off the client's socket, which is after the client sent it, so a client counting its
 ///   TTL from its send time is covered by the masters' `PX = TTL + drift` (contract §2).
@@ -143,16 +272,16 @@ pub fn setnx(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action 
 /// - On refusal, every master that may hold our value gets a compare-and-delete before null is
 ///   returned; a master whose `OK` arrives after the refusal (a late reply) is cleaned up by the
 ///   late hook.
-pub async fn acquire(
-    cluster: Arc<Cluster>,
-    key: Bytes,
-    value: Bytes,
-    ttl_ms: u64,
-    received_at: Instant,
-) -> Outcome {
+async fn acquire(cluster: Arc<Cluster>, attempt: Attempt) -> (Outcome, bool) {
+    let Attempt {
+        key,
+        value,
+        ttl_ms,
+        received_at,
+    } = attempt;
     let Some(window) = validity_window(ttl_ms, cluster.drift_factor) else {
         // The drift allowance alone exceeds the TTL: no grant could ever be valid.
-        return Outcome::Reply(Reply::Null);
+        return (Outcome::Reply(Reply::Null), false);
     };
     let deadline = received_at + window;
     cluster.note_ttl(ttl_ms);
@@ -177,6 +306,7 @@ pub async fn acquire(
             acquire_decision(v) != AcquireDecision::Undecided
         })
         .await;
+    let held = held_by_majority(&votes);
     let targets: Vec<bool> = votes.iter().map(may_hold_our_value).collect();
     let undo = RollbackPlan {
         cluster: cluster.clone(),
@@ -186,15 +316,16 @@ pub async fn acquire(
     };
     if acquire_decision(&votes) == AcquireDecision::Quorum && Instant::now() < deadline {
         tracing::trace!(key = ?key, "granted");
-        return Outcome::Lease(Lease {
+        let lease = Lease {
             deadline,
             granted: Reply::ok(),
             expired: Reply::Null,
             rollback: Some(Box::pin(undo.run())),
-        });
+        };
+        return (Outcome::Lease(lease), true);
     }
     undo.run().await;
-    Outcome::Reply(Reply::Null)
+    (Outcome::Reply(Reply::Null), held)
 }
 
 /// Where and how to undo a refused acquire.

@@ -70,6 +70,9 @@ pub enum Action {
     Close(Reply),
     /// Needs the masters.
     Defer(BoxFuture<'static, Outcome>),
+    /// Needs the masters, and no later request of this connection may start before it
+    /// completes (it will reach the masters later than its place in the pipeline).
+    Barrier(BoxFuture<'static, Outcome>),
 }
 
 /// Everything a handler may use besides the session.
