@@ -457,6 +457,52 @@ mod tests {
         assert_eq!(req.raw.unwrap().as_ref(), input);
     }
 
+    /// Random and mutated inputs, whole and split at every chunk size: the parser never
+    /// panics, never returns more bytes than it was given, and ends in a request, an error,
+    /// or a wait for more input.
+    #[test]
+    fn arbitrary_bytes_never_panic() {
+        let seeds: &[&[u8]] = &[
+            b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n",
+            b"PING \"a\\x4\" 'b\\'\r\n",
+            b"*1\r\n$-1\r\n*-1\r\n",
+            b"$\x00\r\n*\x00\r\n\x00",
+        ];
+        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut rand = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for round in 0..3000 {
+            let seed = seeds[round % seeds.len()];
+            let mut input = seed.to_vec();
+            for _ in 0..(rand() % 6) {
+                let at = (rand() as usize) % (input.len() + 1);
+                let byte = b"*$\r\n-0123456789\"'\\ x\x00"[(rand() as usize) % 20];
+                if rand() % 2 == 0 && at < input.len() {
+                    input[at] = byte;
+                } else {
+                    input.insert(at, byte);
+                }
+            }
+            let chunk = 1 + (rand() as usize) % 8;
+            let mut parser = RequestParser::new(1 << 20);
+            let mut buf = BytesMut::new();
+            'feed: for piece in input.chunks(chunk) {
+                buf.extend_from_slice(piece);
+                loop {
+                    match parser.next(&mut buf) {
+                        Ok(Some(req)) => assert!(req.args.iter().all(|a| a.len() <= input.len())),
+                        Ok(None) => break,
+                        Err(_) => break 'feed,
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn strict_integers_like_string2ll() {
         assert_eq!(parse_strict_i64(b"0"), Some(0));
