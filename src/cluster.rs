@@ -1,6 +1,6 @@
 //! The set of masters as one voting body: fan-out of a request to every master, collection of
 //! the votes into a slot vector, and the script cache that makes `EVALSHA` work on masters
-//! that never saw (or forgot) a script.
+//! that never saw (or forgot) a script (the proxy sends them the body).
 //!
 //! Invariant: every fan-out sends the *same* request to every master at once and records each
 //! master's answer in the slot of that master; the caller's decision rule (pure, in
@@ -94,13 +94,10 @@ impl Cluster {
     }
 
     /// Sends `payload` to every master at once and collects the votes until `decided` says the
-    /// outcome is known or every master has answered or timed out. When a master answers
-    /// `NOSCRIPT` and `noscript_fallback` is given (an `EVAL` of the same script), that master
-    /// is sent the fallback, so a master that lost its script cache is healed invisibly.
+    /// outcome is known or every master has answered or timed out.
     pub async fn fan_out(
         &self,
         payload: &Bytes,
-        noscript_fallback: Option<&Bytes>,
         late: Option<LateHookFactory<'_>>,
         decided: impl Fn(&[Vote]) -> bool,
     ) -> Vec<Vote> {
@@ -111,16 +108,7 @@ impl Cluster {
             .enumerate()
             .map(|(i, master)| {
                 let hook = late.and_then(|make| make(i));
-                async move {
-                    let vote = master.call(payload.clone(), hook).await;
-                    let vote = match (vote, noscript_fallback) {
-                        (Vote::Replied(r), Some(eval)) if r.is_error_code("NOSCRIPT") => {
-                            master.call(eval.clone(), None).await
-                        }
-                        (vote, _) => vote,
-                    };
-                    (i, vote)
-                }
+                async move { (i, master.call(payload.clone(), hook).await) }
             })
             .collect();
         while let Some((i, vote)) = pending.next().await {
@@ -206,11 +194,9 @@ pub fn rollback_command(key: &[u8], value: &[u8]) -> Bytes {
 }
 
 /// One reply for all masters by the quorum rule, waiting only as long as needed.
-pub async fn quorum_reply(cluster: &Cluster, payload: &Bytes, fallback: Option<&Bytes>) -> Reply {
+pub async fn quorum_reply(cluster: &Cluster, payload: &Bytes) -> Reply {
     let votes = cluster
-        .fan_out(payload, fallback, None, |v| {
-            crate::redlock::merge(v).is_some()
-        })
+        .fan_out(payload, None, |v| crate::redlock::merge(v).is_some())
         .await;
     crate::redlock::merge(&votes).unwrap_or_else(|| crate::redlock::no_quorum(votes.len()))
 }

@@ -157,8 +157,15 @@ async fn minority_down_still_grants_majority_down_refuses_fast() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let info = c.cmd(&["INFO", "masters"]).await;
-    assert_eq!(info.matches("state=up").count(), 5, "{info}");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let info = c.cmd(&["INFO", "masters"]).await;
+        if info.matches("state=up").count() == 5 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{info}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,7 +17,7 @@ pub fn forward(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Actio
 pub fn forward_request(cluster: Arc<Cluster>, request: Request) -> Action {
     let payload = request.raw.unwrap_or_else(|| command(&request.args));
     Action::Defer(Box::pin(async move {
-        Outcome::Reply(quorum_reply(&cluster, &payload, None).await)
+        Outcome::Reply(quorum_reply(&cluster, &payload).await)
     }))
 }
 
@@ -31,7 +31,7 @@ pub fn ttl(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     };
     let payload = request.raw.unwrap_or_else(|| command(&request.args));
     Action::Defer(Box::pin(async move {
-        let merged = quorum_reply(&cluster, &payload, None).await;
+        let merged = quorum_reply(&cluster, &payload).await;
         Outcome::Reply(conservative_ttl(merged, unit_ms, cluster.drift_factor))
     }))
 }

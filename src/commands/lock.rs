@@ -302,7 +302,7 @@ async fn acquire(cluster: Arc<Cluster>, attempt: Attempt) -> (Outcome, bool) {
         }))
     };
     let votes = cluster
-        .fan_out(&payload, None, Some(&late_hook), |v| {
+        .fan_out(&payload, Some(&late_hook), |v| {
             acquire_decision(v) != AcquireDecision::Undecided
         })
         .await;

@@ -1,10 +1,14 @@
 //! `EVAL`, `EVALSHA` (and their `_RO` forms) and `SCRIPT LOAD|EXISTS|FLUSH|KILL`.
 //!
 //! A script runs unchanged on every master and its replies are merged by the quorum rule. The
-//! proxy remembers every body it sees under its real SHA1 (of the exact bytes), so `EVALSHA`
-//! works on masters that never saw the script or lost their cache (restart, `SCRIPT FLUSH`):
-//! such a master answers `NOSCRIPT` and is sent the `EVAL` instead, invisibly to the client.
-//! An `EVALSHA` of a SHA1 the proxy does not know is still sent on (another proxy may have
+//! proxy remembers every body it sees under its real SHA1 (of the exact bytes), and sends an
+//! `EVALSHA` of a known script to the masters as the `EVAL` of its body. So a master that never
+//! saw the script or lost its cache (restart, `SCRIPT FLUSH`) runs it like the others, in the
+//! same position of the connection's FIFO as the client's request (a `NOSCRIPT`-then-retry
+//! would run it later than the client's next command, and run it twice where a retry races),
+//! and the client never sees `NOSCRIPT` for a script the proxy knows. Redis caches the
+//! compiled script by SHA1 for `EVAL` too, so this costs the masters one SHA1 of the body.
+//! An `EVALSHA` of a SHA1 the proxy does not know is sent on as is (another proxy may have
 //! loaded it); if a majority of masters do not know it either, the client gets Redis' own
 //! `NOSCRIPT No matching script. Please use EVAL.`
 //!
@@ -82,31 +86,24 @@ fn run(ctx: &Ctx<'_>, request: Request, script: Option<Script>, numkeys: usize) 
         let window = validity_window(ttl_ms, cluster.drift_factor).unwrap_or(Duration::ZERO);
         deadline = Some(ctx.received_at + window);
     }
-    let payload = match (&request.raw, lease) {
-        (Some(raw), None) => raw.clone(),
-        _ => command(&args),
-    };
-    // For EVALSHA: the same call as EVAL, for masters that answer NOSCRIPT.
-    let fallback = script.filter(|_| is_evalsha).map(|s| {
-        let mut eval = args.clone();
-        eval[0] = if args[0].len() > 7 {
+    if let Some(script) = script.filter(|_| is_evalsha) {
+        args[0] = if args[0].len() > 7 {
             Bytes::from_static(b"EVAL_RO")
         } else {
             Bytes::from_static(b"EVAL")
         };
-        eval[1] = s.body;
-        command(&eval)
-    });
-    Action::Defer(Box::pin(settle(cluster, payload, fallback, deadline)))
+        args[1] = script.body;
+        return Action::Defer(Box::pin(settle(cluster, command(&args), deadline)));
+    }
+    let payload = match (&request.raw, lease) {
+        (Some(raw), None) => raw.clone(),
+        _ => command(&args),
+    };
+    Action::Defer(Box::pin(settle(cluster, payload, deadline)))
 }
 
-async fn settle(
-    cluster: Arc<Cluster>,
-    payload: Bytes,
-    fallback: Option<Bytes>,
-    deadline: Option<Instant>,
-) -> Outcome {
-    let reply = quorum_reply(&cluster, &payload, fallback.as_ref()).await;
+async fn settle(cluster: Arc<Cluster>, payload: Bytes, deadline: Option<Instant>) -> Outcome {
+    let reply = quorum_reply(&cluster, &payload).await;
     match deadline {
         Some(deadline) if !reply.is_error() => {
             let expired = match reply {

@@ -55,10 +55,16 @@ QUORUM = N // 2 + 1
 KW = {} if PROTO == "resp3" else {"protocol": 2}
 CONN = dict(host=HOST, port=PROXY_PORT, socket_timeout=10, socket_connect_timeout=5, **KW)
 CHECKS = 0
+# Upper PTTL bounds allow a proxy to pad the TTL it sends to the masters (e.g. by its
+# clock-drift allowance): limit = expected + TTL_SLACK * expected + 50 ms.
+TTL_SLACK = float(os.environ.get("TTL_SLACK", "0.05"))
+# A proxy may reply once a quorum agreed and finish the other masters a moment
+# later: "gone" / "no foreign value" get up to MASTER_SETTLE_MS to become true.
+SETTLE = int(os.environ.get("MASTER_SETTLE_MS", "1000")) / 1000.0
 
 
-def fail(msg):
-    sys.stderr.write("FAIL [%s %s key=%s]: %s\n" % (CLIENT, PROTO, KEY, msg))
+def fail(msg, detail=""):
+    sys.stderr.write("FAIL [%s %s key=%s]: %s\n%s" % (CLIENT, PROTO, KEY, msg, detail))
     sys.stderr.flush()
     os._exit(1)
 
@@ -68,6 +74,11 @@ def check(cond, msg):
     if not cond:
         fail(msg)
     CHECKS += 1
+
+
+def CHECKS_ADD(n):
+    global CHECKS
+    CHECKS += n
 
 
 def note(msg):
@@ -94,30 +105,52 @@ def master_values(key):
     return {p: m.get(key) for p, m in masters.items()}
 
 
+def warn(msg):
+    sys.stderr.write("WARN [%s %s key=%s]: %s\n" % (CLIENT, PROTO, KEY, msg))
+
+
 def check_majority(key, token, min_pttl, label, max_pttl=None):
-    """Every master holds `token` or nothing; >= QUORUM hold it with PTTL > min_pttl."""
+    """No master holds another value than `token` (a proxy gets MASTER_SETTLE_MS to
+    finish a rollback); >= QUORUM hold `token` with min_pttl < PTTL <= max_pttl (+slack).
+    A minority holding it with a PTTL out of range is only a WARN (Redlock is per majority)."""
     token = token if isinstance(token, bytes) else token.encode()
-    held, pttls = 0, {}
-    for p, m in masters.items():
-        v = m.get(key)
-        if v == token:
-            t = m.pttl(key)
-            pttls[p] = t
-            check(t > min_pttl, "%s: master %d holds the token but PTTL=%s (want > %d)" % (label, p, t, min_pttl))
-            if max_pttl is not None:
-                check(t <= max_pttl, "%s: master %d PTTL=%s (want <= %d)" % (label, p, t, max_pttl))
-            held += 1
-        else:
-            check(v is None, "%s: master %d holds a foreign value %r under %s (expected %r or nothing)"
-                  % (label, p, v, key, token))
-    check(held >= QUORUM, "%s: token on %d of %d masters (quorum %d)" % (label, held, N, QUORUM))
-    note("%s: token on %d/%d masters, pttl %s" % (label, held, N, pttls))
-    return pttls
+    lim = max_pttl + int(max_pttl * TTL_SLACK) + 50 if max_pttl is not None else float("inf")
+    deadline = time.monotonic() + SETTLE
+    while True:
+        pttls, foreign = {}, {}
+        for p, m in masters.items():
+            v = m.get(key)
+            if v == token:
+                pttls[p] = m.pttl(key)
+            elif v is not None:
+                foreign[p] = v
+        if not foreign:
+            break
+        if time.monotonic() > deadline:
+            fail("%s: foreign value(s) under %s (expected %r or nothing): %r" % (label, key, token, foreign))
+        time.sleep(0.05)
+    CHECKS_ADD(len(masters))
+    good = [p for p, t in pttls.items() if min_pttl < t <= lim]
+    check(len(good) >= QUORUM, "%s: token with %d < PTTL <= %s on %d of %d masters (quorum %d); holders' PTTL: %r"
+          % (label, min_pttl, lim, len(good), N, QUORUM, pttls))
+    bad = {p: t for p, t in pttls.items() if p not in good}
+    if bad:
+        warn("%s: a minority holds the token with PTTL outside (%d, %s]: %r" % (label, min_pttl, lim, bad))
+    note("%s: token on %d/%d masters, pttl %s" % (label, len(pttls), N, pttls))
+    return {p: pttls[p] for p in good}
 
 
 def check_absent(key, label):
-    for p, m in masters.items():
-        check(m.exists(key) == 0, "%s: key %s still on master %d (value %r)" % (label, key, p, m.get(key)))
+    """The key must be on no master (within MASTER_SETTLE_MS)."""
+    deadline = time.monotonic() + SETTLE
+    while True:
+        left = {p: m.get(key) for p, m in masters.items() if m.exists(key)}
+        if not left:
+            break
+        if time.monotonic() > deadline:
+            fail("%s: key %s still on master(s) after %d ms: %r" % (label, key, SETTLE * 1000, left))
+        time.sleep(0.05)
+    CHECKS_ADD(len(masters))
 
 
 def flush_master_scripts():
@@ -191,7 +224,8 @@ async def main():
     before = check_majority(KEY, token, 27000, "before extend(10)")
     check(await C(lock.extend(10)) is True, "A extend(10): expected True")
     after = check_majority(KEY, token, 38000, "after extend(10)", max_pttl=40000)
-    check(all(after[p] > before.get(p, 0) + 9000 for p in after), "extend(10): PTTL did not grow by ~10 s: %r -> %r" % (before, after))
+    grown = [p for p in after if p in before and after[p] > before[p] + 9000]
+    check(len(grown) >= QUORUM, "extend(10): PTTL did not grow by ~10 s on a majority: %r -> %r" % (before, after))
 
     # ---- extend with replace_ttl=True: set it to 60 s ----
     check(await C(lock.extend(60, replace_ttl=True)) is True, "A extend(60, replace_ttl=True): expected True")
@@ -204,7 +238,7 @@ async def main():
     check(await C(lock.reacquire()) is True, "A reacquire(): expected True")
     check_majority(KEY, token, 29000, "after reacquire()", max_pttl=30000)
 
-    # contender extend/reacquire scripts with a token it never held: 0 -> LockNotOwnedError
+    # the contender runs the extend and release scripts with a token it never held: 0 -> LockNotOwnedError
     other.local.token = contender.encode()
     await expect_raises(LockNotOwnedError, lambda: other.extend(5), "B extend() with a token it never held")
     other.local.token = contender.encode()
@@ -253,5 +287,4 @@ except SystemExit:
     raise
 except BaseException as e:  # noqa: BLE001
     import traceback
-    traceback.print_exc()
-    fail("unexpected %s: %s" % (type(e).__name__, e))
+    fail("unexpected %s: %s" % (type(e).__name__, e), traceback.format_exc())
