@@ -41,15 +41,24 @@ fn local_cluster_serves_locks_and_stops_cleanly_on_sigterm() {
                 .split(',')
                 .map(String::from)
                 .collect();
-            break (listen.rsplit(':').next().unwrap().parse::<u16>().unwrap(), masters);
+            break (
+                listen.rsplit(':').next().unwrap().parse::<u16>().unwrap(),
+                masters,
+            );
         }
     };
     assert_eq!(masters.len(), 3);
     assert_eq!(redis_cli(port, &["PING"]), "PONG\n");
     // Give the health monitor one round, then lock, contend, release.
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(redis_cli(port, &["SET", "res1", "a", "NX", "PX", "30000"]), "OK\n");
-    assert_eq!(redis_cli(port, &["SET", "res1", "b", "NX", "PX", "30000"]), "\n");
+    assert_eq!(
+        redis_cli(port, &["SET", "res1", "a", "NX", "PX", "30000"]),
+        "OK\n"
+    );
+    assert_eq!(
+        redis_cli(port, &["SET", "res1", "b", "NX", "PX", "30000"]),
+        "\n"
+    );
     assert_eq!(redis_cli(port, &["DEL", "res1"]), "1\n");
 
     let status = Command::new("kill")
@@ -62,7 +71,10 @@ fn local_cluster_serves_locks_and_stops_cleanly_on_sigterm() {
         if let Some(exit) = child.try_wait().unwrap() {
             break exit;
         }
-        assert!(Instant::now() < deadline, "proxy did not stop within 10 s of SIGTERM");
+        assert!(
+            Instant::now() < deadline,
+            "proxy did not stop within 10 s of SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(exit.success(), "{exit:?}");
@@ -95,7 +107,12 @@ fn no_masters_is_a_usage_error() {
 #[test]
 fn example_config_with_flag_overrides() {
     let out = Command::new(BIN)
-        .args(["--config", "configs/five-masters.toml", "--drift-factor", "7"])
+        .args([
+            "--config",
+            "configs/five-masters.toml",
+            "--drift-factor",
+            "7",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
