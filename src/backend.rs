@@ -38,8 +38,15 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Largest batch the writer gathers before writing.
 const WRITE_BATCH: usize = 256 * 1024;
 
-/// Runs when a reply arrives after its caller stopped waiting (timed out or decided early).
-pub type LateHook = Box<dyn FnOnce(Reply) + Send>;
+/// Called with `(master index, reply)` when a reply arrives after its caller stopped waiting
+/// (timed out, or the fan-out was decided early). One handler serves all masters of a fan-out.
+pub type LateHandler = Arc<dyn Fn(usize, Reply) + Send + Sync>;
+
+/// A late-reply handler bound to one master.
+pub struct LateHook {
+    pub index: usize,
+    pub handler: LateHandler,
+}
 
 /// Counters shown by `INFO`.
 #[derive(Debug, Default)]
@@ -457,7 +464,7 @@ fn deliver(buf: &mut BytesMut, in_flight: &Mutex<VecDeque<InFlight>>) -> bool {
         };
         if let Err(reply) = waiter.reply.send(to_reply(frame)) {
             if let Some(hook) = waiter.late {
-                hook(reply);
+                (hook.handler)(hook.index, reply);
             }
         }
     }

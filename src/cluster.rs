@@ -8,7 +8,7 @@
 //! their place in their connection's FIFO, so a later command of the same client to that
 //! master is never overtaken by it.
 
-use crate::backend::{LateHook, Master};
+use crate::backend::{LateHandler, LateHook, Master};
 use crate::config::Config;
 use crate::lease_script::{recognise, LeaseShape};
 use crate::protocol::reply::encode_command;
@@ -21,9 +21,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-
-/// Builds the late hook of the request sent to master `index`, if any.
-pub type LateHookFactory<'a> = &'a (dyn Fn(usize) -> Option<LateHook> + Sync);
 
 /// All masters, the shared script cache and the timing settings.
 pub struct Cluster {
@@ -98,7 +95,7 @@ impl Cluster {
     pub async fn fan_out(
         &self,
         payload: &Bytes,
-        late: Option<LateHookFactory<'_>>,
+        late: Option<&LateHandler>,
         decided: impl Fn(&[Vote]) -> bool,
     ) -> Vec<Vote> {
         let mut votes = vec![Vote::Pending; self.masters.len()];
@@ -107,7 +104,10 @@ impl Cluster {
             .iter()
             .enumerate()
             .map(|(i, master)| {
-                let hook = late.and_then(|make| make(i));
+                let hook = late.map(|handler| LateHook {
+                    index: i,
+                    handler: handler.clone(),
+                });
                 async move { (i, master.call(payload.clone(), hook).await) }
             })
             .collect();

@@ -47,6 +47,8 @@ pub struct Config {
     /// refused). A master that lost its data is quarantined for this long plus drift. When
     /// unset, the largest TTL this proxy itself has granted is used (safe with one proxy).
     pub max_lock_ttl_ms: Option<u64>,
+    /// Runtime worker threads (1 = everything on one thread).
+    pub threads: usize,
 }
 
 impl Default for Config {
@@ -66,6 +68,7 @@ impl Default for Config {
             health_interval_ms: 100,
             quarantine: true,
             max_lock_ttl_ms: None,
+            threads: 1,
         }
     }
 }

@@ -36,6 +36,10 @@ struct Cli {
     /// Log format [default: text].
     #[arg(long, value_enum)]
     log_format: Option<LogFormat>,
+    /// Worker threads; 1 runs everything on one thread, which is fastest when the proxy
+    /// shares a small machine with its masters [default: 1].
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
 }
 
 impl Cli {
@@ -64,6 +68,9 @@ impl Cli {
         }
         if let Some(v) = self.log_format {
             config.log_format = v;
+        }
+        if let Some(v) = self.threads {
+            config.threads = v;
         }
         config.validate()?;
         Ok(config)
@@ -95,10 +102,8 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let mut config = match cli.into_config() {
+fn main() -> ExitCode {
+    let config = match Cli::parse().into_config() {
         Ok(config) => config,
         Err(err) => {
             eprintln!("redlock-proxy: {err}");
@@ -106,6 +111,26 @@ async fn main() -> ExitCode {
         }
     };
     init_logging(config.log_format);
+    let runtime = if config.threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(config.threads)
+            .enable_all()
+            .build()
+    };
+    match runtime {
+        Ok(runtime) => runtime.block_on(serve(config)),
+        Err(err) => {
+            eprintln!("redlock-proxy: cannot start the runtime: {err}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn serve(mut config: Config) -> ExitCode {
     // Local masters live as long as this binding: dropping it stops them.
     let _local = match config.local {
         Some(n) => match LocalCluster::start(n) {

@@ -9,6 +9,7 @@
 
 use super::keys::forward_request;
 use super::{not_an_integer, syntax_error, Action, Ctx, Lease, Outcome, Session};
+use crate::backend::LateHandler;
 use crate::cluster::{command, rollback_command, Cluster};
 use crate::protocol::{Reply, Request};
 use crate::redlock::{
@@ -42,9 +43,18 @@ fn parse_set_options(args: &[Bytes]) -> Result<SetOptions, Reply> {
     let mut expire_seen = false;
     let mut i = 0;
     while i < args.len() {
-        let arg = args[i].to_ascii_uppercase();
+        // Options are at most 7 bytes: upper-case them on the stack.
+        let mut upper = [0u8; 8];
+        let arg: &[u8] = match args[i].len() {
+            n @ 1..=7 => {
+                upper[..n].copy_from_slice(&args[i]);
+                upper[..n].make_ascii_uppercase();
+                &upper[..n]
+            }
+            _ => b"",
+        };
         let next = args.get(i + 1);
-        match arg.as_slice() {
+        match arg {
             b"NX" if !opts.xx => opts.nx = true,
             b"XX" if !opts.nx => opts.xx = true,
             b"GET" => opts.get = true,
@@ -288,21 +298,24 @@ async fn acquire(cluster: Arc<Cluster>, attempt: Attempt) -> (Outcome, bool) {
     let px = backend_ttl_ms(ttl_ms, cluster.drift_factor).to_string();
     let payload = command(&[b"SET".as_ref(), &key, &value, b"NX", b"PX", px.as_bytes()]);
     let refused = Arc::new(AtomicBool::new(false));
-    let rollback = rollback_command(&key, &value);
-    let late_hook = |i: usize| -> Option<crate::backend::LateHook> {
-        let (cluster, refused, rollback) = (cluster.clone(), refused.clone(), rollback.clone());
-        Some(Box::new(move |reply: Reply| {
+    // A master whose OK arrives after the acquire was refused gets its own compare-and-delete.
+    let late_ok: LateHandler = {
+        let (cluster, refused) = (cluster.clone(), refused.clone());
+        let (key, value) = (key.clone(), value.clone());
+        Arc::new(move |index: usize, reply: Reply| {
             if reply == Reply::ok() && refused.load(Ordering::Acquire) {
+                let cluster = cluster.clone();
+                let rollback = rollback_command(&key, &value);
                 tokio::spawn(async move {
                     let mut targets = vec![false; cluster.masters.len()];
-                    targets[i] = true;
+                    targets[index] = true;
                     cluster.send_to(&rollback, &targets).await;
                 });
             }
-        }))
+        })
     };
     let votes = cluster
-        .fan_out(&payload, Some(&late_hook), |v| {
+        .fan_out(&payload, Some(&late_ok), |v| {
             acquire_decision(v) != AcquireDecision::Undecided
         })
         .await;
@@ -310,7 +323,8 @@ async fn acquire(cluster: Arc<Cluster>, attempt: Attempt) -> (Outcome, bool) {
     let targets: Vec<bool> = votes.iter().map(may_hold_our_value).collect();
     let undo = RollbackPlan {
         cluster: cluster.clone(),
-        payload: rollback,
+        key: key.clone(),
+        value,
         targets,
         refused,
     };
@@ -331,7 +345,8 @@ async fn acquire(cluster: Arc<Cluster>, attempt: Attempt) -> (Outcome, bool) {
 /// Where and how to undo a refused acquire.
 struct RollbackPlan {
     cluster: Arc<Cluster>,
-    payload: Bytes,
+    key: Bytes,
+    value: Bytes,
     targets: Vec<bool>,
     refused: Arc<AtomicBool>,
 }
@@ -340,7 +355,8 @@ impl RollbackPlan {
     async fn run(self) {
         // Set first: a late OK arriving from now on triggers its own clean-up.
         self.refused.store(true, Ordering::Release);
-        self.cluster.send_to(&self.payload, &self.targets).await;
+        let payload = rollback_command(&self.key, &self.value);
+        self.cluster.send_to(&payload, &self.targets).await;
     }
 }
 
