@@ -12,4 +12,4 @@ fi
 if [ -x tests/clients/install.sh ]; then
   tests/clients/install.sh
 fi
-cargo test --release --all-targets "$@"
+cargo test --release "$@"
