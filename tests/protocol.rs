@@ -69,25 +69,14 @@ async fn resp3_through_the_redis_crate() {
     let client = redis::Client::open(url).unwrap();
     let mut con = client.get_multiplexed_async_connection().await.unwrap();
     let k = key("resp3");
-    let granted: Option<String> = redis::cmd("SET")
-        .arg(&k)
-        .arg("v")
-        .arg("NX")
-        .arg("PX")
-        .arg(30000)
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    assert_eq!(granted.as_deref(), Some("OK"));
-    let contended: redis::Value = redis::cmd("SET")
-        .arg(&k)
-        .arg("w")
-        .arg("NX")
-        .arg("PX")
-        .arg(30000)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    let acquire = |value: &str| {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(&k).arg(value).arg("NX").arg("PX").arg(30000);
+        cmd
+    };
+    let granted: redis::Value = acquire("v").query_async(&mut con).await.unwrap();
+    assert_eq!(granted, redis::Value::Okay);
+    let contended: redis::Value = acquire("w").query_async(&mut con).await.unwrap();
     assert_eq!(contended, redis::Value::Nil);
     let released: i64 = redis::Script::new(common::RELEASE)
         .key(&k)

@@ -62,42 +62,29 @@ async fn partial_grants_are_rolled_back_and_foreign_values_kept() {
     let env = Env::start(5).await;
     let ports = env.ports();
     let mut c = env.proxy.client().await;
-
-    // Another value on 2 of 5: our value still reaches a majority of 3.
-    let k = key("rb2");
-    for port in &ports[..2] {
-        master_cmd(*port, &["SET", &k, "foreign", "PX", "30000"]).await;
+    // (masters pre-set with `foreign`, the value we try, our reply, holders of ours, of foreign)
+    let cases = [
+        // Another value on 2 of 5: our value still reaches a majority of 3.
+        ("rb2", 2, "foreign", "mine", "+OK", 3, 2),
+        // On 3 of 5: null, our value nowhere, the foreign value untouched.
+        ("rb3", 3, "foreign", "mine", "$nil", 0, 3),
+        // A contender using the holder's own token (the PHP seed draws tokens from 9001
+        // values) must not delete the holder's lock while rolling back its failed attempt.
+        ("same-token", 3, "4242", "4242", "$nil", 3, 3),
+    ];
+    for (name, preset, foreign, mine, reply, ours, theirs) in cases {
+        let k = key(name);
+        for port in &ports[..preset] {
+            master_cmd(*port, &["SET", &k, foreign, "PX", "30000"]).await;
+        }
+        assert_eq!(
+            c.cmd(&["SET", &k, mine, "NX", "PX", "30000"]).await,
+            reply,
+            "{name}"
+        );
+        assert_eq!(env.holders(&k, mine).await, ours, "{name}");
+        assert_eq!(env.holders(&k, foreign).await, theirs, "{name}");
     }
-    assert_eq!(
-        c.cmd(&["SET", &k, "mine", "NX", "PX", "30000"]).await,
-        "+OK"
-    );
-    assert_eq!(env.holders(&k, "mine").await, 3);
-    assert_eq!(env.holders(&k, "foreign").await, 2);
-
-    // Another value on 3 of 5: null, our value nowhere, the foreign value untouched.
-    let k = key("rb3");
-    for port in &ports[..3] {
-        master_cmd(*port, &["SET", &k, "foreign", "PX", "30000"]).await;
-    }
-    assert_eq!(
-        c.cmd(&["SET", &k, "mine", "NX", "PX", "30000"]).await,
-        "$nil"
-    );
-    assert_eq!(env.holders(&k, "mine").await, 0);
-    assert_eq!(env.holders(&k, "foreign").await, 3);
-
-    // A contender using the holder's own token (the PHP seed draws tokens from 9001 values)
-    // must not delete the holder's lock while rolling back its failed attempt.
-    let k = key("same-token");
-    for port in &ports[..3] {
-        master_cmd(*port, &["SET", &k, "4242", "PX", "30000"]).await;
-    }
-    assert_eq!(
-        c.cmd(&["SET", &k, "4242", "NX", "PX", "30000"]).await,
-        "$nil"
-    );
-    assert_eq!(env.holders(&k, "4242").await, 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
