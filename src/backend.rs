@@ -194,6 +194,17 @@ impl Master {
             return;
         };
         let verdict = judge(h.last.as_ref(), &obs);
+        if let (None, Some(wait)) = (&h.last, quarantine) {
+            // First sight of this master: it may have restarted empty just before this proxy
+            // started. Its uptime (whole seconds, rounded down: never too long) tells how much
+            // of the longest lease could still be running.
+            let up = Duration::from_secs(obs.uptime_secs);
+            if up < wait {
+                h.quarantined_until = Some(now + (wait - up));
+                h.quarantine_reason = Some(format!("started {}s ago", obs.uptime_secs));
+                tracing::warn!(master = %self.addr, uptime_s = obs.uptime_secs, "master started recently: quarantined until the longest lease it may have forgotten has expired");
+            }
+        }
         if let Some(reason) = verdict.lost {
             match quarantine {
                 Some(wait) => {

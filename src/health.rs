@@ -12,6 +12,10 @@
 //! - A master in an **unsafe configuration** (role other than master, `maxmemory-policy` other
 //!   than `noeviction`, still loading) is refused for as long as that lasts, with the reason
 //!   logged and shown in `INFO`.
+//! - A master seen for the first time (this proxy just started) that has been up for less than
+//!   that wait is quarantined for the rest of it: it may have restarted empty just before.
+//!   With `max_lock_ttl_ms` unset the wait starts at 0 (this proxy granted nothing yet), so
+//!   this only bites when the operator states the longest lease across all proxies.
 //! - A master is not trusted on a fresh connection until one `INFO` on it has been judged:
 //!   a restart always breaks the TCP connection, so no vote from a restarted master is
 //!   counted before its new `run_id` is seen.
