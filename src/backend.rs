@@ -206,16 +206,7 @@ impl Master {
             }
         }
         if let Some(reason) = verdict.lost {
-            match quarantine {
-                Some(wait) => {
-                    tracing::warn!(master = %self.addr, %reason, wait_ms = wait.as_millis() as u64, "master lost data: quarantined until every lease it held has expired");
-                    h.quarantined_until = Some(now + wait);
-                    h.quarantine_reason = Some(reason);
-                }
-                None => {
-                    tracing::warn!(master = %self.addr, %reason, "master lost data (quarantine is off)")
-                }
-            }
+            self.lost_data(&mut h, reason, quarantine, now);
         }
         if verdict.unsafe_config != h.unsafe_reason {
             match &verdict.unsafe_config {
@@ -230,6 +221,38 @@ impl Master {
         h.checked_connect = connect;
     }
 
+    /// The master answered an acquire with "canary missing": it lost its data since the last
+    /// health check. Quarantined at once (the next `INFO` may come too late).
+    pub fn report_wipe(&self, quarantine: Option<Duration>, now: Instant) {
+        if let Ok(mut h) = self.health.lock() {
+            self.lost_data(
+                &mut h,
+                "canary key gone at acquire (data wiped)".into(),
+                quarantine,
+                now,
+            );
+        }
+    }
+
+    fn lost_data(
+        &self,
+        h: &mut HealthState,
+        reason: String,
+        quarantine: Option<Duration>,
+        now: Instant,
+    ) {
+        match quarantine {
+            Some(wait) => {
+                tracing::warn!(master = %self.addr, %reason, wait_ms = wait.as_millis() as u64, "master lost data: quarantined until every lease it held has expired");
+                h.quarantined_until = Some(now + wait);
+                h.quarantine_reason = Some(reason);
+            }
+            None => {
+                tracing::warn!(master = %self.addr, %reason, "master lost data (quarantine is off)")
+            }
+        }
+    }
+
     /// Whether a usable connection exists right now.
     pub fn is_connected(&self) -> bool {
         self.connected.load(Ordering::Relaxed)
@@ -238,6 +261,11 @@ impl Master {
     /// Starts the task that keeps one connection open, until `stop` becomes true.
     pub fn spawn(self: &Arc<Self>, stop: watch::Receiver<bool>) {
         tokio::spawn(supervise(self.clone(), stop));
+    }
+
+    /// Queues `payload` without waiting for the reply (which is dropped when it comes).
+    pub fn forget(&self, payload: Bytes) {
+        drop(self.send(payload, None));
     }
 
     /// Queues `payload` (one or more encoded commands giving one reply) on the current

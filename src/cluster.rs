@@ -35,6 +35,8 @@ pub struct Cluster {
     pub max_lock_ttl_cap: Option<u64>,
     /// Largest TTL this proxy has sent to the masters in an acquire.
     largest_ttl_sent: AtomicU64,
+    /// This proxy's canary key ([`crate::health`]), unique per process.
+    pub canary_key: Bytes,
     stop: watch::Sender<bool>,
 }
 
@@ -59,6 +61,13 @@ impl Cluster {
             quarantine: config.quarantine,
             max_lock_ttl_cap: config.max_lock_ttl_ms,
             largest_ttl_sent: AtomicU64::new(0),
+            canary_key: Bytes::from(format!(
+                "redlock-proxy:canary:{}:{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos())
+            )),
             stop,
         });
         crate::health::spawn_monitors(
@@ -120,15 +129,25 @@ impl Cluster {
         votes
     }
 
-    /// Sends `payload` to the masters where `targets[i]` is true and waits for all of them
-    /// (each bounded by the node timeout). Used for rollbacks, whose replies do not matter.
-    pub async fn send_to(&self, payload: &Bytes, targets: &[bool]) {
+    /// Sends `payload` to the masters where `targets[i]` is true; waits (each bounded by the
+    /// node timeout) only for those where `confirm[i]` is also true. Used for rollbacks: a
+    /// master that did not answer the acquire gets the rollback queued behind the acquire on
+    /// the same connection (or its late hook cleans up), so waiting on it would only add a
+    /// node timeout to the refusal.
+    pub async fn send_to(&self, payload: &Bytes, targets: &[bool], confirm: &[bool]) {
         let calls: FuturesUnordered<_> = self
             .masters
             .iter()
-            .zip(targets)
-            .filter(|(_, t)| **t)
-            .map(|(m, _)| m.call(payload.clone(), None))
+            .enumerate()
+            .filter(|(i, _)| targets[*i])
+            .filter_map(|(i, m)| {
+                if confirm[i] {
+                    Some(m.call(payload.clone(), None))
+                } else {
+                    m.forget(payload.clone());
+                    None
+                }
+            })
             .collect();
         calls.collect::<Vec<_>>().await;
     }
@@ -177,6 +196,14 @@ impl Cluster {
 pub fn script_sha(body: &[u8]) -> String {
     sha1_smol::Sha1::from(body).digest().to_string()
 }
+
+/// The acquire on one master: set the lock only if this proxy's canary key is still there
+/// (`-1` otherwise: the master lost its data since it was last checked and must not vote).
+/// Checked in the same script so no wipe can fall between the check and the write.
+pub const ACQUIRE_SCRIPT: &str = "if redis.call('exists', KEYS[2]) == 0 then return -1 end return redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])";
+
+/// The vote of a master whose canary was missing at acquire time.
+pub const CANARY_MISSING: Reply = Reply::Integer(-1);
 
 /// The compare-and-delete run on every master that may hold a refused acquire's value.
 pub const ROLLBACK_SCRIPT: &str =

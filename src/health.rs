@@ -20,6 +20,14 @@
 //!   a restart always breaks the TCP connection, so no vote from a restarted master is
 //!   counted before its new `run_id` is seen.
 //!
+//! - **Canary**: each proxy keeps a key of its own, without expiry, on every master (re-armed
+//!   with `SET … NX` on every poll; finding it missing on a master seen before is a data
+//!   loss). Every acquire checks it *in the same script* that sets the lock
+//!   ([`crate::cluster::ACQUIRE_SCRIPT`]): a master wiped since the last poll answers `-1`
+//!   instead of voting, and is quarantined on the spot. Without it, a `FLUSHALL` would go
+//!   unseen until the next `INFO`, and the wiped master could vote for a lock another client
+//!   still holds (found by the fault suite's `kleppmann_flushall_with_quarantine_refuses`).
+//!
 //! Parsing and judging are pure functions, table-tested; the task only does the polling.
 
 use crate::backend::Master;
@@ -43,6 +51,8 @@ pub struct Observation {
     pub evicted_keys: u64,
     /// Calls of commands that drop data wholesale (`flushall`, `flushdb`, `swapdb`, `debug`).
     pub data_wipes: u64,
+    /// This proxy's canary key was missing (and has just been set again).
+    pub canary_missing: bool,
 }
 
 /// Reads an `INFO` reply (`field:value` lines).
@@ -169,11 +179,16 @@ async fn monitor(
         let max_ttl = c.max_lock_ttl_ms();
         let drift_factor = c.drift_factor;
         let quarantine_on = c.quarantine;
+        let arm = command(&[b"SET".as_ref(), &c.canary_key, b"1", b"NX"]);
         drop(c);
         let connect_seen = master.connect_count();
         if master.is_connected() {
-            if let Vote::Replied(Reply::Bulk(text)) = master.probe(payload.clone()).await {
-                let obs = parse_info(&String::from_utf8_lossy(&text));
+            // The canary first, then INFO: a wipe between the two shows in INFO's counters.
+            let canary = master.probe(arm).await;
+            let info = master.probe(payload.clone()).await;
+            if let (Vote::Replied(canary), Vote::Replied(Reply::Bulk(text))) = (canary, info) {
+                let mut obs = parse_info(&String::from_utf8_lossy(&text));
+                obs.canary_missing = canary == Reply::ok();
                 let quarantine = quarantine_on.then(|| quarantine_duration(max_ttl, drift_factor));
                 master.observe(obs, connect_seen, quarantine, Instant::now());
             }

@@ -10,11 +10,12 @@
 use super::keys::forward_request;
 use super::{not_an_integer, syntax_error, Action, Ctx, Lease, Outcome, Session};
 use crate::backend::LateHandler;
-use crate::cluster::{command, rollback_command, Cluster};
+use crate::cluster::{command, rollback_command, Cluster, ACQUIRE_SCRIPT, CANARY_MISSING};
+use crate::health::quarantine_duration;
 use crate::protocol::{Reply, Request};
 use crate::redlock::{
     acquire_decision, backend_ttl_ms, held_by_majority, may_hold_our_value, validity_window,
-    AcquireDecision,
+    AcquireDecision, Vote,
 };
 use bytes::Bytes;
 use dashmap::mapref::entry::Entry;
@@ -238,17 +239,22 @@ impl Flights {
             let Some(leader) = batch.next() else { return };
             let (outcome, settled) = acquire(cluster.clone(), leader.attempt).await;
             let _ = leader.reply.send(outcome);
-            let mut retry = Vec::new();
-            for follower in batch {
-                if settled {
+            if settled {
+                for follower in batch {
                     let _ = follower.reply.send(Outcome::Reply(Reply::Null));
-                } else {
-                    retry.push(follower);
                 }
-            }
-            if let Some(mut queue) = self.keys.get_mut(&key) {
-                retry.append(queue.value_mut());
-                *queue.value_mut() = retry;
+            } else {
+                // The leader's refusal says nothing about the key (timeouts, validity): every
+                // follower tries for itself, all at once, so waiting does not grow with the
+                // queue. Still one of them at most can be granted.
+                let tries = batch.map(|follower| {
+                    let cluster = cluster.clone();
+                    async move {
+                        let (outcome, _) = acquire(cluster, follower.attempt).await;
+                        let _ = follower.reply.send(outcome);
+                    }
+                });
+                futures::future::join_all(tries).await;
             }
             self.next_batch(cluster, key);
         });
@@ -296,7 +302,20 @@ async fn acquire(cluster: Arc<Cluster>, attempt: Attempt) -> (Outcome, bool) {
     let deadline = received_at + window;
     cluster.note_ttl(ttl_ms);
     let px = backend_ttl_ms(ttl_ms, cluster.drift_factor).to_string();
-    let payload = command(&[b"SET".as_ref(), &key, &value, b"NX", b"PX", px.as_bytes()]);
+    // With quarantine on, the write checks the canary in the same script (see health.rs).
+    let payload = if cluster.quarantine {
+        command(&[
+            b"EVAL".as_ref(),
+            ACQUIRE_SCRIPT.as_bytes(),
+            b"2",
+            &key,
+            &cluster.canary_key,
+            &value,
+            px.as_bytes(),
+        ])
+    } else {
+        command(&[b"SET".as_ref(), &key, &value, b"NX", b"PX", px.as_bytes()])
+    };
     let refused = Arc::new(AtomicBool::new(false));
     // A master whose OK arrives after the acquire was refused gets its own compare-and-delete.
     let late_ok: LateHandler = {
@@ -309,7 +328,7 @@ async fn acquire(cluster: Arc<Cluster>, attempt: Attempt) -> (Outcome, bool) {
                 tokio::spawn(async move {
                     let mut targets = vec![false; cluster.masters.len()];
                     targets[index] = true;
-                    cluster.send_to(&rollback, &targets).await;
+                    cluster.send_to(&rollback, &targets, &targets).await;
                 });
             }
         })
@@ -319,13 +338,24 @@ async fn acquire(cluster: Arc<Cluster>, attempt: Attempt) -> (Outcome, bool) {
             acquire_decision(v) != AcquireDecision::Undecided
         })
         .await;
+    for (master, vote) in cluster.masters.iter().zip(&votes) {
+        if *vote == Vote::Replied(CANARY_MISSING) {
+            let wait = quarantine_duration(cluster.max_lock_ttl_ms(), cluster.drift_factor);
+            master.report_wipe(Some(wait), Instant::now());
+        }
+    }
     let held = held_by_majority(&votes);
     let targets: Vec<bool> = votes.iter().map(may_hold_our_value).collect();
+    let confirm: Vec<bool> = votes
+        .iter()
+        .map(|v| *v == Vote::Replied(Reply::ok()))
+        .collect();
     let undo = RollbackPlan {
         cluster: cluster.clone(),
         key: key.clone(),
         value,
         targets,
+        confirm,
         refused,
     };
     if acquire_decision(&votes) == AcquireDecision::Quorum && Instant::now() < deadline {
@@ -347,7 +377,10 @@ struct RollbackPlan {
     cluster: Arc<Cluster>,
     key: Bytes,
     value: Bytes,
+    /// Masters that may hold the value.
     targets: Vec<bool>,
+    /// Of those, the ones that said OK: answering, so their clean-up is awaited.
+    confirm: Vec<bool>,
     refused: Arc<AtomicBool>,
 }
 
@@ -356,7 +389,9 @@ impl RollbackPlan {
         // Set first: a late OK arriving from now on triggers its own clean-up.
         self.refused.store(true, Ordering::Release);
         let payload = rollback_command(&self.key, &self.value);
-        self.cluster.send_to(&payload, &self.targets).await;
+        self.cluster
+            .send_to(&payload, &self.targets, &self.confirm)
+            .await;
     }
 }
 
