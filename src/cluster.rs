@@ -20,7 +20,12 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
+
+/// Most fan-outs in progress at once. Enough to keep every master's connection busy (a fan-out
+/// is one pipelined request per master), small enough that a backlog of this many is worked
+/// off well within a node timeout.
+pub const MAX_FANOUTS: usize = 256;
 
 /// All masters, the shared script cache and the timing settings.
 pub struct Cluster {
@@ -37,6 +42,8 @@ pub struct Cluster {
     largest_ttl_sent: AtomicU64,
     /// This proxy's canary key ([`crate::health`]), unique per process.
     pub canary_key: Bytes,
+    /// Bounds the fan-outs in progress (see [`MAX_FANOUTS`]).
+    fanouts: Semaphore,
     stop: watch::Sender<bool>,
 }
 
@@ -68,6 +75,7 @@ impl Cluster {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_nanos())
             )),
+            fanouts: Semaphore::new(MAX_FANOUTS),
             stop,
         });
         crate::health::spawn_monitors(
@@ -107,6 +115,11 @@ impl Cluster {
         late: Option<&LateHandler>,
         decided: impl Fn(&[Vote]) -> bool,
     ) -> Vec<Vote> {
+        // Waiting here, before any master is asked, keeps the proxy's own backlog out of the
+        // node timeout: under overload requests queue for a permit (and, beyond the per-client
+        // bound, in the clients' sockets) instead of timing out on the masters' connections.
+        // The semaphore is fair, so a client's requests still leave in its order.
+        let _permit = self.fanouts.acquire().await;
         let mut votes = vec![Vote::Pending; self.masters.len()];
         let mut pending: FuturesUnordered<_> = self
             .masters
@@ -131,9 +144,9 @@ impl Cluster {
 
     /// Sends `payload` to the masters where `targets[i]` is true; waits (each bounded by the
     /// node timeout) only for those where `confirm[i]` is also true. Used for rollbacks: a
-    /// master that did not answer the acquire gets the rollback queued behind the acquire on
-    /// the same connection (or its late hook cleans up), so waiting on it would only add a
-    /// node timeout to the refusal.
+    /// master whose acquire vote already timed out gets the rollback queued (and its late hook
+    /// cleans up after a late OK), so waiting on it would only add a node timeout to the
+    /// refusal.
     pub async fn send_to(&self, payload: &Bytes, targets: &[bool], confirm: &[bool]) {
         let calls: FuturesUnordered<_> = self
             .masters

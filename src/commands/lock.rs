@@ -346,9 +346,11 @@ async fn acquire(cluster: Arc<Cluster>, attempt: Attempt) -> (Outcome, bool) {
     }
     let held = held_by_majority(&votes);
     let targets: Vec<bool> = votes.iter().map(may_hold_our_value).collect();
+    // Confirm the clean-up where the master said OK or has not answered yet (still within its
+    // node timeout); a master whose vote already timed out gets it without waiting again.
     let confirm: Vec<bool> = votes
         .iter()
-        .map(|v| *v == Vote::Replied(Reply::ok()))
+        .map(|v| matches!(v, Vote::Pending) || *v == Vote::Replied(Reply::ok()))
         .collect();
     let undo = RollbackPlan {
         cluster: cluster.clone(),
@@ -379,7 +381,7 @@ struct RollbackPlan {
     value: Bytes,
     /// Masters that may hold the value.
     targets: Vec<bool>,
-    /// Of those, the ones that said OK: answering, so their clean-up is awaited.
+    /// Of those, the ones that said OK or have not answered yet: their clean-up is awaited.
     confirm: Vec<bool>,
     refused: Arc<AtomicBool>,
 }

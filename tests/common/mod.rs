@@ -3,7 +3,9 @@
 //! fault relay (delay, blackhole, reset) to put between the proxy and a master.
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod checker;
 pub mod relay;
+pub mod workload;
 
 use redlock_proxy::local::LocalCluster;
 use redlock_proxy::Config;
@@ -212,6 +214,13 @@ impl Client {
                 return None;
             }
         }
+    }
+
+    /// Sends a command and reads one reply within `limit`; `None` on a write error, a timeout
+    /// or end of stream (the connection must then not be reused: a late reply may follow).
+    pub async fn try_cmd(&mut self, args: &[&str], limit: Duration) -> Option<String> {
+        self.stream.write_all(&encode(args)).await.ok()?;
+        self.try_read(limit).await
     }
 
     /// True if the server closed the connection (within 2 s).

@@ -1,0 +1,251 @@
+//! Load from other programs: node `redlock` (benches/node/lockbench.js) and `redis-benchmark`.
+
+use crate::cycles::unique_tag;
+use crate::procs::CpuUse;
+use crate::resp::{blocking_cmd, Reply};
+use crate::settings::Settings;
+use crate::stats::Latency;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+#[derive(Clone, Debug)]
+pub struct NodeResult {
+    pub scenario: String,
+    /// 1-based repetition of the same comparison (`BENCH_ROUNDS`).
+    pub round: usize,
+    pub workers: usize,
+    pub cycles_per_sec: f64,
+    pub latency: Option<Latency>,
+    pub fails: u64,
+    pub first_error: Option<String>,
+    /// CPU % of node itself over its measured window (its own `process.cpuUsage()`).
+    pub node_cpu: Option<f64>,
+    /// CPU over the whole node run (start-up and warm-up included); "client" = node + harness.
+    pub cpu: CpuUse,
+    pub note: Option<String>,
+}
+
+pub fn node_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/node")
+}
+
+pub fn node_ready() -> Result<(), String> {
+    let dir = node_dir();
+    for module in ["redlock", "ioredis"] {
+        if !dir
+            .join("node_modules")
+            .join(module)
+            .join("package.json")
+            .exists()
+        {
+            return Err(format!(
+                "benches/node/node_modules/{module} is missing: run `npm ci` in benches/node (scripts/bench.sh does)"
+            ));
+        }
+    }
+    match Command::new("node").arg("--version").output() {
+        Ok(o) if o.status.success() => Ok(()),
+        _ => Err("node is not installed".into()),
+    }
+}
+
+/// Runs benches/node/lockbench.js against `ports` and parses its JSON line.
+pub fn run_node(
+    settings: &Settings,
+    ports: &[u16],
+    workers: usize,
+    scenario: &str,
+) -> Result<NodeResult, String> {
+    let ports_text = ports
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let output = Command::new("node")
+        .arg(node_dir().join("lockbench.js"))
+        .args(["--ports", &ports_text])
+        .args(["--workers", &workers.to_string()])
+        .args(["--secs", &settings.secs.to_string()])
+        .args(["--warmup", &settings.warmup.to_string()])
+        .args(["--ttl", &settings.ttl_ms.to_string()])
+        .args(["--tag", &unique_tag()])
+        .current_dir(node_dir())
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|err| format!("cannot run node: {err}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let Some(line) = stdout.lines().rev().find(|l| l.starts_with('{')) else {
+        return Err(format!(
+            "node printed no result ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    };
+    let num = |name: &str| json_number(line, name);
+    let latency = match (num("p50_us"), num("p99_us"), num("p999_us")) {
+        (Some(p50), Some(p99), Some(p999)) => Some(Latency { p50, p99, p999 }),
+        _ => None,
+    };
+    Ok(NodeResult {
+        scenario: scenario.into(),
+        round: 1,
+        workers,
+        cycles_per_sec: num("cycles_per_sec").unwrap_or(0.0),
+        latency,
+        fails: num("fails").unwrap_or(0.0) as u64,
+        first_error: json_string(line, "first_error"),
+        node_cpu: num("cpu_pct"),
+        cpu: CpuUse::default(),
+        note: None,
+    })
+}
+
+/// A number field of a flat JSON object (enough for the node script's one-line output).
+pub fn json_number(json: &str, name: &str) -> Option<f64> {
+    let pattern = format!("\"{name}\":");
+    let rest = &json[json.find(&pattern)? + pattern.len()..];
+    let text: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || matches!(c, '.' | '-' | 'e' | 'E' | '+'))
+        .collect();
+    text.parse().ok()
+}
+
+pub fn json_string(json: &str, name: &str) -> Option<String> {
+    let pattern = format!("\"{name}\":\"");
+    let rest = &json[json.find(&pattern)? + pattern.len()..];
+    let mut out = String::new();
+    let mut escaped = false;
+    for c in rest.chars() {
+        match (escaped, c) {
+            (true, c) => {
+                out.push(c);
+                escaped = false;
+            }
+            (false, '\\') => escaped = true,
+            (false, '"') => return Some(out),
+            (false, c) => out.push(c),
+        }
+    }
+    None
+}
+
+// ---------------------------------------------------------------------------------------------
+// Section 2c: redis-benchmark
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+pub struct RbResult {
+    pub scenario: String,
+    /// 1-based repetition of the same comparison (`BENCH_ROUNDS`).
+    pub round: usize,
+    pub pipeline: usize,
+    pub requests: u64,
+    pub rps: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// SETs that left a key on the master (redis-benchmark does not check replies).
+    pub granted: Option<u64>,
+    pub note: Option<String>,
+}
+
+pub const RB_CONNS: usize = 50;
+
+pub const NODE_DIRECT: &str = "node redlock, 5 ioredis clients → 5 masters";
+pub const NODE_PROXY: &str = "node redlock, 1 ioredis client → proxy over 5";
+
+/// `redis-benchmark -c 50 -P depth -n requests -r 1e8 --csv SET lb:rb:TAG:__rand_int__ v NX PX ttl`.
+pub fn redis_benchmark(
+    port: u16,
+    depth: usize,
+    requests: u64,
+    ttl_ms: u64,
+) -> Result<RbResult, String> {
+    let output = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-c", &RB_CONNS.to_string()])
+        .args(["-n", &requests.to_string()])
+        .args(["-P", &depth.to_string()])
+        .args(["-r", "100000000", "--csv"])
+        // A fresh prefix per run: redis-benchmark's __rand_int__ sequence can repeat between
+        // runs started close together, which would turn the real run's first SETs into
+        // refusals on the calibration run's keys.
+        .args(["SET", &format!("lb:rb:{}:__rand_int__", unique_tag())])
+        .args(["v", "NX", "PX", &ttl_ms.to_string()])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|err| format!("cannot run redis-benchmark: {err}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let mut lines = stdout.lines().filter(|l| l.starts_with('"'));
+    let header = lines.next().ok_or_else(|| {
+        format!(
+            "redis-benchmark printed nothing ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )
+    })?;
+    let row = lines
+        .next()
+        .ok_or_else(|| format!("redis-benchmark printed no result: {stdout}"))?;
+    let split = |l: &str| -> Vec<String> {
+        l.trim_matches('"')
+            .split("\",\"")
+            .map(str::to_string)
+            .collect()
+    };
+    let (header, row) = (split(header), split(row));
+    let field = |name: &str| -> f64 {
+        header
+            .iter()
+            .position(|h| h == name)
+            .and_then(|i| row.get(i))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    Ok(RbResult {
+        scenario: String::new(),
+        round: 1,
+        pipeline: depth,
+        requests,
+        rps: field("rps"),
+        p50_ms: field("p50_latency_ms"),
+        p99_ms: field("p99_latency_ms"),
+        granted: None,
+        note: None,
+    })
+}
+
+pub fn redis_benchmark_ready() -> Result<(), String> {
+    match Command::new("redis-benchmark").arg("--version").output() {
+        Ok(o) if o.status.success() => Ok(()),
+        _ => Err("not installed (apt-get install redis-tools)".into()),
+    }
+}
+
+/// One redis-benchmark cell against `port` (master 0 directly, or the proxy over it) for about
+/// `settings.secs`: a short calibration run sizes the real one. The growth of master 0's
+/// `DBSIZE` over the real run is the number of SETs that were granted (random keys in a space
+/// of 10⁸ practically never collide). The caller empties master 0 afterwards, once no proxy
+/// is attached: a proxy treats a `FLUSHALL` under it as lost data and quarantines the master.
+pub fn redis_benchmark_cell(
+    settings: &Settings,
+    port: u16,
+    master_port: u16,
+    depth: usize,
+) -> Result<RbResult, String> {
+    let ttl = settings.ttl_ms;
+    let dbsize = || match blocking_cmd(master_port, &[b"DBSIZE"]) {
+        Ok(Reply::Int(n)) => Some(n as u64),
+        _ => None,
+    };
+    let probe = redis_benchmark(port, depth, 20_000 * depth as u64, ttl)?;
+    let requests = if probe.rps.is_finite() {
+        ((probe.rps * settings.secs) as u64).clamp(20_000, 20_000_000)
+    } else {
+        200_000
+    };
+    let before = dbsize();
+    let mut result = redis_benchmark(port, depth, requests, ttl)?;
+    result.granted = before.zip(dbsize()).map(|(b, a)| a.saturating_sub(b));
+    Ok(result)
+}

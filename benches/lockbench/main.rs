@@ -1,0 +1,426 @@
+//! lockbench: the redlock-proxy benchmark harness (issue 5). One run starts its own
+//! `redis-server` masters and proxy processes on loopback, measures, and prints a markdown
+//! report (also written to `target/bench-results.md`).
+//!
+//! Sections (select with `BENCH_ONLY=a,b` or `cargo bench --bench lockbench -- a b`):
+//! - `cycles`: lock cycles (`SET k v NX PX` → compare-and-delete release) from a raw-RESP
+//!   tokio load generator: direct redis-server vs the proxy over 1, 3 and 5 masters, at each
+//!   connection count and pipeline depth.
+//! - `clientside`: the same cycles as an in-process Redlock client over the `redis` crate
+//!   (5 multiplexed connections) vs the proxy over the same 5 masters.
+//! - `node`: node `redlock` with 5 ioredis clients over the 5 masters vs the same script with
+//!   one ioredis client at the proxy (needs `benches/node/node_modules`, see scripts/bench.sh).
+//! - `redis-benchmark`: `redis-benchmark … SET key:__rand_int__ v NX PX 30000`, direct vs
+//!   the proxy over 1 master.
+//! - `memory`: proxy resident bytes per idle client connection (10k connections, one PING each).
+//! - `contention`: 100 clients polling `SET hot v NX PX 30000` every 5 ms while one holder
+//!   holds it; master operations per client operation.
+//!
+//! Every proxy is the release binary run as a separate process, started fresh for each cell.
+//! Knobs (`BENCH_*` environment variables): settings.rs and BENCHMARKS.md.
+
+mod contention;
+mod cycles;
+mod external;
+mod memory;
+mod procs;
+mod report;
+mod resp;
+mod settings;
+mod stats;
+
+use procs::{CpuProbe, ProxyProc};
+use redlock_proxy::local::{LocalCluster, LocalMaster};
+use report::{fmt_kib, fmt_lat, fmt_mib, fmt_rate, fmt_us, Results};
+use settings::{Settings, Target, SECTIONS};
+use stats::CycleResult;
+use std::future::Future;
+use std::time::Instant;
+
+/// The compare-and-delete release most lock clients send (redis-cli, PHP, redis-py style).
+pub const RELEASE_SCRIPT: &str =
+    "if redis.call('get',KEYS[1]) == ARGV[1] then return redis.call('del',KEYS[1]) else return 0 end";
+
+/// What every section needs: the settings, the load generator's runtime, the 5 masters.
+struct Bench {
+    settings: Settings,
+    rt: tokio::runtime::Runtime,
+    masters: LocalCluster,
+    master_ports: Vec<u16>,
+    hz: f64,
+    results: Results,
+}
+
+impl Bench {
+    fn block_on<F: Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+
+    /// Waits until a fresh proxy has its masters up (see [`resp::prepare`]); the cell runs
+    /// anyway if it does not, and shows the failures.
+    fn prepare(&self, port: u16) {
+        if let Err(err) = self.block_on(resp::prepare(port)) {
+            progress(&format!("warning: {err}"));
+        }
+    }
+
+    fn skip(&mut self, why: String) {
+        progress(&format!("skipped: {why}"));
+        self.results.skipped.push(why);
+    }
+
+    fn record_cycle(&mut self, r: CycleResult) {
+        progress(&cycle_line(&r));
+        self.results.cycles.push(r);
+    }
+
+    fn cycles(&mut self) {
+        let s = self.settings.clone();
+        for &target in &s.targets {
+            for &conns in &s.conns {
+                for &depth in &s.depths {
+                    let cell =
+                        cycles::run_cycle_cell(&s, &self.masters, target, conns, depth, self.hz);
+                    let r = self.block_on(cell);
+                    self.record_cycle(r);
+                }
+            }
+        }
+    }
+
+    fn clientside(&mut self) {
+        let s = self.settings.clone();
+        for &workers in &s.clientside_conns {
+            let r = self.block_on(cycles::run_clientside_cell(
+                &s,
+                &self.masters,
+                workers,
+                self.hz,
+            ));
+            progress(&cycle_line(&r));
+            self.results.clientside.push(r);
+            self.ensure_proxy5_cell(workers);
+        }
+    }
+
+    fn node(&mut self) {
+        if let Err(why) = external::node_ready() {
+            return self.skip(format!("node: {why}"));
+        }
+        let s = self.settings.clone();
+        let master_pids: Vec<u32> = self
+            .masters
+            .masters
+            .iter()
+            .filter_map(LocalMaster::pid)
+            .collect();
+        // The largest worker count is the target comparison: repeated, interleaved.
+        let target_workers = s.node_workers.iter().copied().max();
+        for &workers in &s.node_workers {
+            let rounds = if Some(workers) == target_workers {
+                s.rounds
+            } else {
+                1
+            };
+            for round in 1..=rounds {
+                self.node_pair(workers, round, &master_pids);
+            }
+        }
+        // Target 2 (a) compares with raw-RESP clients through the proxy at as many connections.
+        if let Some(workers) = target_workers {
+            self.ensure_proxy5_cell(workers);
+        }
+    }
+
+    /// Runs the proxy-over-5 lock-cycle cell at `conns` connections, depth 1, unless the
+    /// `cycles` section already did.
+    fn ensure_proxy5_cell(&mut self, conns: usize) {
+        if report::find_cycle(&self.results.cycles, Target::Proxy(5), conns, 1).is_none() {
+            let s = self.settings.clone();
+            let cell =
+                cycles::run_cycle_cell(&s, &self.masters, Target::Proxy(5), conns, 1, self.hz);
+            let r = self.block_on(cell);
+            self.record_cycle(r);
+        }
+    }
+
+    /// node redlock over the 5 masters, then the same script through a fresh proxy over them.
+    fn node_pair(&mut self, workers: usize, round: usize, master_pids: &[u32]) {
+        let s = self.settings.clone();
+        let probe = CpuProbe::new(None, master_pids, self.hz);
+        let before = probe.snap();
+        let direct = external::run_node(&s, &self.master_ports, workers, external::NODE_DIRECT)
+            .map(|mut r| {
+                r.cpu = probe.between(before, probe.snap());
+                r
+            });
+        let via_proxy = ProxyProc::start(&s, &self.masters.addrs())
+            .map_err(|e| e.to_string())
+            .and_then(|mut proxy| {
+                self.prepare(proxy.port);
+                let probe = CpuProbe::new(Some(proxy.pid()), master_pids, self.hz);
+                let before = probe.snap();
+                let mut r = external::run_node(&s, &[proxy.port], workers, external::NODE_PROXY)?;
+                r.cpu = probe.between(before, probe.snap());
+                r.note = proxy.health_note();
+                Ok(r)
+            });
+        for r in [direct, via_proxy] {
+            match r {
+                Ok(mut r) => {
+                    r.round = round;
+                    let (p50, p99, _) = fmt_lat(r.latency);
+                    progress(&format!(
+                        "{} workers {} round {round}: {} cycles/s p50 {p50} p99 {p99} ms cpu p/m/c/o {} refused {}",
+                        r.scenario,
+                        r.workers,
+                        fmt_rate(r.cycles_per_sec),
+                        report::fmt_cpu(&r.cpu),
+                        r.fails
+                    ));
+                    self.results.node.push(r);
+                }
+                Err(err) => self.skip(format!("node ({workers} workers): {err}")),
+            }
+        }
+    }
+
+    fn redis_benchmark(&mut self) {
+        if let Err(why) = external::redis_benchmark_ready() {
+            return self.skip(format!("redis-benchmark: {why}"));
+        }
+        let s = self.settings.clone();
+        // Depth 1 is the target comparison: repeated, direct and proxy interleaved.
+        for depth in [1, 16] {
+            let rounds = if depth == 1 { s.rounds } else { 1 };
+            for round in 1..=rounds {
+                for target in [Target::Direct, Target::Proxy(1)] {
+                    self.redis_benchmark_run(target, depth, round);
+                }
+            }
+        }
+    }
+
+    fn redis_benchmark_run(&mut self, target: Target, depth: usize, round: usize) {
+        let s = self.settings.clone();
+        let master = self.master_ports[0];
+        let mut proxy = None;
+        if target != Target::Direct {
+            match ProxyProc::start(&s, &self.masters.addrs()[..1]) {
+                Ok(p) => proxy = Some(p),
+                Err(err) => return self.skip(format!("redis-benchmark via proxy: {err}")),
+            }
+        }
+        let port = proxy.as_ref().map_or(master, |p| p.port);
+        if proxy.is_some() {
+            // Wait until the proxy reaches its master (SCRIPT LOAD fans out).
+            self.prepare(port);
+        }
+        match external::redis_benchmark_cell(&s, port, master, depth) {
+            Ok(mut r) => {
+                r.scenario = target.label();
+                r.round = round;
+                r.note = proxy.as_mut().and_then(ProxyProc::health_note);
+                progress(&format!(
+                    "redis-benchmark {} -P {depth} round {round}: {} SET/s p50 {} p99 {} ms, {} of {} granted",
+                    r.scenario,
+                    fmt_rate(r.rps),
+                    r.p50_ms,
+                    r.p99_ms,
+                    r.granted.map_or("?".into(), |g| g.to_string()),
+                    r.requests
+                ));
+                self.results.rb.push(r);
+            }
+            Err(err) => self.skip(format!("redis-benchmark {}: {err}", target.label())),
+        }
+        // Drop the ~N keys (30 s TTL) left behind, once the proxy is gone.
+        drop(proxy);
+        let _ = resp::blocking_cmd(master, &[b"FLUSHALL"]);
+    }
+
+    fn memory(&mut self) {
+        let s = self.settings.clone();
+        let needed = s.mem_conns as u64 + 200;
+        if let Some(limit) = procs::open_files_limit().filter(|l| *l < needed) {
+            return self.skip(format!(
+                "memory: open-files limit {limit} < {needed}; raise it (`ulimit -n 20000`; scripts/bench.sh does)"
+            ));
+        }
+        match ProxyProc::start(&s, &self.masters.addrs()) {
+            Ok(mut proxy) => {
+                self.prepare(proxy.port);
+                let label = "redlock-proxy (over 5 masters)";
+                let mut m = self.block_on(memory::measure_idle(
+                    label,
+                    proxy.pid(),
+                    proxy.port,
+                    s.mem_conns,
+                ));
+                m.note = m.note.take().or_else(|| proxy.health_note());
+                self.record_memory(m);
+            }
+            Err(err) => self.skip(format!("memory: {err}")),
+        }
+        let maxclients = (s.mem_conns + 100).to_string();
+        match LocalMaster::start(None, &["--maxclients", &maxclients]) {
+            Ok(redis) => {
+                let label = "redis-server (reference)";
+                let pid = redis.pid().unwrap_or(0);
+                let m = self.block_on(memory::measure_idle(label, pid, redis.port, s.mem_conns));
+                self.record_memory(m);
+            }
+            Err(err) => self.skip(format!("memory reference redis-server: {err}")),
+        }
+    }
+
+    fn record_memory(&mut self, m: memory::MemResult) {
+        progress(&format!(
+            "memory {}: {} → {} = {} per connection ({} of {} opened)",
+            m.scenario,
+            fmt_mib(m.before),
+            fmt_mib(m.after),
+            m.per_conn().map_or("–".into(), fmt_kib),
+            m.opened,
+            m.conns
+        ));
+        self.results.memory.push(m);
+    }
+
+    fn contention(&mut self) {
+        let s = self.settings.clone();
+        let ports = self.master_ports.clone();
+        let master_pids: Vec<u32> = self
+            .masters
+            .masters
+            .iter()
+            .filter_map(LocalMaster::pid)
+            .collect();
+        match ProxyProc::start(&s, &self.masters.addrs()) {
+            Ok(mut proxy) => {
+                self.prepare(proxy.port);
+                let probe = CpuProbe::new(Some(proxy.pid()), &master_pids, self.hz);
+                let run = contention::run_hot(&s, "proxy over 5", proxy.port, &ports, &probe);
+                match self.block_on(run) {
+                    Ok(mut h) => {
+                        h.note = h.note.take().or_else(|| proxy.health_note());
+                        self.record_hot(h);
+                    }
+                    Err(err) => self.skip(format!("contention via proxy: {err}")),
+                }
+            }
+            Err(err) => self.skip(format!("contention: {err}")),
+        }
+        let label = "direct redis-server (reference)";
+        let probe = CpuProbe::new(None, &master_pids[..1], self.hz);
+        match self.block_on(contention::run_hot(
+            &s,
+            label,
+            ports[0],
+            &ports[..1],
+            &probe,
+        )) {
+            Ok(h) => self.record_hot(h),
+            Err(err) => self.skip(format!("contention direct: {err}")),
+        }
+    }
+
+    fn record_hot(&mut self, h: contention::HotResult) {
+        progress(&format!(
+            "contention {}: {} client SETs, {} master SET/EVAL/EVALSHA, p99 {} ms",
+            h.scenario,
+            h.client_ops,
+            h.master_lock_ops,
+            h.latency.map_or("–".into(), |l| fmt_us(l.p99))
+        ));
+        self.results.hot.push(h);
+    }
+}
+
+fn progress(text: &str) {
+    eprintln!("lockbench: {text}");
+}
+
+fn cycle_line(r: &CycleResult) -> String {
+    let (p50, p99, p999) = fmt_lat(r.latency);
+    format!(
+        "{:<28} conns {:>3} depth {:>2}: {:>9} cycles/s  p50 {p50} p99 {p99} p999 {p999} ms  cpu p/m/c/o {}  refused {}{}",
+        r.scenario,
+        r.conns,
+        r.depth,
+        fmt_rate(r.cycles_per_sec),
+        report::fmt_cpu(&r.cpu),
+        r.fails,
+        r.first_error
+            .as_deref()
+            .map(|e| format!(" errors {} ({e})", r.errors))
+            .unwrap_or_default()
+    )
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs bench targets without it,
+    // and must not start a 4-minute benchmark.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!(
+            "lockbench: skipped (run it with `cargo bench --bench lockbench` or scripts/bench.sh)"
+        );
+        return;
+    }
+    let settings = Settings::from_env();
+    let began = Instant::now();
+    let machine = procs::environment(&settings);
+    progress(&format!(
+        "sections {:?}, {} s per cell (+{} s warm-up); results go to {}",
+        settings.sections,
+        settings.secs,
+        settings.warmup,
+        settings.out.display()
+    ));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(settings.client_threads.max(1))
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let masters = LocalCluster::start(5).unwrap_or_else(|err| settings::fail(&err.to_string()));
+    progress(&format!("5 masters on {:?}", masters.addrs()));
+    let mut bench = Bench {
+        master_ports: masters.masters.iter().map(|m| m.port).collect(),
+        settings,
+        rt,
+        masters,
+        hz: procs::clock_ticks_per_sec(),
+        results: Results::default(),
+    };
+    // Always in this order: `clientside` reuses the proxy-5 cells of `cycles`.
+    for section in SECTIONS {
+        if !bench.settings.wants(section) {
+            continue;
+        }
+        match section {
+            "cycles" => bench.cycles(),
+            "clientside" => bench.clientside(),
+            "node" => bench.node(),
+            "redis-benchmark" => bench.redis_benchmark(),
+            "memory" => bench.memory(),
+            "contention" => bench.contention(),
+            _ => unreachable!("every section is handled"),
+        }
+    }
+    let Bench {
+        settings,
+        masters,
+        results,
+        ..
+    } = bench;
+    drop(masters);
+    let text = report::render(&settings, &machine, &results, began.elapsed());
+    println!("{text}");
+    if let Some(dir) = settings.out.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    match std::fs::write(&settings.out, &text) {
+        Ok(()) => progress(&format!("wrote {}", settings.out.display())),
+        Err(err) => progress(&format!("cannot write {}: {err}", settings.out.display())),
+    }
+}

@@ -1,0 +1,615 @@
+//! The markdown report and the verdicts against the targets.
+
+use crate::contention::HotResult;
+use crate::external::{NodeResult, RbResult, NODE_DIRECT, NODE_PROXY, RB_CONNS};
+use crate::memory::MemResult;
+use crate::procs::CpuUse;
+use crate::settings::{ReleaseKind, Settings, Target};
+use crate::stats::{median, CycleResult, Latency};
+use std::fmt::Write as _;
+use std::time::Duration;
+
+#[derive(Default)]
+pub struct Results {
+    pub cycles: Vec<CycleResult>,
+    pub clientside: Vec<CycleResult>,
+    pub node: Vec<NodeResult>,
+    pub rb: Vec<RbResult>,
+    pub memory: Vec<MemResult>,
+    pub hot: Vec<HotResult>,
+    pub skipped: Vec<String>,
+}
+
+pub fn fmt_us(us: f64) -> String {
+    let ms = us / 1000.0;
+    if ms < 1.0 {
+        format!("{ms:.3}")
+    } else if ms < 10.0 {
+        format!("{ms:.2}")
+    } else {
+        format!("{ms:.1}")
+    }
+}
+
+pub fn fmt_rate(x: f64) -> String {
+    let whole = x.round() as u64;
+    let digits = whole.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+pub fn fmt_ratio(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.2}×")
+    } else {
+        "–".into()
+    }
+}
+
+pub fn fmt_lat(l: Option<Latency>) -> (String, String, String) {
+    match l {
+        Some(l) => (fmt_us(l.p50), fmt_us(l.p99), fmt_us(l.p999)),
+        None => ("–".into(), "–".into(), "–".into()),
+    }
+}
+
+/// Above this much CPU (% of one core) used by other processes, a cell is flagged as noisy.
+pub const NOISY_OTHER_CPU: f64 = 50.0;
+
+pub fn fmt_cpu(c: &CpuUse) -> String {
+    let proxy = c.proxy.map_or("–".into(), |p| format!("{p:.0}"));
+    let noisy = if c.other > NOISY_OTHER_CPU {
+        " ⚠"
+    } else {
+        ""
+    };
+    format!(
+        "{proxy} / {:.0} / {:.0} / {:.0}{noisy}",
+        c.masters, c.client, c.other
+    )
+}
+
+pub fn fmt_kib(bytes: f64) -> String {
+    format!("{:.1} KiB", bytes / 1024.0)
+}
+
+pub fn fmt_mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+pub fn fails_text(r: &CycleResult) -> String {
+    let mut text = format!("{}", r.fails);
+    if r.errors > 0 {
+        let _ = write!(
+            text,
+            " (+{} errors: {})",
+            r.errors,
+            r.first_error.as_deref().unwrap_or("?")
+        );
+    }
+    if let Some(note) = &r.note {
+        let _ = write!(text, "; {note}");
+    }
+    cell(&text)
+}
+
+/// Text safe inside a markdown table cell.
+pub fn cell(text: &str) -> String {
+    text.replace('|', "\\|").replace('\n', " ")
+}
+
+pub fn find_cycle(
+    results: &[CycleResult],
+    target: Target,
+    conns: usize,
+    depth: usize,
+) -> Option<&CycleResult> {
+    results
+        .iter()
+        .find(|r| r.target == target && r.conns == conns && r.depth == depth)
+}
+
+/// A target verdict line for the summary.
+pub struct Verdict {
+    pub target: &'static str,
+    pub measured: String,
+    pub met: Option<bool>,
+}
+
+pub fn render(settings: &Settings, env: &str, results: &Results, elapsed: Duration) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "# redlock-proxy benchmark results\n");
+    md.push_str(env);
+    let _ = writeln!(
+        md,
+        "\nEach cell ran {} s measured after {} s warm-up; release = `{}`; lock TTL {} ms; load generator on {} tokio worker thread(s). Total run time {:.0} s.\n",
+        settings.secs,
+        settings.warmup,
+        match settings.release {
+            ReleaseKind::Evalsha => "EVALSHA",
+            ReleaseKind::Eval => "EVAL",
+        },
+        settings.ttl_ms,
+        settings.client_threads,
+        elapsed.as_secs_f64()
+    );
+    let verdicts = verdicts(results);
+    if !verdicts.is_empty() {
+        let _ = writeln!(md, "## Targets\n");
+        let _ = writeln!(md, "| target | measured | met |");
+        let _ = writeln!(md, "|---|---|---|");
+        for v in &verdicts {
+            let met = match v.met {
+                Some(true) => "**yes**",
+                Some(false) => "**no**",
+                None => "not run",
+            };
+            let _ = writeln!(md, "| {} | {} | {} |", v.target, v.measured, met);
+        }
+        md.push('\n');
+    }
+
+    if !results.cycles.is_empty() {
+        let _ = writeln!(
+            md,
+            "## 1. Lock cycles: direct redis-server vs proxy over 1, 3, 5 masters\n"
+        );
+        let _ = writeln!(
+            md,
+            "A cycle = `SET k tok NX PX {}` then the compare-and-delete release, each connection on its own keys. Depth d = d acquires pipelined, then the d releases pipelined. Latency = one cycle (acquire reply time + release reply time), ms. CPU = % of one core for proxy / masters / load generator / everything else on the machine (2 cores = 200 %); ⚠ = other processes used more than {NOISY_OTHER_CPU:.0} % during the cell, so it measured a shared machine.\n",
+            settings.ttl_ms
+        );
+        let _ = writeln!(
+            md,
+            "| scenario | conns | depth | cycles/s | cmds/s | p50 ms | p99 ms | p999 ms | vs direct | CPU % p/m/c/o | refused / errors |"
+        );
+        let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|");
+        for r in &results.cycles {
+            let (p50, p99, p999) = fmt_lat(r.latency);
+            let vs = find_cycle(&results.cycles, Target::Direct, r.conns, r.depth)
+                .filter(|d| d.cycles_per_sec > 0.0 && r.target != Target::Direct)
+                .map_or("–".into(), |d| {
+                    fmt_ratio(r.cycles_per_sec / d.cycles_per_sec)
+                });
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.scenario,
+                r.conns,
+                r.depth,
+                fmt_rate(r.cycles_per_sec),
+                fmt_rate(r.cmds_per_sec),
+                p50,
+                p99,
+                p999,
+                vs,
+                fmt_cpu(&r.cpu),
+                fails_text(r)
+            );
+        }
+        md.push('\n');
+        // Ratio matrix.
+        let proxies: Vec<Target> = settings
+            .targets
+            .iter()
+            .copied()
+            .filter(|t| *t != Target::Direct)
+            .collect();
+        if results.cycles.iter().any(|r| r.target == Target::Direct) && !proxies.is_empty() {
+            let _ = writeln!(
+                md,
+                "Throughput relative to direct redis-server (cycles/s ratio):\n"
+            );
+            let mut header = "| conns | depth |".to_string();
+            let mut rule = "|---:|---:|".to_string();
+            for p in &proxies {
+                let _ = write!(header, " {} |", p.label());
+                rule.push_str("---:|");
+            }
+            let _ = writeln!(md, "{header}\n{rule}");
+            for &c in &settings.conns {
+                for &d in &settings.depths {
+                    let mut row = format!("| {c} | {d} |");
+                    let direct = find_cycle(&results.cycles, Target::Direct, c, d);
+                    for p in &proxies {
+                        let cell = match (direct, find_cycle(&results.cycles, *p, c, d)) {
+                            (Some(x), Some(y)) if x.cycles_per_sec > 0.0 => {
+                                fmt_ratio(y.cycles_per_sec / x.cycles_per_sec)
+                            }
+                            _ => "–".into(),
+                        };
+                        let _ = write!(row, " {cell} |");
+                    }
+                    let _ = writeln!(md, "{row}");
+                }
+            }
+            md.push('\n');
+        }
+    }
+
+    if !results.clientside.is_empty() || !results.node.is_empty() {
+        let _ = writeln!(
+            md,
+            "## 2. Client-side Redlock vs the proxy over the same 5 masters\n"
+        );
+    }
+    if !results.clientside.is_empty() {
+        let _ = writeln!(
+            md,
+            "In-process Redlock over the `redis` crate (5 multiplexed connections shared by all workers; concurrent SET NX PX to all 5, quorum 3 + validity, release script on all 5, each round waiting for all 5 replies) vs the raw-RESP load generator through the proxy over the same 5 masters (depth 1). Latency = one cycle, ms.\n"
+        );
+        let _ = writeln!(
+            md,
+            "| workers / conns | client-side cycles/s | p50 | p99 | p999 | proxy-5 cycles/s | p50 | p99 | p999 | proxy / client-side | CPU % client-side m/c/o | refused / errors |"
+        );
+        let _ = writeln!(
+            md,
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
+        );
+        for r in &results.clientside {
+            let (a50, a99, a999) = fmt_lat(r.latency);
+            let proxy = find_cycle(&results.cycles, Target::Proxy(5), r.conns, 1);
+            let (rate, (b50, b99, b999), ratio) = match proxy {
+                Some(p) => (
+                    fmt_rate(p.cycles_per_sec),
+                    fmt_lat(p.latency),
+                    fmt_ratio(p.cycles_per_sec / r.cycles_per_sec),
+                ),
+                None => ("not run".into(), fmt_lat(None), "–".into()),
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} / {:.0} / {:.0} | {} |",
+                r.conns,
+                fmt_rate(r.cycles_per_sec),
+                a50,
+                a99,
+                a999,
+                rate,
+                b50,
+                b99,
+                b999,
+                ratio,
+                r.cpu.masters,
+                r.cpu.client,
+                r.cpu.other,
+                fails_text(r)
+            );
+        }
+        md.push('\n');
+    }
+    if !results.node.is_empty() {
+        let _ = writeln!(
+            md,
+            "node `redlock` 5.0.0-beta.2 + ioredis 5.9.2, `retryCount: 0`; W async workers in one node process, each looping `acquire([own key], {})` → `release()`. Redlock acquires with its own Lua script (EVALSHA), so through the proxy this exercises the script fan-out path. At the largest worker count the pair (5 masters, then the proxy) runs {} interleaved round(s) and the target uses medians. Latency = one cycle, ms.\n",
+            settings.ttl_ms, settings.rounds
+        );
+        let _ = writeln!(
+            md,
+            "| scenario | workers | round | cycles/s | p50 | p99 | p999 | node CPU % | CPU % p/m/c/o (whole run) | refused / errors |"
+        );
+        let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---|---|");
+        for r in &results.node {
+            let (p50, p99, p999) = fmt_lat(r.latency);
+            let mut fails = r.fails.to_string();
+            if let Some(e) = &r.first_error {
+                let _ = write!(fails, " ({e})");
+            }
+            if let Some(n) = &r.note {
+                let _ = write!(fails, "; {n}");
+            }
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.scenario,
+                r.workers,
+                r.round,
+                fmt_rate(r.cycles_per_sec),
+                p50,
+                p99,
+                p999,
+                r.node_cpu.map_or("–".into(), |c| format!("{c:.0}")),
+                fmt_cpu(&r.cpu),
+                cell(&fails)
+            );
+        }
+        md.push('\n');
+    }
+
+    if !results.rb.is_empty() {
+        let _ = writeln!(
+            md,
+            "## 3. redis-benchmark: SET NX PX, direct vs proxy over 1 master, {RB_CONNS} connections\n"
+        );
+        let _ = writeln!(
+            md,
+            "`redis-benchmark -c {RB_CONNS} -P d -r 100000000 -n N --csv SET lb:rb:TAG:__rand_int__ v NX PX {}` (N sized from a calibration run to last about {} s; keys are random, so nearly every SET is granted). `-P 1` runs {} interleaved round(s) of direct then proxy; the target uses the median ratio.\n",
+            settings.ttl_ms, settings.secs, settings.rounds
+        );
+        let _ = writeln!(
+            md,
+            "| scenario | pipeline | round | requests | SET/s | p50 ms | p99 ms | vs direct (same round) | granted (keys left on the master) |"
+        );
+        let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for r in &results.rb {
+            let direct = results.rb.iter().find(|d| {
+                d.scenario == Target::Direct.label()
+                    && d.pipeline == r.pipeline
+                    && d.round == r.round
+            });
+            let vs = match direct {
+                Some(d) if d.scenario != r.scenario => fmt_ratio(r.rps / d.rps),
+                _ => "–".into(),
+            };
+            let note = r
+                .note
+                .as_deref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default();
+            let _ = writeln!(
+                md,
+                "| {}{} | {} | {} | {} | {} | {:.3} | {:.3} | {} | {} |",
+                r.scenario,
+                note,
+                r.pipeline,
+                r.round,
+                fmt_rate(r.requests as f64),
+                fmt_rate(r.rps),
+                r.p50_ms,
+                r.p99_ms,
+                vs,
+                r.granted.map_or("?".into(), |g| format!(
+                    "{:.1} %",
+                    g as f64 * 100.0 / r.requests.max(1) as f64
+                ))
+            );
+        }
+        md.push('\n');
+    }
+
+    if !results.memory.is_empty() {
+        let _ = writeln!(md, "## 4. Memory per idle client connection\n");
+        let _ = writeln!(
+            md,
+            "Separate process; N connections opened, each sends `PING` and reads `PONG`, then stays idle; VmRSS from /proc/PID/status before (after one warm-up connection) and 1 s after the last PONG.\n"
+        );
+        let _ = writeln!(
+            md,
+            "| process | connections | VmRSS before | VmRSS after | per connection | notes |"
+        );
+        let _ = writeln!(md, "|---|---:|---:|---:|---:|---|");
+        for m in &results.memory {
+            let _ = writeln!(
+                md,
+                "| {} | {} of {} | {} | {} | {} | {} |",
+                m.scenario,
+                m.opened,
+                m.conns,
+                fmt_mib(m.before),
+                fmt_mib(m.after),
+                m.per_conn().map_or("–".into(), fmt_kib),
+                m.note.as_deref().unwrap_or("")
+            );
+        }
+        md.push('\n');
+    }
+
+    if !results.hot.is_empty() {
+        let _ = writeln!(md, "## 5. Hot-key contention\n");
+        let _ = writeln!(
+            md,
+            "One holder takes `hot` (PX 600000); {} clients, each on its own connection, loop `SET hot tok NX PX 30000` and sleep {} ms after each (refused) reply, for {} s. Master ops = sum over the masters of the `INFO commandstats` call deltas (SET + EVAL + EVALSHA; \"all\" = every command except INFO). Latency = one SET, ms.\n",
+            settings.hot_clients, settings.hot_interval_ms, settings.secs
+        );
+        let _ = writeln!(
+            md,
+            "| scenario | pollers | client SETs | client SET/s | master lock ops | per client op | master ops (all) | per client op (all) | p50 | p99 | p999 | CPU % p/m/c/o | grants (must be 0) / errors; master calls by command |"
+        );
+        let _ = writeln!(
+            md,
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
+        );
+        for h in &results.hot {
+            let (p50, p99, p999) = fmt_lat(h.latency);
+            let per = |x: u64| h.per_client_op(x).map_or("–".into(), |p| format!("{p:.2}"));
+            let mut notes = format!("{} / {}", h.unexpected_grants, h.errors);
+            let calls: Vec<String> = h
+                .breakdown
+                .iter()
+                .map(|(name, calls)| format!("{name} {}", fmt_rate(*calls as f64)))
+                .collect();
+            if !calls.is_empty() {
+                let _ = write!(notes, "; master calls: {}", calls.join(", "));
+            }
+            if let Some(n) = &h.note {
+                let _ = write!(notes, " ({n})");
+            }
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                h.scenario,
+                h.clients,
+                fmt_rate(h.client_ops as f64),
+                fmt_rate(h.client_ops_per_sec),
+                fmt_rate(h.master_lock_ops as f64),
+                per(h.master_lock_ops),
+                fmt_rate(h.master_all_ops as f64),
+                per(h.master_all_ops),
+                p50,
+                p99,
+                p999,
+                fmt_cpu(&h.cpu),
+                cell(&notes)
+            );
+        }
+        md.push('\n');
+    }
+
+    if !results.skipped.is_empty() {
+        let _ = writeln!(md, "## Skipped\n");
+        for s in &results.skipped {
+            let _ = writeln!(md, "- {s}");
+        }
+        md.push('\n');
+    }
+    md
+}
+
+pub fn verdicts(results: &Results) -> Vec<Verdict> {
+    let mut out = Vec::new();
+    // 1. proxy over 1 ≥ 1.0× direct, SET NX PX at 50 connections: redis-benchmark -P 1, the
+    // median over the interleaved rounds of proxy/direct.
+    const RB_TARGET: &str =
+        "proxy over 1 master ≥ 1.0× direct redis-server, SET NX PX at 50 connections";
+    let rb_pairs: Vec<(&RbResult, &RbResult)> = results
+        .rb
+        .iter()
+        .filter(|d| d.pipeline == 1 && d.scenario == Target::Direct.label())
+        .filter_map(|d| {
+            let p = results.rb.iter().find(|p| {
+                p.pipeline == 1 && p.round == d.round && p.scenario == Target::Proxy(1).label()
+            })?;
+            Some((p, d))
+        })
+        .collect();
+    let loadgen = find_cycle(&results.cycles, Target::Proxy(1), 50, 1)
+        .zip(find_cycle(&results.cycles, Target::Direct, 50, 1))
+        .map(|(p, d)| p.cycles_per_sec / d.cycles_per_sec);
+    if rb_pairs.is_empty() {
+        out.push(Verdict {
+            target: RB_TARGET,
+            measured: loadgen.map_or("redis-benchmark section not run".into(), |l| {
+                format!(
+                    "lock cycles only (redis-benchmark not run): {}",
+                    fmt_ratio(l)
+                )
+            }),
+            met: None,
+        });
+    } else {
+        let ratios: Vec<f64> = rb_pairs.iter().map(|(p, d)| p.rps / d.rps).collect();
+        let ratio = median(ratios.clone());
+        let mut measured = format!(
+            "redis-benchmark -c 50 -P 1, {} interleaved round(s): proxy/direct {} → median **{}** (median SET/s: proxy {} vs direct {})",
+            ratios.len(),
+            ratios.iter().map(|r| fmt_ratio(*r)).collect::<Vec<_>>().join(", "),
+            fmt_ratio(ratio),
+            fmt_rate(median(rb_pairs.iter().map(|(p, _)| p.rps).collect())),
+            fmt_rate(median(rb_pairs.iter().map(|(_, d)| d.rps).collect())),
+        );
+        if let Some(l) = loadgen {
+            let _ = write!(
+                measured,
+                "; lock cycles at 50 conns, depth 1: {}",
+                fmt_ratio(l)
+            );
+        }
+        out.push(Verdict {
+            target: RB_TARGET,
+            measured,
+            met: Some(ratio >= 1.0),
+        });
+    }
+    // 2. proxy over 5 ≥ 2× node redlock over 5, p99 no worse, against the medians of node
+    // redlock's rounds at its largest worker count: (a) the proxy's capacity, seen by raw-RESP
+    // clients; (b) the same node script with one ioredis client at the proxy.
+    const NODE_TARGET: &str =
+        "proxy over 5 masters ≥ 2× node redlock over the same 5 masters (lock cycles/s), p99 no worse";
+    let p99 = |l: Option<Latency>| l.map_or(f64::NAN, |l| l.p99);
+    let workers = results
+        .node
+        .iter()
+        .filter(|n| n.scenario == NODE_DIRECT)
+        .map(|n| n.workers)
+        .max();
+    let Some(workers) = workers else {
+        out.push(Verdict {
+            target: NODE_TARGET,
+            measured: "node section not run".into(),
+            met: None,
+        });
+        return finish_verdicts(out, results);
+    };
+    let node_runs = |scenario: &str| -> Vec<&NodeResult> {
+        results
+            .node
+            .iter()
+            .filter(|n| n.workers == workers && n.scenario == scenario)
+            .collect()
+    };
+    let direct = node_runs(NODE_DIRECT);
+    let direct_rate = median(direct.iter().map(|n| n.cycles_per_sec).collect());
+    let direct_p99 = median(direct.iter().map(|n| p99(n.latency)).collect());
+    let compare = |what: String, rate: f64, lat_p99: f64| {
+        Verdict {
+        target: NODE_TARGET,
+        measured: format!(
+            "{what}: {} vs node redlock {} cycles/s ({workers} workers, median of {}) = **{}**; p99 {} vs {} ms",
+            fmt_rate(rate),
+            fmt_rate(direct_rate),
+            direct.len(),
+            fmt_ratio(rate / direct_rate),
+            fmt_us(lat_p99),
+            fmt_us(direct_p99)
+        ),
+        met: Some(rate >= 2.0 * direct_rate && lat_p99 <= direct_p99),
+    }
+    };
+    if let Some(r) = find_cycle(&results.cycles, Target::Proxy(5), workers, 1) {
+        let what = format!("(a) raw-RESP clients → proxy, {} conns, depth 1", r.conns);
+        out.push(compare(what, r.cycles_per_sec, p99(r.latency)));
+    }
+    let via_proxy = node_runs(NODE_PROXY);
+    if !via_proxy.is_empty() {
+        let what = format!(
+            "(b) same node script, 1 ioredis client → proxy (median of {})",
+            via_proxy.len()
+        );
+        let rate = median(via_proxy.iter().map(|n| n.cycles_per_sec).collect());
+        let lat = median(via_proxy.iter().map(|n| p99(n.latency)).collect());
+        out.push(compare(what, rate, lat));
+    }
+    finish_verdicts(out, results)
+}
+
+/// Targets 3 and 4.
+fn finish_verdicts(mut out: Vec<Verdict>, results: &Results) -> Vec<Verdict> {
+    // 3. ≤ 16 KiB per idle connection.
+    let mem = results
+        .memory
+        .iter()
+        .find(|m| m.scenario.starts_with("redlock-proxy"));
+    out.push(Verdict {
+        target: "≤ 16 KiB resident per idle client connection (10k connections)",
+        measured: mem
+            .and_then(MemResult::per_conn)
+            .map_or("memory section not run".into(), |b| {
+                format!("{} per connection", fmt_kib(b))
+            }),
+        met: mem
+            .and_then(MemResult::per_conn)
+            .map(|b| b <= 16.0 * 1024.0 && mem.is_some_and(|m| m.refused == 0)),
+    });
+    // 4. ≤ 1.5 master operations per client operation on the hot key.
+    let hot = results.hot.iter().find(|h| h.scenario.starts_with("proxy"));
+    let per = hot.and_then(|h| h.per_client_op(h.master_lock_ops));
+    out.push(Verdict {
+        target: "hot-key pollers over 5 masters: ≤ 1.5 master operations per client operation",
+        measured: match (hot, per) {
+            (Some(h), Some(p)) => format!(
+                "{p:.2} master SET/EVAL/EVALSHA per client SET ({} client SETs); client p99 {} ms",
+                fmt_rate(h.client_ops as f64),
+                h.latency.map_or("–".into(), |l| fmt_us(l.p99))
+            ),
+            _ => "contention section not run".into(),
+        },
+        met: per.map(|p| p <= 1.5),
+    });
+    out
+}

@@ -1,0 +1,216 @@
+//! What to run: the `BENCH_*` environment and the section filters.
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `BENCH_ONLY` | `all` | sections, comma-separated (or as arguments after `--`) |
+//! | `BENCH_SECS` | `4` | measured seconds per cell |
+//! | `BENCH_WARMUP_SECS` | `0.5` | unmeasured seconds before each cell's window |
+//! | `BENCH_TARGETS` | `direct,proxy1,proxy3,proxy5` | `cycles` targets (`proxyN`, N ≤ 5) |
+//! | `BENCH_CONNS` / `BENCH_DEPTHS` | `1,50,500` / `1,16` | `cycles` connections and pipeline depths |
+//! | `BENCH_CLIENTSIDE_CONNS` | `1,50,500` | `clientside` worker counts |
+//! | `BENCH_NODE_WORKERS` | `1,50` | `node` worker counts |
+//! | `BENCH_ROUNDS` | `3` | repetitions (interleaved) of redis-benchmark `-P 1` and of node at the most workers |
+//! | `BENCH_CLIENT_THREADS` | `1` | tokio worker threads of the load generator |
+//! | `BENCH_RELEASE` | `evalsha` | release command of `cycles`: `evalsha` or `eval` |
+//! | `BENCH_TTL_MS` | `30000` | lock TTL |
+//! | `BENCH_PROXY_BIN` | this build's `redlock-proxy` | proxy binary to measure |
+//! | `BENCH_PROXY_ARGS` | none | extra proxy flags, e.g. `--node-timeout-ms 200` |
+//! | `BENCH_MEM_CONNS` | `10000` | idle connections of `memory` |
+//! | `BENCH_HOT_CLIENTS` / `BENCH_HOT_INTERVAL_MS` | `100` / `5` | `contention` pollers and their sleep |
+//! | `BENCH_OUT` | `target/bench-results.md` | where the report is written |
+
+use crate::stats::Window;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Every section, in the order they run.
+pub const SECTIONS: [&str; 6] = [
+    "cycles",
+    "clientside",
+    "node",
+    "redis-benchmark",
+    "memory",
+    "contention",
+];
+
+/// Which server a load runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// One redis-server, no proxy.
+    Direct,
+    /// The proxy over this many masters.
+    Proxy(usize),
+}
+
+impl Target {
+    pub fn parse(text: &str) -> Option<Target> {
+        match text {
+            "direct" => Some(Target::Direct),
+            _ => text
+                .strip_prefix("proxy")
+                .and_then(|n| n.parse().ok())
+                .filter(|n| (1..=5).contains(n))
+                .map(Target::Proxy),
+        }
+    }
+
+    pub fn label(self) -> String {
+        match self {
+            Target::Direct => "direct redis-server".into(),
+            Target::Proxy(n) => format!("proxy over {n}"),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseKind {
+    Evalsha,
+    Eval,
+}
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub sections: Vec<String>,
+    pub secs: f64,
+    pub warmup: f64,
+    pub targets: Vec<Target>,
+    pub conns: Vec<usize>,
+    pub depths: Vec<usize>,
+    pub clientside_conns: Vec<usize>,
+    pub node_workers: Vec<usize>,
+    pub client_threads: usize,
+    /// Repetitions of the two target comparisons (redis-benchmark -P 1, node at most workers).
+    pub rounds: usize,
+    pub release: ReleaseKind,
+    pub ttl_ms: u64,
+    pub proxy_bin: PathBuf,
+    pub proxy_args: Vec<String>,
+    pub mem_conns: usize,
+    pub hot_clients: usize,
+    pub hot_interval_ms: u64,
+    pub out: PathBuf,
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| default.to_string())
+}
+
+fn env_num<T: std::str::FromStr>(name: &str, default: &str) -> T {
+    let text = env_or(name, default);
+    text.trim()
+        .parse()
+        .unwrap_or_else(|_| fail(&format!("{name}={text:?} is not a number")))
+}
+
+fn env_list<T>(name: &str, default: &str, parse: impl Fn(&str) -> Option<T>) -> Vec<T> {
+    let text = env_or(name, default);
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| parse(s).unwrap_or_else(|| fail(&format!("{name}: cannot parse {s:?}"))))
+        .collect()
+}
+
+fn positive(text: &str) -> Option<usize> {
+    text.parse().ok().filter(|n| *n > 0)
+}
+
+pub fn fail(message: &str) -> ! {
+    eprintln!("lockbench: {message}");
+    std::process::exit(2);
+}
+
+impl Settings {
+    /// Reads the `BENCH_*` environment and the command-line section filters.
+    pub fn from_env() -> Settings {
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+        // `cargo bench` passes `--bench`; other non-flag arguments select sections.
+        let args: Vec<String> = std::env::args()
+            .skip(1)
+            .filter(|a| !a.starts_with("--"))
+            .collect();
+        let only = if args.is_empty() {
+            env_or("BENCH_ONLY", "all")
+        } else {
+            args.join(",")
+        };
+        let mut sections = Vec::new();
+        for name in only.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let name = match name {
+                "rb" | "redis-bench" | "redisbench" => "redis-benchmark",
+                "mem" => "memory",
+                "hot" => "contention",
+                "rust-redlock" | "client" => "clientside",
+                other => other,
+            };
+            if name == "all" {
+                sections.extend(SECTIONS.iter().map(|s| s.to_string()));
+            } else if SECTIONS.contains(&name) {
+                sections.push(name.to_string());
+            } else {
+                fail(&format!(
+                    "unknown section {name:?}; known: all, {}",
+                    SECTIONS.join(", ")
+                ));
+            }
+        }
+        sections.dedup();
+        let target_dir = std::env::var("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| manifest.join("target"));
+        let secs: f64 = env_num("BENCH_SECS", "4");
+        if secs.is_nan() || secs <= 0.0 {
+            fail("BENCH_SECS must be positive");
+        }
+        Settings {
+            sections,
+            secs,
+            warmup: env_num("BENCH_WARMUP_SECS", "0.5"),
+            targets: env_list(
+                "BENCH_TARGETS",
+                "direct,proxy1,proxy3,proxy5",
+                Target::parse,
+            ),
+            conns: env_list("BENCH_CONNS", "1,50,500", positive),
+            depths: env_list("BENCH_DEPTHS", "1,16", positive),
+            clientside_conns: env_list("BENCH_CLIENTSIDE_CONNS", "1,50,500", positive),
+            node_workers: env_list("BENCH_NODE_WORKERS", "1,50", positive),
+            client_threads: env_num("BENCH_CLIENT_THREADS", "1"),
+            rounds: env_num::<usize>("BENCH_ROUNDS", "3").max(1),
+            release: match env_or("BENCH_RELEASE", "evalsha").as_str() {
+                "evalsha" => ReleaseKind::Evalsha,
+                "eval" => ReleaseKind::Eval,
+                other => fail(&format!("BENCH_RELEASE={other:?}: use evalsha or eval")),
+            },
+            ttl_ms: env_num("BENCH_TTL_MS", "30000"),
+            proxy_bin: std::env::var("BENCH_PROXY_BIN")
+                .map(PathBuf::from)
+                .unwrap_or_else(|_| PathBuf::from(env!("CARGO_BIN_EXE_redlock-proxy"))),
+            proxy_args: env_or("BENCH_PROXY_ARGS", "")
+                .split_whitespace()
+                .map(str::to_string)
+                .collect(),
+            mem_conns: env_num("BENCH_MEM_CONNS", "10000"),
+            hot_clients: env_num("BENCH_HOT_CLIENTS", "100"),
+            hot_interval_ms: env_num("BENCH_HOT_INTERVAL_MS", "5"),
+            out: std::env::var("BENCH_OUT")
+                .map(PathBuf::from)
+                .unwrap_or_else(|_| target_dir.join("bench-results.md")),
+        }
+    }
+
+    pub fn wants(&self, section: &str) -> bool {
+        self.sections.iter().any(|s| s == section)
+    }
+
+    pub fn window(&self) -> Window {
+        let start = Instant::now() + Duration::from_secs_f64(self.warmup);
+        Window {
+            start,
+            end: start + Duration::from_secs_f64(self.secs),
+        }
+    }
+}

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The one command that reproduces BENCHMARKS.md. Installs what the benchmark needs if it is
+# missing (redis-server + redis-benchmark from Debian; the node clients pinned in
+# benches/node/package-lock.json, with `npm ci`), builds the release binary, then runs
+# `cargo bench --bench lockbench`, which starts its own masters and proxies on loopback, runs
+# every section (including the node script as a child process) and prints the markdown report
+# (also written to target/bench-results.md).
+#
+#   scripts/bench.sh                           # everything (about 4 minutes on 2 CPUs)
+#   BENCH_SECS=2 scripts/bench.sh              # shorter cells
+#   scripts/bench.sh memory contention         # only these sections (same as BENCH_ONLY=memory,contention)
+#   BENCH_TARGETS=direct,proxy5 BENCH_CONNS=50 BENCH_DEPTHS=1 scripts/bench.sh cycles
+#
+# Sections: cycles, clientside, node, redis-benchmark, memory, contention. Every knob is listed
+# in BENCHMARKS.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+sudo_cmd=""
+[ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null; then
+  $sudo_cmd apt-get update -q
+  $sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server redis-tools
+  # The benchmark starts its own masters; do not leave the distro service on port 6379.
+  ($sudo_cmd systemctl disable --now redis-server 2>/dev/null) || true
+fi
+
+if command -v npm >/dev/null; then
+  installed=benches/node/node_modules/.package-lock.json
+  if [ ! -f "$installed" ] || [ benches/node/package-lock.json -nt "$installed" ]; then
+    (cd benches/node && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+else
+  echo "bench.sh: node/npm not found; the node section will be skipped" >&2
+fi
+
+# 10k idle client connections need more than 10k descriptors, both here and in the proxy.
+want=20000
+hard=$(ulimit -Hn)
+if [ "$hard" != unlimited ] && [ "$hard" -lt "$want" ]; then
+  want=$hard
+fi
+ulimit -n "$want" || echo "bench.sh: cannot raise the open-files limit; the memory section may be skipped" >&2
+
+cargo build --release
+exec cargo bench --bench lockbench -- "$@"
