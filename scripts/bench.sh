@@ -16,14 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-sudo_cmd=""
-[ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
-if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null; then
-  $sudo_cmd apt-get update -q
-  $sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server redis-tools
-  # The benchmark starts its own masters; do not leave the distro service on port 6379.
-  ($sudo_cmd systemctl disable --now redis-server 2>/dev/null) || true
-fi
+. scripts/lib.sh
+ensure_redis
 
 if command -v npm >/dev/null; then
   installed=benches/node/node_modules/.package-lock.json

@@ -4,12 +4,9 @@
 //! - Replies are matched to requests strictly in FIFO order on one TCP connection. Requests
 //!   are queued in the in-flight list *before* their bytes are written, so the reader always
 //!   finds the request a reply belongs to.
-//! - A caller waits at most the node timeout; a late reply is delivered to its own request's
-//!   slot (dropped, or handed to its late hook), never to a later request, because every
-//!   request keeps its own place in the FIFO.
-//! - A connection whose master stays silent for a node timeout while a request waits is
-//!   **retired**: it takes no new request, and a fresh connection replaces it (reconnect with
-//!   backoff). The retired connection keeps reading for
+//! - A connection on which any request waited longer than the node timeout is **retired**: it
+//!   takes no new request (a late reply must never be matched to a later request). A fresh
+//!   connection replaces it (reconnect with backoff). The retired connection keeps reading for
 //!   a grace period so that late replies can still run their late hooks (the clean-up of a
 //!   value that was set after its acquire had been refused), then it is closed.
 //! - Writes are batched: the writer drains everything queued since its last write into one
@@ -447,7 +444,6 @@ async fn read_loop(
     let mut buf = BytesMut::with_capacity(16 * 1024);
     let mut retired_rx = link.retired.subscribe();
     let mut grace_until: Option<Instant> = None;
-    let mut last_reply = Instant::now();
     loop {
         let retired = *retired_rx.borrow();
         let oldest = in_flight
@@ -460,17 +456,13 @@ async fn read_loop(
             }
             grace_until.get_or_insert_with(|| Instant::now() + RETIRED_GRACE);
         }
-        // Watchdog: the master has been silent for a node timeout while a request waits (a
-        // stall: stopped, partitioned, blackholed). Retire the connection; what it still
-        // answers is late. A connection whose replies keep flowing is not retired when some
-        // request takes longer than the node timeout because of queueing: its caller already
-        // counted it as a missing vote, and the FIFO hands the late reply to that request's
-        // own slot (dropped, or its late hook), never to another request. Retiring on every
-        // slow request would turn overload into a reconnect storm that loses every vote in
-        // flight (found by the benchmark at 500 connections × depth 16).
-        let watchdog = oldest
-            .filter(|_| !retired)
-            .map(|t| t.max(last_reply) + node_timeout);
+        // Watchdog: the oldest request waited past the node timeout, so what this connection
+        // still answers is late: retire it and use a fresh one. The proxy's own backlog cannot
+        // trip it: fan-outs wait for a permit before any request is queued here
+        // (`cluster::MAX_FANOUTS`), and replies are read before the timer is looked at
+        // (`biased`), so under overload requests queue outside the node timeout instead of
+        // turning into a reconnect storm (found by the benchmark at 500 connections × 16).
+        let watchdog = oldest.filter(|_| !retired).map(|t| t + node_timeout);
         tokio::select! {
             // Replies first: under load the watchdog must not fire while replies sit unread.
             biased;
@@ -478,7 +470,6 @@ async fn read_loop(
                 match read {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {
-                        last_reply = Instant::now();
                         if !deliver(&mut buf, &in_flight) {
                             break;
                         }

@@ -1,22 +1,15 @@
 //! The binary as a user runs it: `--local N`, the listening log line, SIGTERM, and the errors
 //! a user can act on.
 
+mod common;
+
+use common::redis_cli;
 use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_redlock-proxy");
-
-fn redis_cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .arg("-p")
-        .arg(port.to_string())
-        .args(args)
-        .output()
-        .unwrap();
-    String::from_utf8(out.stdout).unwrap()
-}
 
 #[test]
 fn local_cluster_serves_locks_and_stops_cleanly_on_sigterm() {

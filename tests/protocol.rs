@@ -3,21 +3,9 @@
 
 mod common;
 
-use common::{encode, key, Client, Env};
+use common::{encode, key, redis_cli, Client, Env};
 use redlock_proxy::local::LocalMaster;
-use std::process::Command;
 use std::time::Duration;
-
-fn redis_cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .arg("-p")
-        .arg(port.to_string())
-        .args(args)
-        .output()
-        .expect("redis-cli is installed with redis-server (Debian redis-tools)");
-    assert!(out.status.success(), "{out:?}");
-    String::from_utf8(out.stdout).unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cli_one_shot_session() {

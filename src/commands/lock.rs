@@ -214,9 +214,11 @@ impl Flights {
             key: attempt.key.clone(),
         };
         Action::Defer(Box::pin(async move {
-            let (outcome, _) = acquire(cluster, attempt).await;
+            let decided = decide(cluster, attempt).await;
+            // The queued acquires of the key go on as soon as this one is decided; its own
+            // clean-up does not hold them up.
             drop(guard);
-            outcome
+            decided.finish().await
         }))
     }
 
@@ -237,9 +239,9 @@ impl Flights {
             let key = batch[0].attempt.key.clone();
             let mut batch = batch.into_iter();
             let Some(leader) = batch.next() else { return };
-            let (outcome, settled) = acquire(cluster.clone(), leader.attempt).await;
-            let _ = leader.reply.send(outcome);
-            if settled {
+            let decided = decide(cluster.clone(), leader.attempt).await;
+            let mut decisions = Vec::new();
+            if decided.settled {
                 for follower in batch {
                     let _ = follower.reply.send(Outcome::Reply(Reply::Null));
                 }
@@ -249,14 +251,17 @@ impl Flights {
                 // queue. Still one of them at most can be granted.
                 let tries = batch.map(|follower| {
                     let cluster = cluster.clone();
-                    async move {
-                        let (outcome, _) = acquire(cluster, follower.attempt).await;
-                        let _ = follower.reply.send(outcome);
-                    }
+                    async move { (follower.reply, decide(cluster, follower.attempt).await) }
                 });
-                futures::future::join_all(tries).await;
+                decisions = futures::future::join_all(tries).await;
             }
+            decisions.push((leader.reply, decided));
+            // The next batch goes out once this one is decided, not after its clean-ups.
             self.next_batch(cluster, key);
+            let finishes = decisions.into_iter().map(|(reply, decided)| async move {
+                let _ = reply.send(decided.finish().await);
+            });
+            futures::future::join_all(finishes).await;
         });
     }
 }
@@ -278,8 +283,7 @@ impl Drop for FlightGuard {
     }
 }
 
-/// The Redlock acquire. Returns the outcome and whether it settles the question for
-/// concurrent acquires of the key (granted, or held by a majority). Safety arguments:
+/// The Redlock acquire, up to its decision (see [`Decided`]). Safety arguments:
 /// - The grant deadline is `received_at + TTL − drift`; `received_at` is when the request was
 ///   read off the client's socket, which is after the client sent it, so a client counting its
 ///   TTL from its send time is covered by the masters' `PX = TTL + drift` (contract §2).
@@ -288,7 +292,7 @@ impl Drop for FlightGuard {
 /// - On refusal, every master that may hold our value gets a compare-and-delete before null is
 ///   returned; a master whose `OK` arrives after the refusal (a late reply) is cleaned up by the
 ///   late hook.
-async fn acquire(cluster: Arc<Cluster>, attempt: Attempt) -> (Outcome, bool) {
+async fn decide(cluster: Arc<Cluster>, attempt: Attempt) -> Decided {
     let Attempt {
         key,
         value,
@@ -297,7 +301,11 @@ async fn acquire(cluster: Arc<Cluster>, attempt: Attempt) -> (Outcome, bool) {
     } = attempt;
     let Some(window) = validity_window(ttl_ms, cluster.drift_factor) else {
         // The drift allowance alone exceeds the TTL: no grant could ever be valid.
-        return (Outcome::Reply(Reply::Null), false);
+        return Decided {
+            outcome: Outcome::Reply(Reply::Null),
+            settled: false,
+            undo: None,
+        };
     };
     let deadline = received_at + window;
     cluster.note_ttl(ttl_ms);
@@ -368,10 +376,37 @@ async fn acquire(cluster: Arc<Cluster>, attempt: Attempt) -> (Outcome, bool) {
             expired: Reply::Null,
             rollback: Some(Box::pin(undo.run())),
         };
-        return (Outcome::Lease(lease), true);
+        return Decided {
+            outcome: Outcome::Lease(lease),
+            settled: true,
+            undo: None,
+        };
     }
-    undo.run().await;
-    (Outcome::Reply(Reply::Null), held)
+    Decided {
+        outcome: Outcome::Reply(Reply::Null),
+        settled: held,
+        undo: Some(undo),
+    }
+}
+
+/// An acquire whose votes are in.
+struct Decided {
+    /// What the client is told once `undo` (if any) has run.
+    outcome: Outcome,
+    /// Whether this settles the question for concurrent acquires of the key (granted, or
+    /// held by a majority).
+    settled: bool,
+    /// The rollback a refusal needs before its null may be written.
+    undo: Option<RollbackPlan>,
+}
+
+impl Decided {
+    async fn finish(self) -> Outcome {
+        if let Some(undo) = self.undo {
+            undo.run().await;
+        }
+        self.outcome
+    }
 }
 
 /// Where and how to undo a refused acquire.

@@ -295,6 +295,18 @@ fn parse(buf: &[u8]) -> Option<(String, usize)> {
     }
 }
 
+/// One `redis-cli` command (one-shot mode, output not a terminal) and what it printed.
+pub fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = std::process::Command::new("redis-cli")
+        .arg("-p")
+        .arg(port.to_string())
+        .args(args)
+        .output()
+        .expect("redis-cli is installed with redis-server (Debian redis-tools)");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// A fresh key name for one test.
 pub fn key(name: &str) -> String {
     format!("test:{name}:{}", std::process::id())
