@@ -221,13 +221,18 @@ impl Master {
         h.checked_connect = connect;
     }
 
-    /// The master answered an acquire with "canary missing": it lost its data since the last
-    /// health check. Quarantined at once (the next `INFO` may come too late).
+    /// Whether a health observation of this master was ever made (its canary was set then).
+    pub fn seen_before(&self) -> bool {
+        self.health.lock().is_ok_and(|h| h.last.is_some())
+    }
+
+    /// This proxy's canary key is gone from the master (seen by an acquire or the health
+    /// check): it lost its data. Quarantined at once (the next `INFO` may come too late).
     pub fn report_wipe(&self, quarantine: Option<Duration>, now: Instant) {
         if let Ok(mut h) = self.health.lock() {
             self.lost_data(
                 &mut h,
-                "canary key gone at acquire (data wiped)".into(),
+                "canary key gone (data wiped)".into(),
                 quarantine,
                 now,
             );

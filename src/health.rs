@@ -20,9 +20,9 @@
 //!   a restart always breaks the TCP connection, so no vote from a restarted master is
 //!   counted before its new `run_id` is seen.
 //!
-//! - **Canary**: each proxy keeps a key of its own, without expiry, on every master (re-armed
-//!   with `SET … NX` on every poll; finding it missing on a master seen before is a data
-//!   loss). Every acquire checks it *in the same script* that sets the lock
+//! - **Canary**: each proxy keeps a key of its own, without expiry, on every master (checked
+//!   on every poll; finding it missing on a master seen before is a data loss, and the master
+//!   is quarantined before the key is set again). Every acquire checks it *in the same script* that sets the lock
 //!   ([`crate::cluster::ACQUIRE_SCRIPT`]): a master wiped since the last poll answers `-1`
 //!   instead of voting, and is quarantined on the spot. Without it, a `FLUSHALL` would go
 //!   unseen until the next `INFO`, and the wiped master could vote for a lock another client
@@ -179,17 +179,27 @@ async fn monitor(
         let max_ttl = c.max_lock_ttl_ms();
         let drift_factor = c.drift_factor;
         let quarantine_on = c.quarantine;
+        let check = command(&[b"EXISTS".as_ref(), &c.canary_key]);
         let arm = command(&[b"SET".as_ref(), &c.canary_key, b"1", b"NX"]);
         drop(c);
         let connect_seen = master.connect_count();
+        let quarantine = quarantine_on.then(|| quarantine_duration(max_ttl, drift_factor));
         if master.is_connected() {
-            // The canary first, then INFO: a wipe between the two shows in INFO's counters.
-            let canary = master.probe(arm).await;
-            let info = master.probe(payload.clone()).await;
-            if let (Vote::Replied(canary), Vote::Replied(Reply::Bulk(text))) = (canary, info) {
+            // Check the canary, and if it is gone, quarantine the master *before* setting it
+            // again: an acquire queued behind the re-arm would pass its canary check, so the
+            // master must already be out of the quorum when the re-arm goes out. (Found by
+            // the soak: re-arming first let one vote through between re-arm and `INFO`.)
+            let missing = master.probe(check).await == Vote::Replied(Reply::Integer(0));
+            if missing {
+                if master.seen_before() {
+                    master.report_wipe(quarantine, Instant::now());
+                }
+                master.probe(arm).await;
+            }
+            // A wipe after the check shows in INFO's counters.
+            if let Vote::Replied(Reply::Bulk(text)) = master.probe(payload.clone()).await {
                 let mut obs = parse_info(&String::from_utf8_lossy(&text));
-                obs.canary_missing = canary == Reply::ok();
-                let quarantine = quarantine_on.then(|| quarantine_duration(max_ttl, drift_factor));
+                obs.canary_missing = missing;
                 master.observe(obs, connect_seen, quarantine, Instant::now());
             }
         }
