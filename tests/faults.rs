@@ -1153,66 +1153,45 @@ fn kleppmann_restart_without_quarantine_overlaps() {
     });
 }
 
-#[test]
-fn kleppmann_restart_with_quarantine_refuses() {
+/// With quarantine on, B must not get the lock A holds after the loss (`data_loss`), and must
+/// get it once the quarantine is over (checked inside `kleppmann_restart`).
+fn kleppmann_refused(label: &str, data_loss: &str, new_proxy: bool) {
     run(async {
-        let (holds, replies) = kleppmann_restart(true, "restart", false).await;
+        let (holds, replies) = kleppmann_restart(true, data_loss, new_proxy).await;
         let found = common::checker::overlaps(&holds);
         println!(
-            "[kleppmann quarantine] B got {} OK of {} attempts; overlaps={}",
-            holds.len() - 1,
-            replies.len(),
-            found.len()
-        );
-        assert!(replies.len() >= 20, "B tried only {} times", replies.len());
-        assert!(
-            found.is_empty() && holds.len() == 1,
-            "B got the lock A holds after m0 restarted empty: {holds:?}"
-        );
-    });
-}
-
-/// As above with `FLUSHALL` on m0 instead of a restart: the master keeps its `run_id` and its
-/// connection, so only the health check can notice.
-#[test]
-fn kleppmann_flushall_with_quarantine_refuses() {
-    run(async {
-        let (holds, replies) = kleppmann_restart(true, "flushall", false).await;
-        let found = common::checker::overlaps(&holds);
-        println!(
-            "[kleppmann flushall quarantine] B got {} OK of {} attempts; overlaps={}; first replies {:?}",
+            "[kleppmann {label}] B got {} OK of {} attempts; overlaps={}; first replies {:?}",
             holds.len() - 1,
             replies.len(),
             found.len(),
             &replies[..replies.len().min(5)]
         );
+        assert!(replies.len() >= 20, "B tried only {} times", replies.len());
         assert!(
             found.is_empty() && holds.len() == 1,
-            "B got the lock A holds after FLUSHALL on m0: {holds:?}"
+            "{label}: B got the lock A holds: {} grants",
+            holds.len() - 1
         );
     });
+}
+
+#[test]
+fn kleppmann_restart_with_quarantine_refuses() {
+    kleppmann_refused("restart, quarantine", "restart", false);
+}
+
+/// As above with `FLUSHALL` on m0 instead of a restart: the master keeps its `run_id` and its
+/// connection, so only the health check and the canary can notice.
+#[test]
+fn kleppmann_flushall_with_quarantine_refuses() {
+    kleppmann_refused("flushall, quarantine", "flushall", false);
 }
 
 /// A proxy that starts after a master restarted empty (a proxy added, or restarted, while
 /// another proxy's lease is alive) must not trust that master's empty keyspace either.
 #[test]
 fn kleppmann_restart_seen_only_by_a_new_proxy_refuses() {
-    run(async {
-        let (holds, replies) = kleppmann_restart(true, "restart", true).await;
-        let found = common::checker::overlaps(&holds);
-        println!(
-            "[kleppmann restart, new proxy] B got {} OK of {} attempts; overlaps={}; first replies {:?}",
-            holds.len() - 1,
-            replies.len(),
-            found.len(),
-            &replies[..replies.len().min(5)]
-        );
-        assert!(
-            found.is_empty() && holds.len() == 1,
-            "B, through a proxy started after m0 restarted empty, got the lock A holds: {} grants",
-            holds.len() - 1
-        );
-    });
+    kleppmann_refused("restart, new proxy", "restart", true);
 }
 
 // ---------------------------------------------------------------------------------------------

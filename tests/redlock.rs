@@ -155,17 +155,23 @@ async fn minority_down_still_grants_majority_down_refuses_fast() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn masters_slower_than_the_ttl_give_null_and_leave_nothing() {
-    let masters = LocalCluster::start(3).unwrap();
+/// `n` masters, each behind a fault relay, and a proxy over the relays.
+async fn behind_relays(n: usize, node_timeout_ms: u64) -> (LocalCluster, Vec<Relay>, Proxy) {
+    let masters = LocalCluster::start(n).unwrap();
     let mut relays = Vec::new();
     for m in &masters.masters {
         relays.push(Relay::start(m.port).await);
     }
     let proxy = Proxy::start(relays.iter().map(Relay::addr).collect(), |c| {
-        c.node_timeout_ms = 1000;
+        c.node_timeout_ms = node_timeout_ms;
     })
     .await;
+    (masters, relays, proxy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masters_slower_than_the_ttl_give_null_and_leave_nothing() {
+    let (masters, relays, proxy) = behind_relays(3, 1000).await;
     for r in &relays {
         r.set_delay(Duration::from_millis(60));
     }
@@ -244,15 +250,7 @@ fn sha1_hex(body: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_scripts_are_padded_and_validity_checked() {
-    let masters = LocalCluster::start(3).unwrap();
-    let mut relays = Vec::new();
-    for m in &masters.masters {
-        relays.push(Relay::start(m.port).await);
-    }
-    let proxy = Proxy::start(relays.iter().map(Relay::addr).collect(), |c| {
-        c.node_timeout_ms = 1000;
-    })
-    .await;
+    let (masters, relays, proxy) = behind_relays(3, 1000).await;
     let pttls = |k: String| {
         let ports: Vec<u16> = masters.masters.iter().map(|m| m.port).collect();
         async move {

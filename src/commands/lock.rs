@@ -108,19 +108,19 @@ pub fn set(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     if ctx.shared.config.allow_locks_without_expiry && opts.ttl_ms.is_none() && !opts.absolute {
         return forward_request(cluster, request);
     }
-    let refusal = if opts.get {
-        "ERR SET NX GET is not supported by redlock-proxy: an acquire answers OK or null"
-    } else if opts.absolute {
-        "ERR SET NX with EXAT/PXAT is refused by redlock-proxy: use PX <milliseconds> so the lock's validity can be checked"
-    } else if opts.ttl_ms.is_none() {
-        "ERR SET NX without PX/EX is refused by redlock-proxy: a lock without expiry cannot be made safe; add PX <milliseconds>"
-    } else {
-        ""
+    let refuse = |text: &str| Action::Ready(Reply::error(text));
+    let ttl_ms = match (opts.get, opts.absolute, opts.ttl_ms) {
+        (true, _, _) => {
+            return refuse("ERR SET NX GET is not supported by redlock-proxy: an acquire answers OK or null")
+        }
+        (_, true, _) => {
+            return refuse("ERR SET NX with EXAT/PXAT is refused by redlock-proxy: use PX <milliseconds> so the lock's validity can be checked")
+        }
+        (_, _, None) => {
+            return refuse("ERR SET NX without PX/EX is refused by redlock-proxy: a lock without expiry cannot be made safe; add PX <milliseconds>")
+        }
+        (_, _, Some(ttl_ms)) => ttl_ms,
     };
-    if !refusal.is_empty() {
-        return Action::Ready(Reply::error(refusal));
-    }
-    let ttl_ms = opts.ttl_ms.unwrap_or_default();
     if let Some(cap) = cluster.max_lock_ttl_cap.filter(|cap| ttl_ms > *cap) {
         // Quarantine of a master that lost data lasts `cap` + drift: a longer lease could
         // outlive it.
