@@ -229,6 +229,13 @@ async fn evalsha_noscript_load_and_healing() {
     }
     assert_eq!(c.cmd(&["EVALSHA", &release_sha, "1", &k, "v"]).await, ":1");
     env.assert_gone(&k).await;
+    // The proxy's own acquire script is gone from the masters too: it is re-loaded by the
+    // health check, and acquires work again within a poll or two.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while c.cmd(&["SET", &k, "again", "NX", "PX", "30000"]).await != "+OK" {
+        assert!(Instant::now() < deadline, "no acquire after SCRIPT FLUSH on the masters");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // numkeys errors as Redis words them.
     assert_eq!(
         c.cmd(&["EVAL", "return 1", "2", "k"]).await,
