@@ -42,8 +42,6 @@ pub struct Cluster {
     largest_ttl_sent: AtomicU64,
     /// This proxy's canary key ([`crate::health`]), unique per process.
     pub canary_key: Bytes,
-    /// SHA1 of [`ACQUIRE_SCRIPT`].
-    pub acquire_sha: String,
     /// Bounds the fan-outs in progress (see [`MAX_FANOUTS`]).
     fanouts: Semaphore,
     stop: watch::Sender<bool>,
@@ -77,7 +75,6 @@ impl Cluster {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_nanos())
             )),
-            acquire_sha: script_sha(ACQUIRE_SCRIPT.as_bytes()),
             fanouts: Semaphore::new(MAX_FANOUTS),
             stop,
         });

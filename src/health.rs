@@ -173,7 +173,6 @@ async fn monitor(
     mut stop: watch::Receiver<bool>,
 ) {
     let payload = info_command();
-    let load_acquire = command(&["SCRIPT", "LOAD", crate::cluster::ACQUIRE_SCRIPT]);
     loop {
         let Some(c) = cluster.upgrade() else { return };
         let master: Arc<Master> = c.masters[index].clone();
@@ -197,9 +196,6 @@ async fn monitor(
                 }
                 master.probe(arm).await;
             }
-            // Acquires run the canary script by SHA1; a master that lost its script cache
-            // answers NOSCRIPT to them (no vote, nothing written) until this re-loads it.
-            master.probe(load_acquire.clone()).await;
             // A wipe after the check shows in INFO's counters.
             if let Vote::Replied(Reply::Bulk(text)) = master.probe(payload.clone()).await {
                 let mut obs = parse_info(&String::from_utf8_lossy(&text));

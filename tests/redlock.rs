@@ -233,7 +233,10 @@ async fn evalsha_noscript_load_and_healing() {
     // health check, and acquires work again within a poll or two.
     let deadline = Instant::now() + Duration::from_secs(1);
     while c.cmd(&["SET", &k, "again", "NX", "PX", "30000"]).await != "+OK" {
-        assert!(Instant::now() < deadline, "no acquire after SCRIPT FLUSH on the masters");
+        assert!(
+            Instant::now() < deadline,
+            "no acquire after SCRIPT FLUSH on the masters"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // numkeys errors as Redis words them.

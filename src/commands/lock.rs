@@ -10,7 +10,7 @@
 use super::keys::forward_request;
 use super::{not_an_integer, syntax_error, Action, Ctx, Lease, Outcome, Session};
 use crate::backend::LateHandler;
-use crate::cluster::{command, rollback_command, Cluster, CANARY_MISSING};
+use crate::cluster::{command, rollback_command, Cluster, ACQUIRE_SCRIPT, CANARY_MISSING};
 use crate::health::quarantine_duration;
 use crate::protocol::{Reply, Request};
 use crate::redlock::{
@@ -310,13 +310,11 @@ async fn decide(cluster: Arc<Cluster>, attempt: Attempt) -> Decided {
     let deadline = received_at + window;
     cluster.note_ttl(ttl_ms);
     let px = backend_ttl_ms(ttl_ms, cluster.drift_factor).to_string();
-    // With quarantine on, the write checks the canary in the same script (see health.rs),
-    // called by SHA1 (the health check loads it on every master; a master that answers
-    // NOSCRIPT wrote nothing and its vote is a "no").
+    // With quarantine on, the write checks the canary in the same script (see health.rs).
     let payload = if cluster.quarantine {
         command(&[
-            b"EVALSHA".as_ref(),
-            cluster.acquire_sha.as_bytes(),
+            b"EVAL".as_ref(),
+            ACQUIRE_SCRIPT.as_bytes(),
             b"2",
             &key,
             &cluster.canary_key,
