@@ -678,6 +678,25 @@ fn checker_caps_windows_at_the_lease_and_reports_every_pair() {
 // ---------------------------------------------------------------------------------------------
 // 0. Baseline: no faults, heavy contention (the checker finds nothing, grants are plentiful)
 
+/// The common minority-fault scenario: 5 masters (behind fault relays when `relays`),
+/// `proxies` proxies, the default workload, `step` acting for `fault_secs`.
+fn minority_scenario(
+    name: &str,
+    relays: bool,
+    proxies: usize,
+    fault_secs: f64,
+    step: fn(&mut Nemesis),
+) {
+    run(async {
+        let seed = seed();
+        let mut rig = Rig::start(5, relays, proxies, seed, with_quarantine(TTL_MS)).await;
+        let mut w = Workload::new(rig.ports(), name, seed);
+        w.duration = scaled(fault_secs + 2.0);
+        let r = scenario(name, &mut rig, seed, w, scaled(fault_secs), step, 300).await;
+        assert!(r.grants > 0);
+    });
+}
+
 #[test]
 fn baseline_without_faults() {
     run(async {
@@ -700,23 +719,7 @@ fn baseline_without_faults() {
 
 #[test]
 fn amnesia_churn_minority_restarts_empty() {
-    run(async {
-        let seed = seed();
-        let mut rig = Rig::start(5, true, 1, seed, with_quarantine(TTL_MS)).await;
-        let mut w = Workload::new(rig.ports(), "amnesia", seed);
-        w.duration = scaled(22.0);
-        let r = scenario(
-            "amnesia-churn",
-            &mut rig,
-            seed,
-            w,
-            scaled(20.0),
-            step_amnesia,
-            300,
-        )
-        .await;
-        assert!(r.grants > 0);
-    });
+    minority_scenario("amnesia-churn", true, 1, 20.0, step_amnesia);
 }
 
 /// Negative control for scenario 1: the same churn (Kleppmann's step only) with quarantine off
@@ -754,22 +757,7 @@ fn amnesia_churn_without_quarantine_shows_overlaps() {
 /// master keeps its `run_id` and its connections). Two proxies, so both must notice.
 #[test]
 fn flush_churn_minority_loses_data() {
-    run(async {
-        let seed = seed();
-        let mut rig = Rig::start(5, true, 2, seed, with_quarantine(TTL_MS)).await;
-        let mut w = Workload::new(rig.ports(), "flush", seed);
-        w.duration = scaled(15.0);
-        scenario(
-            "flush-churn",
-            &mut rig,
-            seed,
-            w,
-            scaled(13.0),
-            step_partition_then_flush,
-            300,
-        )
-        .await;
-    });
+    minority_scenario("flush-churn", true, 2, 13.0, step_partition_then_flush);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -777,22 +765,7 @@ fn flush_churn_minority_loses_data() {
 
 #[test]
 fn pause_minority_longer_than_ttl() {
-    run(async {
-        let seed = seed();
-        let mut rig = Rig::start(5, false, 1, seed, with_quarantine(TTL_MS)).await;
-        let mut w = Workload::new(rig.ports(), "pause", seed);
-        w.duration = scaled(17.0);
-        scenario(
-            "pause-minority",
-            &mut rig,
-            seed,
-            w,
-            scaled(15.0),
-            step_pause,
-            300,
-        )
-        .await;
-    });
+    minority_scenario("pause-minority", false, 1, 15.0, step_pause);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -800,22 +773,7 @@ fn pause_minority_longer_than_ttl() {
 
 #[test]
 fn link_faults_on_a_minority() {
-    run(async {
-        let seed = seed();
-        let mut rig = Rig::start(5, true, 1, seed, with_quarantine(TTL_MS)).await;
-        let mut w = Workload::new(rig.ports(), "links", seed);
-        w.duration = scaled(20.0);
-        scenario(
-            "link-faults",
-            &mut rig,
-            seed,
-            w,
-            scaled(18.0),
-            step_links,
-            300,
-        )
-        .await;
-    });
+    minority_scenario("link-faults", true, 1, 18.0, step_links);
 }
 
 /// Every link slow, up to near the TTL, with a node timeout above the TTL: grants that would
