@@ -202,7 +202,11 @@ impl Master {
             if up < wait {
                 h.quarantined_until = Some(now + (wait - up));
                 h.quarantine_reason = Some(format!("started {}s ago", obs.uptime_secs));
-                tracing::warn!(master = %self.addr, uptime_s = obs.uptime_secs, "master started recently: quarantined until the longest lease it may have forgotten has expired");
+                // Worth a line only when it keeps the master out noticeably (with no lease
+                // granted yet the wait is just the 2 ms drift floor).
+                if wait - up >= Duration::from_secs(1) {
+                    tracing::warn!(master = %self.addr, uptime_s = obs.uptime_secs, wait_ms = (wait - up).as_millis() as u64, "master started recently: quarantined until the longest lease it may have forgotten has expired");
+                }
             }
         }
         if let Some(reason) = verdict.lost {
@@ -275,8 +279,16 @@ impl Master {
 
     /// Queues `payload` (one or more encoded commands giving one reply) on the current
     /// connection. `None` when there is no connection: the vote is missing at once.
-    fn send(&self, payload: Bytes, late: Option<LateHook>) -> Option<oneshot::Receiver<Reply>> {
+    fn send(
+        &self,
+        payload: Bytes,
+        late: Option<LateHook>,
+    ) -> Option<(Arc<Link>, oneshot::Receiver<Reply>)> {
         let link = self.link.lock().ok()?.clone()?;
+        if *link.retired.borrow() {
+            // Retired but not yet replaced: nothing new goes on it.
+            return None;
+        }
         let (tx, rx) = oneshot::channel();
         link.queue
             .send(Outgoing {
@@ -285,7 +297,7 @@ impl Master {
                 late,
             })
             .ok()?;
-        Some(rx)
+        Some((link, rx))
     }
 
     /// Sends one request and waits at most the node timeout for its reply. A master that is
@@ -308,9 +320,17 @@ impl Master {
     async fn probe_with(&self, payload: Bytes, late: Option<LateHook>) -> Vote {
         let vote = match self.send(payload, late) {
             None => Vote::Missing,
-            Some(rx) => match timeout(self.node_timeout, rx).await {
+            Some((link, rx)) => match timeout(self.node_timeout, rx).await {
                 Ok(Ok(reply)) => Vote::Replied(reply),
-                _ => Vote::Missing,
+                Ok(Err(_)) => Vote::Missing,
+                Err(_) => {
+                    // The same rule as the reader's watchdog, applied at once: a request that
+                    // timed out retires its connection, so the very next request (a queued
+                    // acquire of the same key, say) cannot wait out a second node timeout on
+                    // it in the moment before the watchdog fires.
+                    link.retire();
+                    Vote::Missing
+                }
             },
         };
         let counter = match vote {

@@ -42,6 +42,8 @@ pub struct Cluster {
     largest_ttl_sent: AtomicU64,
     /// This proxy's canary key ([`crate::health`]), unique per process.
     pub canary_key: Bytes,
+    /// SHA1 of [`ACQUIRE_SCRIPT`].
+    pub acquire_sha: String,
     /// Bounds the fan-outs in progress (see [`MAX_FANOUTS`]).
     fanouts: Semaphore,
     stop: watch::Sender<bool>,
@@ -75,6 +77,7 @@ impl Cluster {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_nanos())
             )),
+            acquire_sha: script_sha(ACQUIRE_SCRIPT.as_bytes()),
             fanouts: Semaphore::new(MAX_FANOUTS),
             stop,
         });
@@ -108,10 +111,15 @@ impl Cluster {
     }
 
     /// Sends `payload` to every master at once and collects the votes until `decided` says the
-    /// outcome is known or every master has answered or timed out.
+    /// outcome is known or every master has answered or timed out. A master that answers
+    /// `NOSCRIPT` is sent `noscript_fallback` (the same call as `EVAL`), if given. Only the
+    /// acquire uses this: its vote may simply be lost when the fan-out is decided first, and
+    /// the retry may run after a later command of the same client on that master, which can
+    /// only leave a lock key behind on that master until it expires (see `commands::lock`).
     pub async fn fan_out(
         &self,
         payload: &Bytes,
+        noscript_fallback: Option<&Bytes>,
         late: Option<&LateHandler>,
         decided: impl Fn(&[Vote]) -> bool,
     ) -> Vec<Vote> {
@@ -126,11 +134,23 @@ impl Cluster {
             .iter()
             .enumerate()
             .map(|(i, master)| {
-                let hook = late.map(|handler| LateHook {
-                    index: i,
-                    handler: handler.clone(),
-                });
-                async move { (i, master.call(payload.clone(), hook).await) }
+                let hook = || {
+                    late.map(|handler| LateHook {
+                        index: i,
+                        handler: handler.clone(),
+                    })
+                };
+                let first = master.call(payload.clone(), hook());
+                let retry = noscript_fallback.map(|eval| (eval.clone(), hook()));
+                async move {
+                    match (first.await, retry) {
+                        // The master lost the script (restart, SCRIPT FLUSH): send the body.
+                        (Vote::Replied(r), Some((eval, hook))) if r.is_error_code("NOSCRIPT") => {
+                            (i, master.call(eval, hook).await)
+                        }
+                        (vote, _) => (i, vote),
+                    }
+                }
             })
             .collect();
         while let Some((i, vote)) = pending.next().await {
@@ -236,7 +256,7 @@ pub fn rollback_command(key: &[u8], value: &[u8]) -> Bytes {
 /// One reply for all masters by the quorum rule, waiting only as long as needed.
 pub async fn quorum_reply(cluster: &Cluster, payload: &Bytes) -> Reply {
     let votes = cluster
-        .fan_out(payload, None, |v| crate::redlock::merge(v).is_some())
+        .fan_out(payload, None, None, |v| crate::redlock::merge(v).is_some())
         .await;
     crate::redlock::merge(&votes).unwrap_or_else(|| crate::redlock::no_quorum(votes.len()))
 }

@@ -173,6 +173,7 @@ async fn monitor(
     mut stop: watch::Receiver<bool>,
 ) {
     let payload = info_command();
+    let load_acquire = command(&["SCRIPT", "LOAD", crate::cluster::ACQUIRE_SCRIPT]);
     loop {
         let Some(c) = cluster.upgrade() else { return };
         let master: Arc<Master> = c.masters[index].clone();
@@ -196,6 +197,9 @@ async fn monitor(
                 }
                 master.probe(arm).await;
             }
+            // Acquires call the canary script by SHA1: keep it loaded (a master that lost it
+            // gets the body from the acquire itself meanwhile).
+            master.probe(load_acquire.clone()).await;
             // A wipe after the check shows in INFO's counters.
             if let Vote::Replied(Reply::Bulk(text)) = master.probe(payload.clone()).await {
                 let mut obs = parse_info(&String::from_utf8_lossy(&text));

@@ -95,6 +95,14 @@ pub fn held_by_majority(votes: &[Vote]) -> bool {
         >= quorum(votes.len())
 }
 
+/// True if more than `N − Q` masters gave no answer in time: no majority was reachable for
+/// this acquire, so a concurrent acquire of the same key sent at the same moment would be
+/// refused the same way.
+pub fn majority_unreachable(votes: &[Vote]) -> bool {
+    let n = votes.len();
+    votes.iter().filter(|v| matches!(v, Vote::Missing)).count() > n - quorum(n)
+}
+
 /// True where a refused acquire must be rolled back: the master said `OK`, or its answer is
 /// unknown (still pending, timed out, connection lost: the write may have been applied).
 /// A master that answered null did *not* take our value; deleting "our" value there could
@@ -251,6 +259,14 @@ mod tests {
         assert!(!held_by_majority(&[null(), null(), M, M, M]));
         assert!(!held_by_majority(&[null(), null(), ok(), ok(), ok()]));
         assert!(held_by_majority(&[null()]));
+    }
+
+    #[test]
+    fn majority_unreachable_needs_more_than_n_minus_q_missing() {
+        assert!(majority_unreachable(&[M, M, M, ok(), ok()]));
+        assert!(!majority_unreachable(&[M, M, P, ok(), ok()]));
+        assert!(!majority_unreachable(&[M, M, null(), null(), null()]));
+        assert!(majority_unreachable(&[M]));
     }
 
     #[test]

@@ -14,8 +14,8 @@ use crate::cluster::{command, rollback_command, Cluster, ACQUIRE_SCRIPT, CANARY_
 use crate::health::quarantine_duration;
 use crate::protocol::{Reply, Request};
 use crate::redlock::{
-    acquire_decision, backend_ttl_ms, held_by_majority, may_hold_our_value, validity_window,
-    AcquireDecision, Vote,
+    acquire_decision, backend_ttl_ms, held_by_majority, majority_unreachable, may_hold_our_value,
+    validity_window, AcquireDecision, Vote,
 };
 use bytes::Bytes;
 use dashmap::mapref::entry::Entry;
@@ -170,8 +170,9 @@ struct Waiter {
 /// Linearizability: a batch is sent only after all its members arrived, and each member is
 /// answered after the batch's votes are in, so each answer reflects master state from within
 /// that member's own request interval. Followers are answered null only when the batch leader
-/// was granted, or when a majority of masters reported the key held (null votes); a leader
-/// refused for any other reason (timeouts, validity) leaves its followers to try themselves.
+/// was granted, when a majority of masters reported the key held (null votes), or when no
+/// majority answered in time; a leader refused for any other reason (validity, errors)
+/// leaves its followers to try themselves.
 #[derive(Default)]
 pub struct Flights {
     keys: DashMap<Bytes, Vec<Waiter>>,
@@ -310,19 +311,32 @@ async fn decide(cluster: Arc<Cluster>, attempt: Attempt) -> Decided {
     let deadline = received_at + window;
     cluster.note_ttl(ttl_ms);
     let px = backend_ttl_ms(ttl_ms, cluster.drift_factor).to_string();
-    // With quarantine on, the write checks the canary in the same script (see health.rs).
-    let payload = if cluster.quarantine {
-        command(&[
-            b"EVAL".as_ref(),
-            ACQUIRE_SCRIPT.as_bytes(),
-            b"2",
-            &key,
-            &cluster.canary_key,
-            &value,
-            px.as_bytes(),
-        ])
+    // With quarantine on, the write checks the canary in the same script (see health.rs),
+    // called by SHA1 (the health check loads it on every master). A master that lost its
+    // script cache answers NOSCRIPT and gets the body at once: its vote comes a round trip
+    // later, and a client command pipelined behind this acquire may reach that master first
+    // (at worst leaving this value there until its PX expires, on a minority: never a grant).
+    let (payload, fallback) = if cluster.quarantine {
+        let call = |how: &[u8], script: &[u8]| {
+            command(&[
+                how,
+                script,
+                b"2",
+                &key,
+                &cluster.canary_key,
+                &value,
+                px.as_bytes(),
+            ])
+        };
+        (
+            call(b"EVALSHA", cluster.acquire_sha.as_bytes()),
+            Some(call(b"EVAL", ACQUIRE_SCRIPT.as_bytes())),
+        )
     } else {
-        command(&[b"SET".as_ref(), &key, &value, b"NX", b"PX", px.as_bytes()])
+        (
+            command(&[b"SET".as_ref(), &key, &value, b"NX", b"PX", px.as_bytes()]),
+            None,
+        )
     };
     let refused = Arc::new(AtomicBool::new(false));
     // A master whose OK arrives after the acquire was refused gets its own compare-and-delete.
@@ -342,7 +356,7 @@ async fn decide(cluster: Arc<Cluster>, attempt: Attempt) -> Decided {
         })
     };
     let votes = cluster
-        .fan_out(&payload, Some(&late_ok), |v| {
+        .fan_out(&payload, fallback.as_ref(), Some(&late_ok), |v| {
             acquire_decision(v) != AcquireDecision::Undecided
         })
         .await;
@@ -352,7 +366,10 @@ async fn decide(cluster: Arc<Cluster>, attempt: Attempt) -> Decided {
             master.report_wipe(Some(wait), Instant::now());
         }
     }
-    let held = held_by_majority(&votes);
+    // Followers queued behind this acquire get the same null when it tells them nothing
+    // different would happen now: the key is held, or no majority answered in time (they
+    // would wait out the same node timeout, on connections the watchdog is about to retire).
+    let held = held_by_majority(&votes) || majority_unreachable(&votes);
     let targets: Vec<bool> = votes.iter().map(may_hold_our_value).collect();
     // Confirm the clean-up where the master said OK or has not answered yet (still within its
     // node timeout); a master whose vote already timed out gets it without waiting again.
@@ -393,8 +410,8 @@ async fn decide(cluster: Arc<Cluster>, attempt: Attempt) -> Decided {
 struct Decided {
     /// What the client is told once `undo` (if any) has run.
     outcome: Outcome,
-    /// Whether this settles the question for concurrent acquires of the key (granted, or
-    /// held by a majority).
+    /// Whether this settles the question for concurrent acquires of the key (granted, held
+    /// by a majority, or no majority reachable).
     settled: bool,
     /// The rollback a refusal needs before its null may be written.
     undo: Option<RollbackPlan>,
