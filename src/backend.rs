@@ -89,6 +89,8 @@ struct Outgoing {
     payload: Bytes,
     reply: oneshot::Sender<Reply>,
     late: Option<LateHook>,
+    /// When the caller handed it over (and started its own node timeout).
+    queued_at: Instant,
 }
 
 struct InFlight {
@@ -295,6 +297,7 @@ impl Master {
                 payload,
                 reply: tx,
                 late,
+                queued_at: Instant::now(),
             })
             .ok()?;
         Some((link, rx))
@@ -320,17 +323,9 @@ impl Master {
     async fn probe_with(&self, payload: Bytes, late: Option<LateHook>) -> Vote {
         let vote = match self.send(payload, late) {
             None => Vote::Missing,
-            Some((link, rx)) => match timeout(self.node_timeout, rx).await {
+            Some((_link, rx)) => match timeout(self.node_timeout, rx).await {
                 Ok(Ok(reply)) => Vote::Replied(reply),
-                Ok(Err(_)) => Vote::Missing,
-                Err(_) => {
-                    // The same rule as the reader's watchdog, applied at once: a request that
-                    // timed out retires its connection, so the very next request (a queued
-                    // acquire of the same key, say) cannot wait out a second node timeout on
-                    // it in the moment before the watchdog fires.
-                    link.retire();
-                    Vote::Missing
-                }
+                _ => Vote::Missing,
             },
         };
         let counter = match vote {
@@ -425,7 +420,6 @@ async fn write_loop(
             _ = retired.wait_for(|r| *r) => None,
         };
         let Some(first) = first else { break };
-        let now = Instant::now();
         {
             let Ok(mut queue) = in_flight.lock() else {
                 break;
@@ -436,7 +430,7 @@ async fn write_loop(
                 queue.push_back(InFlight {
                     reply: out.reply,
                     late: out.late,
-                    sent_at: now,
+                    sent_at: out.queued_at,
                 });
                 next = if buf.len() < WRITE_BATCH {
                     rx.try_recv().ok()
@@ -487,7 +481,13 @@ async fn read_loop(
         // (`cluster::MAX_FANOUTS`), and replies are read before the timer is looked at
         // (`biased`), so under overload requests queue outside the node timeout instead of
         // turning into a reconnect storm (found by the benchmark at 500 connections × 16).
-        let watchdog = oldest.filter(|_| !retired).map(|t| t + node_timeout);
+        // It fires a millisecond before the caller's own timeout (both count from when the
+        // request was handed over), so the connection is already retired when the caller
+        // gives up and whatever it sends next (a queued acquire of the same key, say) goes on
+        // a fresh connection instead of waiting out a second node timeout on this one.
+        let watchdog = oldest
+            .filter(|_| !retired)
+            .map(|t| t + node_timeout.saturating_sub(Duration::from_millis(1)));
         tokio::select! {
             // Replies first: under load the watchdog must not fire while replies sit unread.
             biased;
