@@ -281,11 +281,7 @@ impl Master {
 
     /// Queues `payload` (one or more encoded commands giving one reply) on the current
     /// connection. `None` when there is no connection: the vote is missing at once.
-    fn send(
-        &self,
-        payload: Bytes,
-        late: Option<LateHook>,
-    ) -> Option<(Arc<Link>, oneshot::Receiver<Reply>)> {
+    fn send(&self, payload: Bytes, late: Option<LateHook>) -> Option<oneshot::Receiver<Reply>> {
         let link = self.link.lock().ok()?.clone()?;
         if *link.retired.borrow() {
             // Retired but not yet replaced: nothing new goes on it.
@@ -300,7 +296,7 @@ impl Master {
                 queued_at: Instant::now(),
             })
             .ok()?;
-        Some((link, rx))
+        Some(rx)
     }
 
     /// Sends one request and waits at most the node timeout for its reply. A master that is
@@ -323,7 +319,7 @@ impl Master {
     async fn probe_with(&self, payload: Bytes, late: Option<LateHook>) -> Vote {
         let vote = match self.send(payload, late) {
             None => Vote::Missing,
-            Some((_link, rx)) => match timeout(self.node_timeout, rx).await {
+            Some(rx) => match timeout(self.node_timeout, rx).await {
                 Ok(Ok(reply)) => Vote::Replied(reply),
                 _ => Vote::Missing,
             },

@@ -101,6 +101,13 @@ impl Cluster {
             .unwrap_or_else(|| self.largest_ttl_sent.load(Ordering::Relaxed))
     }
 
+    /// How long a master that lost data is kept out of every quorum now (longest lease plus
+    /// drift), or `None` when quarantine is off.
+    pub fn quarantine_wait(&self) -> Option<Duration> {
+        self.quarantine
+            .then(|| crate::health::quarantine_duration(self.max_lock_ttl_ms(), self.drift_factor))
+    }
+
     /// Stops every connection task.
     pub fn stop(&self) {
         self.stop.send_replace(true);

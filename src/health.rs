@@ -177,14 +177,11 @@ async fn monitor(
     loop {
         let Some(c) = cluster.upgrade() else { return };
         let master: Arc<Master> = c.masters[index].clone();
-        let max_ttl = c.max_lock_ttl_ms();
-        let drift_factor = c.drift_factor;
-        let quarantine_on = c.quarantine;
+        let quarantine = c.quarantine_wait();
         let check = command(&[b"EXISTS".as_ref(), &c.canary_key]);
         let arm = command(&[b"SET".as_ref(), &c.canary_key, b"1", b"NX"]);
         drop(c);
         let connect_seen = master.connect_count();
-        let quarantine = quarantine_on.then(|| quarantine_duration(max_ttl, drift_factor));
         if master.is_connected() {
             // Check the canary, and if it is gone, quarantine the master *before* setting it
             // again: an acquire queued behind the re-arm would pass its canary check, so the

@@ -11,7 +11,6 @@ use super::keys::forward_request;
 use super::{not_an_integer, syntax_error, Action, Ctx, Lease, Outcome, Session};
 use crate::backend::LateHandler;
 use crate::cluster::{command, rollback_command, Cluster, ACQUIRE_SCRIPT, CANARY_MISSING};
-use crate::health::quarantine_duration;
 use crate::protocol::{Reply, Request};
 use crate::redlock::{
     acquire_decision, backend_ttl_ms, held_by_majority, majority_unreachable, may_hold_our_value,
@@ -362,8 +361,7 @@ async fn decide(cluster: Arc<Cluster>, attempt: Attempt) -> Decided {
         .await;
     for (master, vote) in cluster.masters.iter().zip(&votes) {
         if *vote == Vote::Replied(CANARY_MISSING) {
-            let wait = quarantine_duration(cluster.max_lock_ttl_ms(), cluster.drift_factor);
-            master.report_wipe(Some(wait), Instant::now());
+            master.report_wipe(cluster.quarantine_wait(), Instant::now());
         }
     }
     // Followers queued behind this acquire get the same null when it tells them nothing
