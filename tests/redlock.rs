@@ -261,18 +261,27 @@ fn sha1_hex(body: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_scripts_are_padded_and_validity_checked() {
     let (masters, relays, proxy) = behind_relays(3, 1000).await;
-    let pttls = |k: String| {
-        let ports: Vec<u16> = masters.masters.iter().map(|m| m.port).collect();
+    // PTTL on every master, once all of them satisfy `ok` (at most 2 s): a reply may leave
+    // once a majority answered, with the last master's copy still in flight.
+    let ports: Vec<u16> = masters.masters.iter().map(|m| m.port).collect();
+    let pttls_all = |k: String, ok: fn(i64) -> bool| {
+        let ports = ports.clone();
         async move {
-            let mut out = Vec::new();
-            for p in ports {
-                out.push(
-                    master_cmd(p, &["PTTL", &k]).await[1..]
-                        .parse::<i64>()
-                        .unwrap(),
-                );
+            let deadline = Instant::now() + Duration::from_secs(2);
+            loop {
+                let mut out = Vec::new();
+                for p in &ports {
+                    out.push(
+                        master_cmd(*p, &["PTTL", &k]).await[1..]
+                            .parse::<i64>()
+                            .unwrap(),
+                    );
+                }
+                if out.iter().all(|t| ok(*t)) || Instant::now() >= deadline {
+                    return out.iter().all(|t| ok(*t));
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            out
         }
     };
     let script = |name: &str| std::fs::read_to_string(format!("tests/scripts/{name}.lua")).unwrap();
@@ -286,7 +295,7 @@ async fn lease_scripts_are_padded_and_validity_checked() {
         c.cmd(&["EVAL", &extend, "1", &k, "tok", "60000"]).await,
         ":1"
     );
-    assert!(pttls(k.clone()).await.iter().all(|t| *t > 60_000), "padded");
+    assert!(pttls_all(k.clone(), |t| t > 60_000).await, "padded");
     // redlock's re-SET with PX, by EVALSHA after SCRIPT LOAD.
     let redlock_extend = script("node-redlock-extend");
     let sha = c.cmd(&["SCRIPT", "LOAD", &redlock_extend]).await;
@@ -295,7 +304,7 @@ async fn lease_scripts_are_padded_and_validity_checked() {
             .await,
         ":1"
     );
-    assert!(pttls(k.clone()).await.iter().all(|t| *t > 90_000), "padded");
+    assert!(pttls_all(k.clone(), |t| t > 90_000).await, "padded");
     // Wrong token: 0, nothing changed.
     assert_eq!(
         c.cmd(&["EVALSHA", &sha[1..], "1", &k, "nope", "1000"])
@@ -309,10 +318,7 @@ async fn lease_scripts_are_padded_and_validity_checked() {
             .await,
         ":1"
     );
-    assert!(
-        pttls(k.clone()).await.iter().all(|t| *t <= 10_000),
-        "not padded"
-    );
+    assert!(pttls_all(k.clone(), |t| t <= 10_000).await, "not padded");
 
     // Masters slower than the new TTL: every master extends, but the validity has passed
     // by the time a majority answered, so the client is told 0.
