@@ -1,20 +1,33 @@
-//! One multiplexed, pipelined connection per master.
+//! One multiplexed, pipelined connection per master, and the clean-ups that must reach it.
 //!
 //! Invariants:
 //! - Replies are matched to requests strictly in FIFO order on one TCP connection. Requests
 //!   are queued in the in-flight list *before* their bytes are written, so the reader always
-//!   finds the request a reply belongs to.
-//! - A connection on which any request waited longer than the node timeout is **retired**: it
-//!   takes no new request (a late reply must never be matched to a later request). A fresh
-//!   connection replaces it (reconnect with backoff). The retired connection keeps reading for
-//!   a grace period so that late replies can still run their late hooks (the clean-up of a
-//!   value that was set after its acquire had been refused), then it is closed.
+//!   finds the request a reply belongs to. A request may expect several replies (a script
+//!   followed by its guard, [`crate::cluster`]): they are delivered together.
+//! - A connection on which a request waited longer than the node timeout is **aborted**: closed
+//!   with a TCP reset (`SO_LINGER` 0), and a fresh connection replaces it (reconnect with
+//!   backoff). The reason is head-of-line latency (FIFO matching cannot mismatch a late reply,
+//!   but every request behind a stalled one would wait too). The reset matters for safety: a
+//!   master that was paused (SIGSTOP, swap, a long script) drops the bytes of an aborted
+//!   connection that it had not read yet instead of running them when it resumes (checked
+//!   against redis-server 7.0: a `SET` written to a stopped master and then reset is never
+//!   applied; the same `SET` closed with a FIN is applied on resume). So once a connection is
+//!   aborted, nothing written on it can take effect later than the abort.
+//! - **Clean-ups** ([`Master::undo`]) are ordered after the write they undo and survive
+//!   reconnects: a clean-up goes on the current connection (behind the write, which went out
+//!   on the same or an older connection), and one not confirmed by a reply when its connection
+//!   ends is kept in the master's pending list and written first on the next connection, before
+//!   any other request. An older connection's unexecuted bytes are void (reset), so the write
+//!   either ran before the clean-up was queued there or never runs. Pending clean-ups are
+//!   dropped once the lease they undo has expired (`ttl` after they became pending, which is
+//!   after the abort, the latest moment the write could have run), and the list is capped.
 //! - Writes are batched: the writer drains everything queued since its last write into one
 //!   buffer and writes it with one call (one syscall per burst across all clients).
 //! - A caller never waits longer than the node timeout for one reply; a missing reply is a
 //!   "no" vote ([`Vote::Missing`]), never an error that stops the fan-out.
 
-use crate::health::{judge, Observation};
+use crate::health::MasterHealth;
 use crate::protocol::Reply;
 use crate::redlock::Vote;
 use bytes::{Bytes, BytesMut};
@@ -29,24 +42,16 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
-/// How long a retired connection keeps reading late replies before it is closed.
-const RETIRED_GRACE: Duration = Duration::from_secs(10);
 /// Reconnect backoff bounds.
 const BACKOFF_MIN: Duration = Duration::from_millis(20);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Largest batch the writer gathers before writing.
 const WRITE_BATCH: usize = 256 * 1024;
-
-/// Called with `(master index, reply)` when a reply arrives after its caller stopped waiting
-/// (timed out, or the fan-out was decided early). One handler serves all masters of a fan-out.
-pub type LateHandler = Arc<dyn Fn(usize, Reply) + Send + Sync>;
-
-/// A late-reply handler bound to one master.
-pub struct LateHook {
-    pub index: usize,
-    pub handler: LateHandler,
-}
+/// Most clean-ups kept for a master that cannot be reached. Each undoes one refused acquire's
+/// write and dies with its lease; beyond this many, the oldest is dropped (with a warning): a
+/// dropped clean-up can only leave a key that nobody was granted until it expires.
+const MAX_PENDING_UNDO: usize = 100_000;
 
 /// Counters shown by `INFO`.
 #[derive(Debug, Default)]
@@ -57,15 +62,13 @@ pub struct MasterStats {
     pub retired: AtomicU64,
 }
 
-/// What the health monitor last concluded about a master ([`crate::health`]).
-#[derive(Debug, Default)]
-struct HealthState {
-    last: Option<Observation>,
-    /// Connection number (see [`MasterStats::connects`]) the last observation was made on.
-    checked_connect: u64,
-    quarantined_until: Option<Instant>,
-    quarantine_reason: Option<String>,
-    unsafe_reason: Option<String>,
+/// A clean-up that has not been confirmed yet.
+struct PendingUndo {
+    payload: Bytes,
+    /// How long the write it undoes can live once applied (the `PX` sent with it).
+    ttl: Duration,
+    /// Dropped after this instant (set when it became pending).
+    expires: Instant,
 }
 
 /// One independent Redis master and its current connection.
@@ -75,8 +78,11 @@ pub struct Master {
     link: Mutex<Option<Arc<Link>>>,
     pub stats: MasterStats,
     connected: AtomicBool,
-    health: Mutex<HealthState>,
+    /// Health monitor's verdicts ([`crate::health`]).
+    pub health: MasterHealth,
     new_connection: Notify,
+    /// Clean-ups whose connection ended before they were confirmed.
+    pending_undo: Mutex<VecDeque<PendingUndo>>,
 }
 
 impl std::fmt::Debug for Master {
@@ -85,29 +91,33 @@ impl std::fmt::Debug for Master {
     }
 }
 
+/// A request handed to a connection.
 struct Outgoing {
     payload: Bytes,
-    reply: oneshot::Sender<Reply>,
-    late: Option<LateHook>,
+    /// Replies this payload produces (one per command in it).
+    replies: usize,
+    reply: Option<oneshot::Sender<Reply>>,
+    /// Set for a clean-up: kept (pending) until a reply confirms it ran.
+    undo_ttl: Option<Duration>,
     /// When the caller handed it over (and started its own node timeout).
     queued_at: Instant,
 }
 
+/// A written request waiting for its replies.
 struct InFlight {
-    reply: oneshot::Sender<Reply>,
-    late: Option<LateHook>,
-    sent_at: Instant,
+    out: Outgoing,
+    got: Vec<Reply>,
 }
 
 /// One TCP connection to a master: a writer task, a reader task, and the FIFO between them.
 struct Link {
     queue: mpsc::UnboundedSender<Outgoing>,
-    retired: watch::Sender<bool>,
+    aborted: watch::Sender<bool>,
 }
 
 impl Link {
-    fn retire(&self) {
-        self.retired.send_replace(true);
+    fn abort(&self) {
+        self.aborted.send_replace(true);
     }
 }
 
@@ -120,24 +130,16 @@ impl Master {
             link: Mutex::new(None),
             stats: MasterStats::default(),
             connected: AtomicBool::new(false),
-            health: Mutex::new(HealthState::default()),
+            health: MasterHealth::default(),
             new_connection: Notify::new(),
+            pending_undo: Mutex::new(VecDeque::new()),
         })
     }
 
-    /// May this master's votes count right now? Only on a connection whose `INFO` has been
+    /// May this master's votes count right now? Only on a connection the health monitor has
     /// judged, outside quarantine, and in a safe configuration.
     pub fn eligible(&self) -> bool {
-        if !self.is_connected() {
-            return false;
-        }
-        let connects = self.connect_count();
-        let Ok(h) = self.health.lock() else {
-            return false;
-        };
-        h.checked_connect == connects
-            && h.unsafe_reason.is_none()
-            && h.quarantined_until.is_none_or(|t| Instant::now() >= t)
+        self.is_connected() && self.health.eligible(self.connect_count())
     }
 
     /// `up`, `down`, `connecting`, `quarantined (…)` or `unsafe (…)`, for `INFO`.
@@ -145,26 +147,7 @@ impl Master {
         if !self.is_connected() {
             return "down".into();
         }
-        let connects = self.connect_count();
-        let Ok(h) = self.health.lock() else {
-            return "unknown".into();
-        };
-        let now = Instant::now();
-        if let Some(reason) = &h.unsafe_reason {
-            return format!("unsafe ({reason})");
-        }
-        if let (Some(until), Some(reason)) = (h.quarantined_until, &h.quarantine_reason) {
-            if now < until {
-                return format!(
-                    "quarantined ({reason}; {} ms left)",
-                    (until - now).as_millis()
-                );
-            }
-        }
-        if h.checked_connect != connects {
-            return "connecting".into();
-        }
-        "up".into()
+        self.health.state(self.connect_count())
     }
 
     /// Number of connections made so far (changes on every reconnect).
@@ -183,90 +166,14 @@ impl Master {
         }
     }
 
-    /// Records a health observation made on connection number `connect`. A loss of data
-    /// starts a quarantine of `quarantine` (when quarantine is on) from `now`.
-    pub fn observe(
-        &self,
-        obs: Observation,
-        connect: u64,
-        quarantine: Option<Duration>,
-        now: Instant,
-    ) {
-        let Ok(mut h) = self.health.lock() else {
-            return;
-        };
-        let verdict = judge(h.last.as_ref(), &obs);
-        if let (None, Some(wait)) = (&h.last, quarantine) {
-            // First sight of this master: it may have restarted empty just before this proxy
-            // started. Its uptime (whole seconds, rounded down: never too long) tells how much
-            // of the longest lease could still be running.
-            let up = Duration::from_secs(obs.uptime_secs);
-            if up < wait {
-                h.quarantined_until = Some(now + (wait - up));
-                h.quarantine_reason = Some(format!("started {}s ago", obs.uptime_secs));
-                // Worth a line only when it keeps the master out noticeably (with no lease
-                // granted yet the wait is just the 2 ms drift floor).
-                if wait - up >= Duration::from_secs(1) {
-                    tracing::warn!(master = %self.addr, uptime_s = obs.uptime_secs, wait_ms = (wait - up).as_millis() as u64, "master started recently: quarantined until the longest lease it may have forgotten has expired");
-                }
-            }
-        }
-        if let Some(reason) = verdict.lost {
-            self.lost_data(&mut h, reason, quarantine, now);
-        }
-        if verdict.unsafe_config != h.unsafe_reason {
-            match &verdict.unsafe_config {
-                Some(reason) => {
-                    tracing::error!(master = %self.addr, %reason, "master refused: unsafe for locks")
-                }
-                None => tracing::info!(master = %self.addr, "master configuration safe again"),
-            }
-            h.unsafe_reason = verdict.unsafe_config;
-        }
-        h.last = Some(obs);
-        h.checked_connect = connect;
-    }
-
-    /// Whether a health observation of this master was ever made (its canary was set then).
-    pub fn seen_before(&self) -> bool {
-        self.health.lock().is_ok_and(|h| h.last.is_some())
-    }
-
-    /// This proxy's canary key is gone from the master (seen by an acquire or the health
-    /// check): it lost its data. Quarantined at once (the next `INFO` may come too late).
-    pub fn report_wipe(&self, quarantine: Option<Duration>, now: Instant) {
-        if let Ok(mut h) = self.health.lock() {
-            self.lost_data(
-                &mut h,
-                "canary key gone (data wiped)".into(),
-                quarantine,
-                now,
-            );
-        }
-    }
-
-    fn lost_data(
-        &self,
-        h: &mut HealthState,
-        reason: String,
-        quarantine: Option<Duration>,
-        now: Instant,
-    ) {
-        match quarantine {
-            Some(wait) => {
-                tracing::warn!(master = %self.addr, %reason, wait_ms = wait.as_millis() as u64, "master lost data: quarantined until every lease it held has expired");
-                h.quarantined_until = Some(now + wait);
-                h.quarantine_reason = Some(reason);
-            }
-            None => {
-                tracing::warn!(master = %self.addr, %reason, "master lost data (quarantine is off)")
-            }
-        }
-    }
-
     /// Whether a usable connection exists right now.
     pub fn is_connected(&self) -> bool {
         self.connected.load(Ordering::Relaxed)
+    }
+
+    /// Clean-ups not yet confirmed on any connection (for `INFO`).
+    pub fn pending_undo_count(&self) -> usize {
+        self.pending_undo.lock().map_or(0, |p| p.len())
     }
 
     /// Starts the task that keeps one connection open, until `stop` becomes true.
@@ -274,55 +181,108 @@ impl Master {
         tokio::spawn(supervise(self.clone(), stop));
     }
 
-    /// Queues `payload` without waiting for the reply (which is dropped when it comes).
-    pub fn forget(&self, payload: Bytes) {
-        drop(self.send(payload, None));
-    }
-
-    /// Queues `payload` (one or more encoded commands giving one reply) on the current
-    /// connection. `None` when there is no connection: the vote is missing at once.
-    fn send(&self, payload: Bytes, late: Option<LateHook>) -> Option<oneshot::Receiver<Reply>> {
+    /// Queues `payload` (`replies` replies) on the current connection. `None` when there is no
+    /// connection: the vote is missing at once.
+    fn send(&self, payload: Bytes, replies: usize) -> Option<oneshot::Receiver<Reply>> {
         let link = self.link.lock().ok()?.clone()?;
-        if *link.retired.borrow() {
-            // Retired but not yet replaced: nothing new goes on it.
-            return None;
-        }
         let (tx, rx) = oneshot::channel();
         link.queue
             .send(Outgoing {
                 payload,
-                reply: tx,
-                late,
+                replies,
+                reply: Some(tx),
+                undo_ttl: None,
                 queued_at: Instant::now(),
             })
             .ok()?;
         Some(rx)
     }
 
+    /// Queues a clean-up of a write whose value lives at most `ttl` once applied (see the
+    /// module header: ordered after that write, kept across reconnects until confirmed or
+    /// expired). The receiver, if any, gets the clean-up's reply on this connection.
+    pub fn undo(&self, payload: Bytes, ttl: Duration) -> Option<oneshot::Receiver<Reply>> {
+        let (tx, rx) = oneshot::channel();
+        let out = Outgoing {
+            payload,
+            replies: 1,
+            reply: Some(tx),
+            undo_ttl: Some(ttl),
+            queued_at: Instant::now(),
+        };
+        let link = self.link.lock().ok().and_then(|l| l.clone());
+        match link {
+            Some(link) => match link.queue.send(out) {
+                Ok(()) => Some(rx),
+                Err(mpsc::error::SendError(out)) => {
+                    self.keep_undo(out);
+                    None
+                }
+            },
+            None => {
+                self.keep_undo(out);
+                None
+            }
+        }
+    }
+
+    /// Keeps an unconfirmed clean-up for the next connection.
+    fn keep_undo(&self, out: Outgoing) {
+        let Some(ttl) = out.undo_ttl else { return };
+        let Ok(mut pending) = self.pending_undo.lock() else {
+            return;
+        };
+        if pending.len() >= MAX_PENDING_UNDO {
+            pending.pop_front();
+            tracing::warn!(master = %self.addr, "too many clean-ups pending for an unreachable master; dropped the oldest (its key expires by itself)");
+        }
+        pending.push_back(PendingUndo {
+            payload: out.payload,
+            ttl,
+            expires: Instant::now() + ttl,
+        });
+    }
+
+    /// Takes the pending clean-ups that have not expired, oldest first.
+    fn take_pending_undo(&self) -> Vec<Outgoing> {
+        let now = Instant::now();
+        let Ok(mut pending) = self.pending_undo.lock() else {
+            return Vec::new();
+        };
+        pending
+            .drain(..)
+            .filter(|p| p.expires > now)
+            .map(|p| Outgoing {
+                payload: p.payload,
+                replies: 1,
+                reply: None,
+                undo_ttl: Some(p.ttl),
+                queued_at: now,
+            })
+            .collect()
+    }
+
     /// Sends one request and waits at most the node timeout for its reply. A master that is
-    /// not [eligible](Master::eligible) still gets the request (a rollback or release must
-    /// reach it too) but its vote is [`Vote::Missing`] at once.
-    pub async fn call(&self, payload: Bytes, late: Option<LateHook>) -> Vote {
+    /// not [eligible](Master::eligible) still gets the request (a release must reach it too)
+    /// but its vote is [`Vote::Missing`] at once.
+    pub async fn call(&self, payload: Bytes, replies: usize) -> Vote {
         if !self.eligible() {
-            drop(self.send(payload, late));
+            drop(self.send(payload, replies));
             self.stats.missing.fetch_add(1, Ordering::Relaxed);
             return Vote::Missing;
         }
-        self.probe_with(payload, late).await
+        self.probe_with(payload, replies).await
     }
 
     /// Like [`Master::call`] but regardless of eligibility: for the health monitor.
     pub async fn probe(&self, payload: Bytes) -> Vote {
-        self.probe_with(payload, None).await
+        self.probe_with(payload, 1).await
     }
 
-    async fn probe_with(&self, payload: Bytes, late: Option<LateHook>) -> Vote {
-        let vote = match self.send(payload, late) {
+    async fn probe_with(&self, payload: Bytes, replies: usize) -> Vote {
+        let vote = match self.send(payload, replies) {
             None => Vote::Missing,
-            Some(rx) => match timeout(self.node_timeout, rx).await {
-                Ok(Ok(reply)) => Vote::Replied(reply),
-                _ => Vote::Missing,
-            },
+            Some(rx) => wait_reply(rx, self.node_timeout).await,
         };
         let counter = match vote {
             Vote::Replied(_) => &self.stats.replies,
@@ -330,6 +290,11 @@ impl Master {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         vote
+    }
+
+    /// The node timeout callers wait for one reply.
+    pub fn node_timeout(&self) -> Duration {
+        self.node_timeout
     }
 
     fn install(&self, link: Option<Arc<Link>>) {
@@ -340,7 +305,15 @@ impl Master {
     }
 }
 
-/// Keeps one live connection to the master, replacing it whenever it is retired or fails.
+/// Waits at most `limit` for a reply.
+pub async fn wait_reply(rx: oneshot::Receiver<Reply>, limit: Duration) -> Vote {
+    match timeout(limit, rx).await {
+        Ok(Ok(reply)) => Vote::Replied(reply),
+        _ => Vote::Missing,
+    }
+}
+
+/// Keeps one live connection to the master, replacing it whenever it is aborted or fails.
 async fn supervise(master: Arc<Master>, mut stop: watch::Receiver<bool>) {
     let mut backoff = BACKOFF_MIN;
     let mut warned = false;
@@ -349,22 +322,30 @@ async fn supervise(master: Arc<Master>, mut stop: watch::Receiver<bool>) {
         match attempt {
             Ok(Ok(stream)) => {
                 let _ = stream.set_nodelay(true);
+                // Closing sends a reset, never a FIN: see the module header.
+                let _ = stream.set_zero_linger();
                 master.stats.connects.fetch_add(1, Ordering::Relaxed);
                 if warned {
                     tracing::info!(master = %master.addr, "master reachable again");
                 }
                 warned = false;
                 backoff = BACKOFF_MIN;
-                let (link, mut retired) = start_link(stream, master.node_timeout);
+                let (link, mut aborted) = start_link(stream, &master);
+                // Clean-ups left by older connections go first, before anything else can.
+                for out in master.take_pending_undo() {
+                    if let Err(mpsc::error::SendError(out)) = link.queue.send(out) {
+                        master.keep_undo(out);
+                    }
+                }
                 master.install(Some(link.clone()));
                 master.new_connection.notify_waiters();
                 tokio::select! {
-                    _ = retired.wait_for(|r| *r) => {}
-                    _ = stop.wait_for(|s| *s) => link.retire(),
+                    _ = aborted.wait_for(|r| *r) => {}
+                    _ = stop.wait_for(|s| *s) => link.abort(),
                 }
                 master.install(None);
                 master.stats.retired.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(master = %master.addr, "connection retired");
+                tracing::debug!(master = %master.addr, "connection aborted");
             }
             Ok(Err(err)) if !warned => {
                 tracing::warn!(master = %master.addr, error = %err, "master unreachable; retrying");
@@ -384,36 +365,45 @@ async fn supervise(master: Arc<Master>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-fn start_link(stream: TcpStream, node_timeout: Duration) -> (Arc<Link>, watch::Receiver<bool>) {
+fn start_link(stream: TcpStream, master: &Arc<Master>) -> (Arc<Link>, watch::Receiver<bool>) {
     let (rd, wr) = stream.into_split();
     let (queue, rx) = mpsc::unbounded_channel();
-    let (retired, retired_rx) = watch::channel(false);
+    let (aborted, aborted_rx) = watch::channel(false);
     let in_flight = Arc::new(Mutex::new(VecDeque::new()));
     let pushed = Arc::new(Notify::new());
-    let link = Arc::new(Link { queue, retired });
+    let link = Arc::new(Link { queue, aborted });
     tokio::spawn(write_loop(
         wr,
         rx,
         in_flight.clone(),
         pushed.clone(),
-        retired_rx.clone(),
+        aborted_rx.clone(),
+        master.clone(),
     ));
-    tokio::spawn(read_loop(rd, in_flight, pushed, link.clone(), node_timeout));
-    (link, retired_rx)
+    tokio::spawn(read_loop(
+        rd,
+        in_flight,
+        pushed,
+        link.clone(),
+        master.clone(),
+    ));
+    (link, aborted_rx)
 }
 
 async fn write_loop(
-    mut wr: OwnedWriteHalf,
+    wr: OwnedWriteHalf,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     in_flight: Arc<Mutex<VecDeque<InFlight>>>,
     pushed: Arc<Notify>,
-    mut retired: watch::Receiver<bool>,
+    mut aborted: watch::Receiver<bool>,
+    master: Arc<Master>,
 ) {
+    let mut wr = wr;
     let mut buf = BytesMut::with_capacity(16 * 1024);
     loop {
         let first = tokio::select! {
             next = rx.recv() => next,
-            _ = retired.wait_for(|r| *r) => None,
+            _ = aborted.wait_for(|r| *r) => None,
         };
         let Some(first) = first else { break };
         {
@@ -424,9 +414,8 @@ async fn write_loop(
             while let Some(out) = next {
                 buf.extend_from_slice(&out.payload);
                 queue.push_back(InFlight {
-                    reply: out.reply,
-                    late: out.late,
-                    sent_at: out.queued_at,
+                    got: Vec::with_capacity(out.replies),
+                    out,
                 });
                 next = if buf.len() < WRITE_BATCH {
                     rx.try_recv().ok()
@@ -438,15 +427,21 @@ async fn write_loop(
         pushed.notify_one();
         let written = tokio::select! {
             res = wr.write_all(&buf) => res.is_ok(),
-            _ = retired.wait_for(|r| *r) => false,
+            _ = aborted.wait_for(|r| *r) => false,
         };
         if !written {
             break;
         }
         buf.clear();
     }
-    // Requests still queued but never written: their callers see the channel close.
+    // Requests queued but never written: callers see their channel close; clean-ups wait for
+    // the next connection.
     rx.close();
+    while let Ok(out) = rx.try_recv() {
+        master.keep_undo(out);
+    }
+    // No FIN: the socket closes (with a reset) when the reader drops its half.
+    wr.forget();
 }
 
 async fn read_loop(
@@ -454,36 +449,30 @@ async fn read_loop(
     in_flight: Arc<Mutex<VecDeque<InFlight>>>,
     pushed: Arc<Notify>,
     link: Arc<Link>,
-    node_timeout: Duration,
+    master: Arc<Master>,
 ) {
+    let node_timeout = master.node_timeout;
     let mut buf = BytesMut::with_capacity(16 * 1024);
-    let mut retired_rx = link.retired.subscribe();
-    let mut grace_until: Option<Instant> = None;
+    let mut aborted_rx = link.aborted.subscribe();
     loop {
-        let retired = *retired_rx.borrow();
+        if *aborted_rx.borrow() {
+            break;
+        }
         let oldest = in_flight
             .lock()
             .ok()
-            .and_then(|q| q.front().map(|p| p.sent_at));
-        if retired {
-            if oldest.is_none() {
-                break;
-            }
-            grace_until.get_or_insert_with(|| Instant::now() + RETIRED_GRACE);
-        }
+            .and_then(|q| q.front().map(|p| p.out.queued_at));
         // Watchdog: the oldest request waited past the node timeout, so what this connection
-        // still answers is late: retire it and use a fresh one. The proxy's own backlog cannot
+        // still answers is late: abort it and use a fresh one. The proxy's own backlog cannot
         // trip it: fan-outs wait for a permit before any request is queued here
         // (`cluster::MAX_FANOUTS`), and replies are read before the timer is looked at
         // (`biased`), so under overload requests queue outside the node timeout instead of
         // turning into a reconnect storm (found by the benchmark at 500 connections × 16).
         // It fires a millisecond before the caller's own timeout (both count from when the
-        // request was handed over), so the connection is already retired when the caller
-        // gives up and whatever it sends next (a queued acquire of the same key, say) goes on
-        // a fresh connection instead of waiting out a second node timeout on this one.
-        let watchdog = oldest
-            .filter(|_| !retired)
-            .map(|t| t + node_timeout.saturating_sub(Duration::from_millis(1)));
+        // request was handed over), so the connection is already gone when the caller gives
+        // up and whatever it sends next (a queued acquire of the same key, say) goes on a
+        // fresh connection instead of waiting out a second node timeout on this one.
+        let watchdog = oldest.map(|t| t + node_timeout.saturating_sub(Duration::from_millis(1)));
         tokio::select! {
             // Replies first: under load the watchdog must not fire while replies sit unread.
             biased;
@@ -497,19 +486,22 @@ async fn read_loop(
                     }
                 }
             }
-            _ = pushed.notified(), if !retired => {}
-            _ = retired_rx.changed(), if !retired => {}
-            _ = sleep_until(watchdog.unwrap_or_else(Instant::now)), if watchdog.is_some() => {
-                link.retire();
-            }
-            _ = sleep_until(grace_until.unwrap_or_else(Instant::now)), if grace_until.is_some() => break,
+            _ = pushed.notified() => {}
+            _ = aborted_rx.changed() => {}
+            _ = sleep_until(watchdog.unwrap_or_else(Instant::now)), if watchdog.is_some() => break,
         }
     }
-    link.retire();
-    // Whatever is still in flight gets no reply: dropping the senders tells the callers.
-    if let Ok(mut queue) = in_flight.lock() {
-        queue.clear();
+    link.abort();
+    // Whatever is still in flight gets no reply (dropping the senders tells the callers);
+    // unconfirmed clean-ups are kept for the next connection.
+    let left: Vec<InFlight> = in_flight
+        .lock()
+        .map(|mut q| q.drain(..).collect())
+        .unwrap_or_default();
+    for entry in left {
+        master.keep_undo(entry.out);
     }
+    drop(rd);
 }
 
 /// Decodes every complete reply in `buf` and hands each to the oldest in-flight request.
@@ -524,14 +516,28 @@ fn deliver(buf: &mut BytesMut, in_flight: &Mutex<VecDeque<InFlight>>) -> bool {
                 return false;
             }
         };
-        let Some(waiter) = in_flight.lock().ok().and_then(|mut q| q.pop_front()) else {
+        let Ok(mut queue) = in_flight.lock() else {
+            return false;
+        };
+        let Some(front) = queue.front_mut() else {
             tracing::warn!("reply from master with no request in flight; closing connection");
             return false;
         };
-        if let Err(reply) = waiter.reply.send(to_reply(frame)) {
-            if let Some(hook) = waiter.late {
-                (hook.handler)(hook.index, reply);
-            }
+        front.got.push(to_reply(frame));
+        if front.got.len() < front.out.replies {
+            continue;
+        }
+        let Some(mut done) = queue.pop_front() else {
+            return false;
+        };
+        drop(queue);
+        let reply = if done.got.len() == 1 {
+            done.got.pop().unwrap_or(Reply::Null)
+        } else {
+            Reply::Array(done.got)
+        };
+        if let Some(tx) = done.out.reply.take() {
+            let _ = tx.send(reply);
         }
     }
 }

@@ -8,16 +8,21 @@
 //! their place in their connection's FIFO, so a later command of the same client to that
 //! master is never overtaken by it.
 
-use crate::backend::{LateHandler, LateHook, Master};
+use crate::backend::Master;
 use crate::config::Config;
 use crate::lease_script::{recognise, LeaseShape};
+fn is_compare_and_delete(_: &[u8]) -> bool {
+    false
+}
+fn may_set_expiry(_: &[u8]) -> bool {
+    true
+}
 use crate::protocol::reply::encode_command;
 use crate::protocol::Reply;
-use crate::redlock::{quorum, Vote};
+use crate::redlock::{backend_ttl_ms, quorum, MergeRule, Vote};
 use bytes::{Bytes, BytesMut};
 use dashmap::DashMap;
 use futures::stream::{FuturesUnordered, StreamExt};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
@@ -26,6 +31,11 @@ use tokio::sync::{watch, Semaphore};
 /// is one pipelined request per master), small enough that a backlog of this many is worked
 /// off well within a node timeout.
 pub const MAX_FANOUTS: usize = 256;
+
+/// Most scripts remembered by SHA1. Clients that interpolate values into script bodies would
+/// otherwise grow the cache without end; an evicted script's `EVALSHA` gets `NOSCRIPT`, and
+/// every client library then sends the body again (`EVAL`).
+pub const MAX_SCRIPTS: usize = 10_000;
 
 /// All masters, the shared script cache and the timing settings.
 pub struct Cluster {
@@ -36,12 +46,8 @@ pub struct Cluster {
     pub node_timeout: Duration,
     /// Quarantine masters that lost data (off only in tests).
     pub quarantine: bool,
-    /// Configured cap on lock TTLs across all proxies, if any.
-    pub max_lock_ttl_cap: Option<u64>,
-    /// Largest TTL this proxy has sent to the masters in an acquire.
-    largest_ttl_sent: AtomicU64,
-    /// This proxy's canary key ([`crate::health`]), unique per process.
-    pub canary_key: Bytes,
+    /// The longest lock TTL any proxy forwards (`max_lock_ttl_ms`).
+    pub max_lock_ttl_ms: u64,
     /// SHA1 of [`ACQUIRE_SCRIPT`].
     pub acquire_sha: String,
     /// Bounds the fan-outs in progress (see [`MAX_FANOUTS`]).
@@ -68,15 +74,7 @@ impl Cluster {
             drift_factor: config.drift_factor,
             node_timeout,
             quarantine: config.quarantine,
-            max_lock_ttl_cap: config.max_lock_ttl_ms,
-            largest_ttl_sent: AtomicU64::new(0),
-            canary_key: Bytes::from(format!(
-                "redlock-proxy:canary:{}:{}",
-                std::process::id(),
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos())
-            )),
+            max_lock_ttl_ms: config.max_lock_ttl_ms,
             acquire_sha: script_sha(ACQUIRE_SCRIPT.as_bytes()),
             fanouts: Semaphore::new(MAX_FANOUTS),
             stop,
@@ -89,23 +87,23 @@ impl Cluster {
         cluster
     }
 
-    /// Records that an acquire with `ttl_ms` is being sent to the masters.
-    pub fn note_ttl(&self, ttl_ms: u64) {
-        self.largest_ttl_sent.fetch_max(ttl_ms, Ordering::Relaxed);
+    /// The longest any key the proxy sets or extends can live on a master: the TTL cap plus
+    /// drift. How long a master that lost data is quarantined (see [`crate::health`]).
+    pub fn lease_bound(&self) -> Duration {
+        Duration::from_millis(backend_ttl_ms(self.max_lock_ttl_ms, self.drift_factor))
     }
 
-    /// The longest lease any master may hold: the configured cap, else the largest TTL this
-    /// proxy has sent.
-    pub fn max_lock_ttl_ms(&self) -> u64 {
-        self.max_lock_ttl_cap
-            .unwrap_or_else(|| self.largest_ttl_sent.load(Ordering::Relaxed))
-    }
-
-    /// How long a master that lost data is kept out of every quorum now (longest lease plus
-    /// drift), or `None` when quarantine is off.
-    pub fn quarantine_wait(&self) -> Option<Duration> {
-        self.quarantine
-            .then(|| crate::health::quarantine_duration(self.max_lock_ttl_ms(), self.drift_factor))
+    /// The refusal for a TTL above the cap, if `ttl_ms` is above it.
+    pub fn check_ttl(&self, ttl_ms: u64) -> Result<(), Reply> {
+        if ttl_ms > self.max_lock_ttl_ms {
+            // Quarantine of a master that lost data lasts the cap + drift: a longer lease
+            // could outlive it.
+            return Err(Reply::error(format!(
+                "ERR lock TTL {ttl_ms} ms is above max_lock_ttl_ms ({} ms) of redlock-proxy",
+                self.max_lock_ttl_ms
+            )));
+        }
+        Ok(())
     }
 
     /// Stops every connection task.
@@ -117,17 +115,17 @@ impl Cluster {
         quorum(self.masters.len())
     }
 
-    /// Sends `payload` to every master at once and collects the votes until `decided` says the
-    /// outcome is known or every master has answered or timed out. A master that answers
-    /// `NOSCRIPT` is sent `noscript_fallback` (the same call as `EVAL`), if given. Only the
-    /// acquire uses this: its vote may simply be lost when the fan-out is decided first, and
-    /// the retry may run after a later command of the same client on that master, which can
-    /// only leave a lock key behind on that master until it expires (see `commands::lock`).
+    /// Sends `payload` (which produces `replies` replies per master) to every master at once
+    /// and collects the votes until `decided` says the outcome is known or every master has
+    /// answered or timed out. A master that answers `NOSCRIPT` is sent `noscript_fallback`
+    /// (the same call as `EVAL`), if given; only the acquire uses it, and its retry goes out
+    /// later than the client's next command may, which can only leave the value on that
+    /// master until a clean-up or its expiry (never a grant).
     pub async fn fan_out(
         &self,
         payload: &Bytes,
+        replies: usize,
         noscript_fallback: Option<&Bytes>,
-        late: Option<&LateHandler>,
         decided: impl Fn(&[Vote]) -> bool,
     ) -> Vec<Vote> {
         // Waiting here, before any master is asked, keeps the proxy's own backlog out of the
@@ -141,19 +139,13 @@ impl Cluster {
             .iter()
             .enumerate()
             .map(|(i, master)| {
-                let hook = || {
-                    late.map(|handler| LateHook {
-                        index: i,
-                        handler: handler.clone(),
-                    })
-                };
-                let first = master.call(payload.clone(), hook());
-                let retry = noscript_fallback.map(|eval| (eval.clone(), hook()));
+                let first = master.call(payload.clone(), replies);
+                let retry = noscript_fallback.cloned();
                 async move {
                     match (first.await, retry) {
                         // The master lost the script (restart, SCRIPT FLUSH): send the body.
-                        (Vote::Replied(r), Some((eval, hook))) if r.is_error_code("NOSCRIPT") => {
-                            (i, master.call(eval, hook).await)
+                        (Vote::Replied(r), Some(eval)) if r.is_error_code("NOSCRIPT") => {
+                            (i, master.call(eval, replies).await)
                         }
                         (vote, _) => (i, vote),
                     }
@@ -168,29 +160,6 @@ impl Cluster {
         }
         votes
     }
-
-    /// Sends `payload` to the masters where `targets[i]` is true; waits (each bounded by the
-    /// node timeout) only for those where `confirm[i]` is also true. Used for rollbacks: a
-    /// master whose acquire vote already timed out gets the rollback queued (and its late hook
-    /// cleans up after a late OK), so waiting on it would only add a node timeout to the
-    /// refusal.
-    pub async fn send_to(&self, payload: &Bytes, targets: &[bool], confirm: &[bool]) {
-        let calls: FuturesUnordered<_> = self
-            .masters
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| targets[*i])
-            .filter_map(|(i, m)| {
-                if confirm[i] {
-                    Some(m.call(payload.clone(), None))
-                } else {
-                    m.forget(payload.clone());
-                    None
-                }
-            })
-            .collect();
-        calls.collect::<Vec<_>>().await;
-    }
 }
 
 impl Drop for Cluster {
@@ -199,30 +168,31 @@ impl Drop for Cluster {
     }
 }
 
-/// Encodes a command for the masters.
-pub fn command<A: AsRef<[u8]>>(args: &[A]) -> Bytes {
-    let mut out = BytesMut::new();
-    encode_command(args, &mut out);
-    out.freeze()
-}
-
-/// A script the proxy has seen: its body and, if it sets a lease from an argument, where.
-#[derive(Debug, Clone)]
-pub struct Script {
-    pub body: Bytes,
-    pub lease: Option<LeaseShape>,
-}
-
 impl Cluster {
     /// The cached script for `body`, analysed once and remembered under its SHA1.
     pub fn remember_script(&self, body: Bytes) -> Script {
-        self.scripts
-            .entry(script_sha(&body))
-            .or_insert_with(|| Script {
-                lease: recognise(&body),
-                body,
-            })
-            .clone()
+        let sha = script_sha(&body);
+        if let Some(known) = self.scripts.get(&sha) {
+            return known.clone();
+        }
+        if self.scripts.len() >= MAX_SCRIPTS {
+            let victim = self.scripts.iter().next().map(|e| e.key().clone());
+            if let Some(victim) = victim {
+                self.scripts.remove(&victim);
+            }
+        }
+        let script = Script {
+            lease: recognise(&body),
+            merge: if is_compare_and_delete(&body) {
+                MergeRule::Known
+            } else {
+                MergeRule::Strict
+            },
+            sets_expiry: may_set_expiry(&body),
+            body,
+        };
+        self.scripts.insert(sha, script.clone());
+        script
     }
 
     /// The cached script with this SHA1 (any case), if known.
@@ -232,20 +202,49 @@ impl Cluster {
     }
 }
 
+/// A script the proxy has seen, and what it knows of its meaning.
+#[derive(Debug, Clone)]
+pub struct Script {
+    pub body: Bytes,
+    /// Where it takes a lease TTL from, if it sets one from an argument.
+    pub lease: Option<LeaseShape>,
+    /// How its replies merge: only a recognised compare-and-delete has a known meaning.
+    pub merge: MergeRule,
+    /// It may set or extend expiries: followed by [`GUARD_SCRIPT`] on every master.
+    pub sets_expiry: bool,
+}
+
 /// Lower-case hex SHA1 of a script body, as Redis computes it for `EVALSHA`.
 pub fn script_sha(body: &[u8]) -> String {
     sha1_smol::Sha1::from(body).digest().to_string()
 }
 
-/// The acquire on one master: set the lock only if this proxy's canary key is still there
-/// (`-1` otherwise: the master lost its data since it was last checked and must not vote).
-/// Checked in the same script so no wipe can fall between the check and the write.
-pub const ACQUIRE_SCRIPT: &str = "if redis.call('exists', KEYS[2]) == 0 then return -1 end return redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])";
+/// Encodes a command for the masters.
+pub fn command<A: AsRef<[u8]>>(args: &[A]) -> Bytes {
+    let mut out = BytesMut::new();
+    encode_command(args, &mut out);
+    out.freeze()
+}
 
-/// The vote of a master whose canary was missing at acquire time.
-pub const CANARY_MISSING: Reply = Reply::Integer(-1);
+/// The acquire on one master (`KEYS` = lock key, [`crate::health::ARMED_KEY`],
+/// [`crate::health::QUARANTINE_KEY`]): set the lock only if the master is armed and not
+/// quarantined (`-1` otherwise: it lost its data since it was last checked, or another proxy
+/// quarantined it, and must not vote). Checked in the same script so no wipe can fall between
+/// the check and the write.
+pub const ACQUIRE_SCRIPT: &str = "if redis.call('exists', KEYS[2]) == 0 or redis.call('exists', KEYS[3]) == 1 then return -1 end return redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])";
 
-/// The compare-and-delete run on every master that may hold a refused acquire's value.
+/// The vote of a master that was unarmed or quarantined at acquire time.
+pub const UNARMED: Reply = Reply::Integer(-1);
+
+/// Run on every master right after a script that may set expiries (`KEYS` = the two markers,
+/// then the script's keys; `ARGV[1]` = the lease bound in ms). First it caps every key of the
+/// script at the bound (a script can compute any TTL: redis-py's `extend` adds to the current
+/// one), then it answers `-1` if the master is unarmed or quarantined, else how many keys it
+/// had to cap. Run *after* the script, a present marker proves no wipe came before the
+/// script ran (a wiped master is re-armed only together with its quarantine).
+pub const GUARD_SCRIPT: &str = "local capped = 0 for i = 3, #KEYS do if redis.call('pttl', KEYS[i]) > tonumber(ARGV[1]) then redis.call('pexpire', KEYS[i], ARGV[1]) capped = capped + 1 end end if redis.call('exists', KEYS[1]) == 0 or redis.call('exists', KEYS[2]) == 1 then return -1 end return capped";
+
+/// The compare-and-delete that undoes a refused acquire on a master.
 pub const ROLLBACK_SCRIPT: &str =
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
 
@@ -260,10 +259,12 @@ pub fn rollback_command(key: &[u8], value: &[u8]) -> Bytes {
     ])
 }
 
-/// One reply for all masters by the quorum rule, waiting only as long as needed.
-pub async fn quorum_reply(cluster: &Cluster, payload: &Bytes) -> Reply {
+/// One reply for all masters by the quorum rule `rule`, waiting only as long as needed.
+pub async fn quorum_reply(cluster: &Cluster, payload: &Bytes, rule: MergeRule) -> Reply {
     let votes = cluster
-        .fan_out(payload, None, None, |v| crate::redlock::merge(v).is_some())
+        .fan_out(payload, 1, None, |v| {
+            crate::redlock::merge(v, rule).is_some()
+        })
         .await;
-    crate::redlock::merge(&votes).unwrap_or_else(|| crate::redlock::no_quorum(votes.len()))
+    crate::redlock::merge(&votes, rule).unwrap_or_else(|| crate::redlock::no_quorum(votes.len()))
 }

@@ -43,12 +43,16 @@ pub struct Config {
     /// Quarantine masters that restarted or lost data until every lease they may have held
     /// has expired. Only tests switch this off (the negative control of the safety suite).
     pub quarantine: bool,
-    /// Largest lock TTL any proxy in front of these masters grants (acquires above it are
-    /// refused). A master that lost its data is quarantined for this long plus drift. When
-    /// unset, the largest TTL this proxy itself has granted is used (safe with one proxy).
-    pub max_lock_ttl_ms: Option<u64>,
+    /// Largest TTL the proxy forwards, whatever sets it (`SET … PX`, `PEXPIRE`, lease
+    /// scripts; scripts that compute a TTL are capped on the masters). A master that lost its
+    /// data is quarantined for this long plus drift, so every proxy in front of the same
+    /// masters must use the same value (the default does).
+    pub max_lock_ttl_ms: u64,
     /// Runtime worker threads (1 = everything on one thread).
     pub threads: usize,
+    /// Reply bytes waiting for a client that does not read before it is disconnected, like
+    /// Redis' `client-output-buffer-limit normal` hard limit (0 = no limit).
+    pub client_output_buffer_limit: u64,
 }
 
 impl Default for Config {
@@ -67,8 +71,9 @@ impl Default for Config {
             allow_locks_without_expiry: false,
             health_interval_ms: 100,
             quarantine: true,
-            max_lock_ttl_ms: None,
+            max_lock_ttl_ms: 60_000,
             threads: 1,
+            client_output_buffer_limit: 64 * 1024 * 1024,
         }
     }
 }
@@ -121,6 +126,9 @@ impl Config {
         }
         if self.max_inflight_per_client == 0 || self.maxclients == 0 {
             return invalid("max_inflight_per_client and maxclients must be at least 1");
+        }
+        if self.max_lock_ttl_ms == 0 {
+            return invalid("max_lock_ttl_ms must be at least 1 ms");
         }
         if self.proto_max_bulk_len < 1024 {
             return invalid("proto_max_bulk_len must be at least 1024 bytes");

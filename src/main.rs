@@ -33,6 +33,10 @@ struct Cli {
     /// Clock drift allowance: drift = TTL × F + 2 ms [default: 0.01].
     #[arg(long, value_name = "F")]
     drift_factor: Option<f64>,
+    /// Longest TTL forwarded (acquires, extends, scripts); a master that lost data is
+    /// quarantined this long plus drift. Use the same value on every proxy [default: 60000].
+    #[arg(long, value_name = "MS")]
+    max_lock_ttl_ms: Option<u64>,
     /// Log format [default: text].
     #[arg(long, value_enum)]
     log_format: Option<LogFormat>,
@@ -65,6 +69,9 @@ impl Cli {
         }
         if let Some(v) = self.drift_factor {
             config.drift_factor = v;
+        }
+        if let Some(v) = self.max_lock_ttl_ms {
+            config.max_lock_ttl_ms = v;
         }
         if let Some(v) = self.log_format {
             config.log_format = v;

@@ -115,14 +115,29 @@ pub fn may_hold_our_value(vote: &Vote) -> bool {
     }
 }
 
-/// The quorum reply rule (contract §2), applied as votes arrive. `None` = wait for more votes.
+/// Which replies the quorum rule may pick when no Q masters agree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MergeRule {
+    /// Only a reply Q masters gave. For scripts whose meaning the proxy does not know: a
+    /// "smaller" reply can be a success (Redisson's acquire answers null when it takes the
+    /// lock and the holder's PTTL otherwise), so a minority's reply is never the answer.
+    Strict,
+    /// Rules 2 and 3 too, for replies whose meaning is known: counts and flags where a higher
+    /// integer claims more (`DEL`, `EXISTS`, `PEXPIRE`, `PTTL`, the recognised
+    /// compare-and-delete), and values where null means "not held" (`GET`).
+    Known,
+}
+
+/// The quorum reply rule (docs/PROTOCOL.md), applied as votes arrive. `None` = wait for more.
 ///
 /// 1. At least Q masters gave the same reply: that reply (decidable before the rest answer).
-/// 2. At least Q integers: the largest `v` such that at least Q masters replied `≥ v`
-///    (the Q-th largest), so a count or a "deleted" flag is only claimed if a majority did it.
-/// 3. At least Q replies, a mix of one value and null: null (the majority does not hold it).
+/// 2. ([`MergeRule::Known`]) At least Q integers: the largest `v` such that at least Q masters
+///    replied `≥ v` (the Q-th largest), so a count or a "deleted" flag is only claimed if a
+///    majority did it.
+/// 3. ([`MergeRule::Known`]) At least Q replies, a mix of one value and null: null (the
+///    majority does not hold it).
 /// 4. Otherwise `NOQUORUM`.
-pub fn merge(votes: &[Vote]) -> Option<Reply> {
+pub fn merge(votes: &[Vote], rule: MergeRule) -> Option<Reply> {
     let n = votes.len();
     let q = quorum(n);
     let replies: Vec<&Reply> = votes
@@ -139,6 +154,9 @@ pub fn merge(votes: &[Vote]) -> Option<Reply> {
     }
     if votes.iter().any(|v| matches!(v, Vote::Pending)) {
         return None;
+    }
+    if rule == MergeRule::Strict {
+        return Some(no_quorum(n));
     }
     let mut integers: Vec<i64> = replies
         .iter()
@@ -311,11 +329,6 @@ mod tests {
                 vec![int(-2), int(5000), int(-2), int(5000), int(4000)],
                 Some(Reply::Integer(4000)),
             ),
-            // "0 means success" codes: a majority of 0 gives 0
-            (
-                vec![int(0), int(0), int(0), int(1), int(1)],
-                Some(Reply::Integer(0)),
-            ),
             // mix of one value and null: null
             (
                 vec![bulk("v"), bulk("v"), null(), null(), M],
@@ -337,7 +350,26 @@ mod tests {
             (vec![int(7)], Some(Reply::Integer(7))),
         ];
         for (votes, expected) in cases {
-            assert_eq!(merge(&votes), expected, "{votes:?}");
+            assert_eq!(merge(&votes, MergeRule::Known), expected, "{votes:?}");
+        }
+    }
+
+    #[test]
+    fn strict_merge_never_answers_what_a_minority_said() {
+        let noq = Some(no_quorum(3));
+        let cases: Vec<(Vec<Vote>, Option<Reply>)> = vec![
+            // Redisson's acquire: null = taken, PTTL = held by another. Held on B and C, C
+            // silent: one null is not a grant.
+            (vec![null(), int(29_000), M], noq.clone()),
+            (vec![null(), null(), M], Some(Reply::Null)),
+            (vec![int(1), int(0), M], noq.clone()),
+            (vec![int(1), int(1), int(0)], Some(Reply::Integer(1))),
+            (vec![int(1), int(0), P], None),
+            (vec![bulk("v"), null(), null()], Some(Reply::Null)),
+            (vec![M, M, M], noq),
+        ];
+        for (votes, expected) in cases {
+            assert_eq!(merge(&votes, MergeRule::Strict), expected, "{votes:?}");
         }
     }
 

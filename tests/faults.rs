@@ -570,7 +570,7 @@ fn step_mixed_no_flush(nem: &mut Nemesis) {
 fn with_quarantine(ttl_ms: u64) -> impl Fn(&mut Config) {
     move |c: &mut Config| {
         c.node_timeout_ms = NODE_TIMEOUT_MS;
-        c.max_lock_ttl_ms = Some(ttl_ms);
+        c.max_lock_ttl_ms = ttl_ms;
     }
 }
 
@@ -785,7 +785,7 @@ fn slow_links_near_the_ttl() {
         let ttl = 300;
         let mut rig = Rig::start(3, true, 1, seed, |c| {
             c.node_timeout_ms = 400;
-            c.max_lock_ttl_ms = Some(ttl);
+            c.max_lock_ttl_ms = ttl;
         })
         .await;
         let mut w = Workload::new(rig.ports(), "slow", seed).with_keys(6);
@@ -1000,7 +1000,7 @@ async fn kleppmann_restart(
     let mut masters = LocalCluster::start(3).expect("redis-server must be installed");
     let tweak = |c: &mut Config| {
         c.quarantine = quarantine;
-        c.max_lock_ttl_ms = Some(ttl_a);
+        c.max_lock_ttl_ms = ttl_a;
     };
     let proxy = Proxy::start(masters.addrs(), tweak).await;
     let port = proxy.port;

@@ -9,8 +9,9 @@
 
 use super::keys::forward_request;
 use super::{not_an_integer, syntax_error, Action, Ctx, Lease, Outcome, Session};
-use crate::backend::LateHandler;
-use crate::cluster::{command, rollback_command, Cluster, ACQUIRE_SCRIPT, CANARY_MISSING};
+use crate::backend::wait_reply;
+use crate::cluster::{command, rollback_command, Cluster, ACQUIRE_SCRIPT, UNARMED};
+use crate::health::{ARMED_KEY, QUARANTINE_KEY};
 use crate::protocol::{Reply, Request};
 use crate::redlock::{
     acquire_decision, backend_ttl_ms, held_by_majority, majority_unreachable, may_hold_our_value,
@@ -19,8 +20,8 @@ use crate::redlock::{
 use bytes::Bytes;
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -88,6 +89,19 @@ fn parse_set_options(args: &[Bytes]) -> Result<SetOptions, Reply> {
     Ok(opts)
 }
 
+/// For `EXAT`/`PXAT`: how far in the future (ms, by this proxy's clock) the expiry lies.
+fn absolute_ttl_ms(args: &[Bytes]) -> Option<u64> {
+    let at = args.windows(2).find_map(|w| {
+        let scale = match w[0].to_ascii_uppercase().as_slice() {
+            b"EXAT" => 1000,
+            b"PXAT" => 1,
+            _ => return None,
+        };
+        super::parse_int(&w[1])?.checked_mul(scale)
+    })?;
+    Some(at.saturating_sub(unix_now_ms()).max(0) as u64)
+}
+
 fn unix_now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -101,6 +115,15 @@ pub fn set(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
         Err(reply) => return Action::Ready(reply),
     };
     let cluster = ctx.cluster();
+    // Every TTL forwarded is capped (see `Cluster::lease_bound`): `SET … XX PX` extends a lock.
+    let relative = match (opts.ttl_ms, opts.absolute) {
+        (Some(ms), _) => Some(ms),
+        (None, true) => absolute_ttl_ms(&request.args[3..]),
+        (None, false) => None,
+    };
+    if let Some(Err(reply)) = relative.map(|ms| cluster.check_ttl(ms)) {
+        return Action::Ready(reply);
+    }
     if !opts.nx {
         return forward_request(cluster, request);
     }
@@ -120,13 +143,6 @@ pub fn set(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
         }
         (_, _, Some(ttl_ms)) => ttl_ms,
     };
-    if let Some(cap) = cluster.max_lock_ttl_cap.filter(|cap| ttl_ms > *cap) {
-        // Quarantine of a master that lost data lasts `cap` + drift: a longer lease could
-        // outlive it.
-        return Action::Ready(Reply::error(format!(
-            "ERR lock TTL {ttl_ms} ms is above max_lock_ttl_ms ({cap} ms) of redlock-proxy"
-        )));
-    }
     let attempt = Attempt {
         key: request.args[1].clone(),
         value: request.args[2].clone(),
@@ -213,6 +229,9 @@ impl Flights {
             cluster: cluster.clone(),
             key: attempt.key.clone(),
         };
+        // Polled by the client's connection, whose loop never blocks on the client's socket
+        // (see `connection`), so the key's flight progresses whatever the client does. (A
+        // task of its own would reach the masters out of the client's request order.)
         Action::Defer(Box::pin(async move {
             let decided = decide(cluster, attempt).await;
             // The queued acquires of the key go on as soon as this one is decided; its own
@@ -286,12 +305,12 @@ impl Drop for FlightGuard {
 /// The Redlock acquire, up to its decision (see [`Decided`]). Safety arguments:
 /// - The grant deadline is `received_at + TTL − drift`; `received_at` is when the request was
 ///   read off the client's socket, which is after the client sent it, so a client counting its
-///   TTL from its send time is covered by the masters' `PX = TTL + drift` (contract §2).
+///   TTL from its send time is covered by the masters' `PX = TTL + drift` (docs/SAFETY.md, validity).
 /// - `OK` is returned only with Q `OK` votes; the connection writes it only if the deadline has
 ///   not passed at write time ([`Lease`]).
-/// - On refusal, every master that may hold our value gets a compare-and-delete before null is
-///   returned; a master whose `OK` arrives after the refusal (a late reply) is cleaned up by the
-///   late hook.
+/// - On refusal, every master that may hold our value (said `OK`, or its answer is unknown) gets
+///   a compare-and-delete, ordered after the write on that master, before null is returned
+///   ([`RollbackPlan`]).
 async fn decide(cluster: Arc<Cluster>, attempt: Attempt) -> Decided {
     let Attempt {
         key,
@@ -308,21 +327,20 @@ async fn decide(cluster: Arc<Cluster>, attempt: Attempt) -> Decided {
         };
     };
     let deadline = received_at + window;
-    cluster.note_ttl(ttl_ms);
-    let px = backend_ttl_ms(ttl_ms, cluster.drift_factor).to_string();
-    // With quarantine on, the write checks the canary in the same script (see health.rs),
-    // called by SHA1 (the health check loads it on every master). A master that lost its
-    // script cache answers NOSCRIPT and gets the body at once: its vote comes a round trip
-    // later, and a client command pipelined behind this acquire may reach that master first
-    // (at worst leaving this value there until its PX expires, on a minority: never a grant).
+    let px_ms = backend_ttl_ms(ttl_ms, cluster.drift_factor);
+    let px = px_ms.to_string();
+    // With quarantine on, the write checks the shared markers in the same script (see
+    // health.rs), called by SHA1 (the health check loads it on every master). A master that
+    // lost its script cache answers NOSCRIPT and gets the body at once.
     let (payload, fallback) = if cluster.quarantine {
         let call = |how: &[u8], script: &[u8]| {
             command(&[
                 how,
                 script,
-                b"2",
+                b"3",
                 &key,
-                &cluster.canary_key,
+                ARMED_KEY.as_bytes(),
+                QUARANTINE_KEY.as_bytes(),
                 &value,
                 px.as_bytes(),
             ])
@@ -337,36 +355,19 @@ async fn decide(cluster: Arc<Cluster>, attempt: Attempt) -> Decided {
             None,
         )
     };
-    let refused = Arc::new(AtomicBool::new(false));
-    // A master whose OK arrives after the acquire was refused gets its own compare-and-delete.
-    let late_ok: LateHandler = {
-        let (cluster, refused) = (cluster.clone(), refused.clone());
-        let (key, value) = (key.clone(), value.clone());
-        Arc::new(move |index: usize, reply: Reply| {
-            if reply == Reply::ok() && refused.load(Ordering::Acquire) {
-                let cluster = cluster.clone();
-                let rollback = rollback_command(&key, &value);
-                tokio::spawn(async move {
-                    let mut targets = vec![false; cluster.masters.len()];
-                    targets[index] = true;
-                    cluster.send_to(&rollback, &targets, &targets).await;
-                });
-            }
-        })
-    };
     let votes = cluster
-        .fan_out(&payload, fallback.as_ref(), Some(&late_ok), |v| {
+        .fan_out(&payload, 1, fallback.as_ref(), |v| {
             acquire_decision(v) != AcquireDecision::Undecided
         })
         .await;
     for (master, vote) in cluster.masters.iter().zip(&votes) {
-        if *vote == Vote::Replied(CANARY_MISSING) {
-            master.report_wipe(cluster.quarantine_wait(), Instant::now());
+        if *vote == Vote::Replied(UNARMED) {
+            master.health.recheck();
         }
     }
     // Followers queued behind this acquire get the same null when it tells them nothing
     // different would happen now: the key is held, or no majority answered in time (they
-    // would wait out the same node timeout, on connections the watchdog is about to retire).
+    // would wait out the same node timeout, on connections the watchdog is about to abort).
     let held = held_by_majority(&votes) || majority_unreachable(&votes);
     let targets: Vec<bool> = votes.iter().map(may_hold_our_value).collect();
     // Confirm the clean-up where the master said OK or has not answered yet (still within its
@@ -379,9 +380,9 @@ async fn decide(cluster: Arc<Cluster>, attempt: Attempt) -> Decided {
         cluster: cluster.clone(),
         key: key.clone(),
         value,
+        ttl: Duration::from_millis(px_ms),
         targets,
         confirm,
-        refused,
     };
     if acquire_decision(&votes) == AcquireDecision::Quorum && Instant::now() < deadline {
         tracing::trace!(key = ?key, "granted");
@@ -429,21 +430,34 @@ struct RollbackPlan {
     cluster: Arc<Cluster>,
     key: Bytes,
     value: Bytes,
+    /// The `PX` the acquire sent: how long a write it undoes can live.
+    ttl: Duration,
     /// Masters that may hold the value.
     targets: Vec<bool>,
     /// Of those, the ones that said OK or have not answered yet: their clean-up is awaited.
     confirm: Vec<bool>,
-    refused: Arc<AtomicBool>,
 }
 
 impl RollbackPlan {
+    /// Queues the compare-and-delete on every target master, ordered after the acquire's write
+    /// there and kept across reconnects until it ran ([`crate::backend::Master::undo`]); waits
+    /// (node timeout at most) for the confirmed ones. Every clean-up is queued before this
+    /// returns, so a retry of the same client with the same value, sent after its null, comes
+    /// after the clean-up on every master and cannot be deleted by it.
     async fn run(self) {
-        // Set first: a late OK arriving from now on triggers its own clean-up.
-        self.refused.store(true, Ordering::Release);
         let payload = rollback_command(&self.key, &self.value);
-        self.cluster
-            .send_to(&payload, &self.targets, &self.confirm)
-            .await;
+        let waits: Vec<_> = self
+            .cluster
+            .masters
+            .iter()
+            .zip(self.targets.iter().zip(&self.confirm))
+            .filter(|(_, (target, _))| **target)
+            .filter_map(|(master, (_, confirm))| {
+                let rx = master.undo(payload.clone(), self.ttl)?;
+                confirm.then(|| wait_reply(rx, master.node_timeout()))
+            })
+            .collect();
+        futures::future::join_all(waits).await;
     }
 }
 

@@ -41,7 +41,7 @@ pub enum Outcome {
 
 /// A reply that promises a lease: `granted` may be written only while
 /// `Instant::now() < deadline` (the validity re-check right before the reply is written,
-/// contract §2 step 3); otherwise the writer runs `rollback` (if any) and writes `expired`.
+/// docs/SAFETY.md, validity); otherwise the writer runs `rollback` (if any) and writes `expired`.
 pub struct Lease {
     pub deadline: Instant,
     pub granted: Reply,
@@ -170,8 +170,8 @@ pub static COMMANDS: &[Spec] = &[
     spec("unlink", -2, &["write", "fast"], ALL_KEYS, keys::forward),
     spec("pttl", 2, READ, ONE_KEY, keys::ttl),
     spec("ttl", 2, READ, ONE_KEY, keys::ttl),
-    spec("pexpire", -3, &["write", "fast"], ONE_KEY, keys::forward),
-    spec("expire", -3, &["write", "fast"], ONE_KEY, keys::forward),
+    spec("pexpire", -3, &["write", "fast"], ONE_KEY, keys::expire),
+    spec("expire", -3, &["write", "fast"], ONE_KEY, keys::expire),
     spec("type", 2, READ, ONE_KEY, keys::forward),
     spec("strlen", 2, READ, ONE_KEY, keys::forward),
     spec("eval", -3, SCRIPT, NO_KEYS, scripts::eval),

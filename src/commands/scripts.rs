@@ -1,29 +1,37 @@
 //! `EVAL`, `EVALSHA` (and their `_RO` forms) and `SCRIPT LOAD|EXISTS|FLUSH|KILL`.
 //!
-//! A script runs unchanged on every master and its replies are merged by the quorum rule. The
-//! proxy remembers every body it sees under its real SHA1 (of the exact bytes), and sends an
-//! `EVALSHA` of a known script to the masters as the `EVAL` of its body. So a master that never
-//! saw the script or lost its cache (restart, `SCRIPT FLUSH`) runs it like the others, in the
-//! same position of the connection's FIFO as the client's request (a `NOSCRIPT`-then-retry
-//! would run it later than the client's next command, and run it twice where a retry races),
-//! and the client never sees `NOSCRIPT` for a script the proxy knows. Redis caches the
-//! compiled script by SHA1 for `EVAL` too, so this costs the masters one SHA1 of the body.
-//! An `EVALSHA` of a SHA1 the proxy does not know is sent on as is (another proxy may have
-//! loaded it); if a majority of masters do not know it either, the client gets Redis' own
-//! `NOSCRIPT No matching script. Please use EVAL.`
+//! A script runs unchanged on every master. The proxy remembers every body it sees under its
+//! real SHA1 (of the exact bytes, at most [`crate::cluster::MAX_SCRIPTS`]), and sends an
+//! `EVALSHA` of a known script to the masters as the `EVAL` of its body, so a master that never
+//! saw the script or lost its cache runs it like the others, in the same position of the
+//! connection's FIFO as the client's request. An `EVALSHA` of a SHA1 the proxy does not know is
+//! answered with Redis' own `NOSCRIPT No matching script. Please use EVAL.` without reaching
+//! the masters: forwarding it would run a script (perhaps a lease script loaded through another
+//! proxy or before a restart) whose meaning the proxy never checked; every client library
+//! then sends the body with `EVAL`.
+//!
+//! Replies merge by the quorum rule; only the recognised compare-and-delete may use the
+//! integer rule, any other script needs Q identical replies ([`MergeRule`]).
 //!
 //! Lease scripts ([`crate::lease_script`]: compare-then-`PEXPIRE`, `SET … PX ARGV[n]`) get the
-//! acquire's treatment: the TTL argument is padded by drift on the masters, and a success is
-//! written only while `TTL − elapsed − drift > 0`. Past that, a positive integer success
-//! becomes `0` (every recognised library reads 0 as "not extended/not acquired") and any other
-//! reply becomes an error, which no convention reads as success.
+//! acquire's treatment: the TTL argument must not exceed `max_lock_ttl_ms`, is padded by drift
+//! on the masters, and a success is written only while `TTL − elapsed − drift > 0`. Past that,
+//! a positive integer success becomes `0` (every recognised library reads 0 as "not
+//! extended/not acquired") and any other reply becomes an error, which no convention reads as
+//! success.
+//!
+//! Every script that may set expiries is followed, on each master, by
+//! [`crate::cluster::GUARD_SCRIPT`] in the same pipeline: it caps what the script set at the
+//! lease bound, and a master that turns out unarmed or quarantined does not vote. A script that
+//! tried to set a longer TTL is answered with an error (its key was capped, so the caller must
+//! not believe the longer lease).
 
 use super::{not_an_integer, Action, Ctx, Lease, Outcome, Session};
-use crate::cluster::{command, quorum_reply, Cluster, Script};
+use crate::cluster::{command, quorum_reply, Cluster, Script, GUARD_SCRIPT};
+use crate::health::{ARMED_KEY, QUARANTINE_KEY};
 use crate::protocol::{Reply, Request};
-use crate::redlock::{backend_ttl_ms, validity_window};
+use crate::redlock::{backend_ttl_ms, merge, no_quorum, validity_window, MergeRule, Vote};
 use bytes::Bytes;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -56,10 +64,12 @@ pub fn eval(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
 pub fn evalsha(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     match check_numkeys(&request.args) {
         Err(reply) => Action::Ready(reply),
-        Ok(numkeys) => {
-            let script = ctx.shared.cluster.script_by_sha(&request.args[1]);
-            run(ctx, request, script, numkeys)
-        }
+        Ok(numkeys) => match ctx.shared.cluster.script_by_sha(&request.args[1]) {
+            Some(script) => run(ctx, request, Some(script), numkeys),
+            None => Action::Ready(Reply::error(
+                "NOSCRIPT No matching script. Please use EVAL.",
+            )),
+        },
     }
 }
 
@@ -74,36 +84,106 @@ fn lease_ttl(script: Option<&Script>, args: &[Bytes], numkeys: usize) -> Option<
 
 fn run(ctx: &Ctx<'_>, request: Request, script: Option<Script>, numkeys: usize) -> Action {
     let cluster = ctx.cluster();
-    let is_evalsha =
-        request.args[0].len() >= 7 && request.args[0][..7].eq_ignore_ascii_case(b"EVALSHA");
-    let lease = lease_ttl(script.as_ref(), &request.args, numkeys);
+    let Some(script) = script else {
+        return Action::Ready(Reply::error(
+            "NOSCRIPT No matching script. Please use EVAL.",
+        ));
+    };
+    let lease = lease_ttl(Some(&script), &request.args, numkeys);
     let mut args = request.args;
     let mut deadline = None;
     if let Some((at, ttl_ms, unit_ms)) = lease {
+        if let Err(reply) = cluster.check_ttl(ttl_ms) {
+            return Action::Ready(reply);
+        }
         // Pad the masters' TTL by drift (rounded up to the script's unit).
         let padded = backend_ttl_ms(ttl_ms, cluster.drift_factor).div_ceil(unit_ms);
         args[at] = Bytes::from(padded.to_string());
         let window = validity_window(ttl_ms, cluster.drift_factor).unwrap_or(Duration::ZERO);
         deadline = Some(ctx.received_at + window);
     }
-    if let Some(script) = script.filter(|_| is_evalsha) {
-        args[0] = if args[0].len() > 7 {
-            Bytes::from_static(b"EVAL_RO")
-        } else {
-            Bytes::from_static(b"EVAL")
-        };
-        args[1] = script.body;
-        return Action::Defer(Box::pin(settle(cluster, command(&args), deadline)));
+    // The masters always get the body (`EVAL`), never a SHA1 they may not know.
+    let read_only = args[0].len() > 4 && args[0].to_ascii_uppercase().ends_with(b"_RO");
+    args[0] = Bytes::from_static(if read_only { b"EVAL_RO" } else { b"EVAL" });
+    args[1] = script.body.clone();
+    let mut payload = bytes::BytesMut::from(command(&args).as_ref());
+    let guarded = script.sets_expiry && !read_only;
+    if guarded {
+        let bound = cluster.lease_bound().as_millis().to_string();
+        let keys = &args[3..3 + numkeys];
+        let mut guard: Vec<&[u8]> = vec![
+            b"EVAL",
+            GUARD_SCRIPT.as_bytes(),
+            b"",
+            ARMED_KEY.as_bytes(),
+            QUARANTINE_KEY.as_bytes(),
+        ];
+        let count = (numkeys + 2).to_string();
+        guard[2] = count.as_bytes();
+        guard.extend(keys.iter().map(|k| k.as_ref()));
+        guard.push(bound.as_bytes());
+        payload.extend_from_slice(&command(&guard));
     }
-    let payload = match (&request.raw, lease) {
-        (Some(raw), None) => raw.clone(),
-        _ => command(&args),
-    };
-    Action::Defer(Box::pin(settle(cluster, payload, deadline)))
+    let payload = payload.freeze();
+    let rule = script.merge;
+    Action::Defer(Box::pin(async move {
+        let reply = if guarded {
+            guarded_reply(&cluster, &payload, rule).await
+        } else {
+            quorum_reply(&cluster, &payload, rule).await
+        };
+        settle(reply, deadline)
+    }))
 }
 
-async fn settle(cluster: Arc<Cluster>, payload: Bytes, deadline: Option<Instant>) -> Outcome {
-    let reply = quorum_reply(&cluster, &payload).await;
+/// Runs a script followed by its guard on every master (two replies each) and merges the
+/// script's replies, counting a master only if its guard vouched for it.
+async fn guarded_reply(cluster: &Cluster, payload: &Bytes, rule: MergeRule) -> Reply {
+    let capped = std::sync::atomic::AtomicBool::new(false);
+    let unpack = |vote: &Vote, master: &crate::backend::Master| -> Vote {
+        match vote {
+            Vote::Replied(Reply::Array(pair)) if pair.len() == 2 => match &pair[1] {
+                Reply::Integer(-1) => {
+                    master.health.recheck();
+                    Vote::Missing
+                }
+                Reply::Integer(n) => {
+                    if *n > 0 {
+                        capped.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Vote::Replied(pair[0].clone())
+                }
+                _ => Vote::Missing,
+            },
+            Vote::Replied(_) => Vote::Missing,
+            other => other.clone(),
+        }
+    };
+    let script_votes = |votes: &[Vote]| -> Vec<Vote> {
+        votes
+            .iter()
+            .zip(&cluster.masters)
+            .map(|(v, m)| unpack(v, m))
+            .collect()
+    };
+    let votes = cluster
+        .fan_out(payload, 2, None, |v| {
+            merge(&script_votes(v), rule).is_some()
+        })
+        .await;
+    let votes = script_votes(&votes);
+    if capped.load(std::sync::atomic::Ordering::Relaxed) {
+        return Reply::error(format!(
+            "ERR script set a TTL above max_lock_ttl_ms ({} ms) of redlock-proxy; the key's TTL was capped, do not rely on the longer lease",
+            cluster.max_lock_ttl_ms
+        ));
+    }
+    merge(&votes, rule).unwrap_or_else(|| no_quorum(votes.len()))
+}
+
+/// The outcome of a script: a lease reply (checked against its deadline at write time) for a
+/// lease script, the plain reply otherwise.
+fn settle(reply: Reply, deadline: Option<Instant>) -> Outcome {
     match deadline {
         Some(deadline) if !reply.is_error() => {
             let expired = match reply {

@@ -230,22 +230,25 @@ pub fn info(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
     if show("masters") {
         let _ = write!(
             out,
-            "# Masters\r\nmasters:{}\r\nquorum:{}\r\nnode_timeout_ms:{}\r\ndrift_factor:{}\r\n",
+            "# Masters\r\nmasters:{}\r\nquorum:{}\r\nnode_timeout_ms:{}\r\ndrift_factor:{}\r\nmax_lock_ttl_ms:{}\r\nquarantine_ms:{}\r\n",
             cluster.masters.len(),
             cluster.quorum(),
             cluster.node_timeout.as_millis(),
-            cluster.drift_factor
+            cluster.drift_factor,
+            cluster.max_lock_ttl_ms,
+            cluster.lease_bound().as_millis(),
         );
         for (i, m) in cluster.masters.iter().enumerate() {
             let _ = write!(
                 out,
-                "master{i}:addr={},state={},replies={},missing={},connects={},retired_connections={}\r\n",
+                "master{i}:addr={},state={},replies={},missing={},connects={},retired_connections={},pending_cleanups={}\r\n",
                 m.addr,
                 m.state(),
                 m.stats.replies.load(Ordering::Relaxed),
                 m.stats.missing.load(Ordering::Relaxed),
                 m.stats.connects.load(Ordering::Relaxed),
                 m.stats.retired.load(Ordering::Relaxed),
+                m.pending_undo_count(),
             );
         }
         out.push_str("\r\n");

@@ -1,0 +1,372 @@
+//! Mutual exclusion in the **default configuration** (no `max_lock_ttl_ms` set, quarantine on),
+//! scenario by scenario, over real `redis-server` masters. Each scenario is one way a lock that
+//! is held could be granted a second time:
+//!
+//! - a lease taken by a *script* (node-redlock's acquire), then a master of its majority
+//!   restarts empty;
+//! - the proxy restarts (forgetting everything it knew), then a master of the majority
+//!   restarts empty, or is wiped before the new proxy first sees it;
+//! - a master is wiped between two health polls and a script acquire reaches it;
+//! - a script whose success is null (Redisson's acquire) answered by a minority;
+//! - an `EVALSHA` of a script the proxy never saw;
+//! - a same-token retry after a refusal whose clean-up was still pending on a paused master.
+//!
+//! "C missed the write" is built as in the Kleppmann scenario of `tests/faults.rs`: a foreign
+//! value sits on C while A and B grant the lock, then is removed, as if C never got the `SET`.
+//! A second client then tries for 1.5 s (the first holder's lease runs 30 s) and must never be
+//! granted. Timing bounds here are generous (seconds): these tests are about behaviour.
+
+mod common;
+
+use common::workload::wait_grantable;
+use common::{key, master_cmd, master_get, Client, Proxy, RELEASE};
+use redlock_proxy::local::LocalCluster;
+use redlock_proxy::Config;
+use std::time::{Duration, Instant};
+
+const NODE_TIMEOUT_MS: u64 = 300;
+
+fn script(name: &str) -> String {
+    std::fs::read_to_string(format!("tests/scripts/{name}.lua")).unwrap()
+}
+
+/// The default configuration, with a node timeout no scheduler hiccup reaches.
+fn defaults(c: &mut Config) {
+    c.node_timeout_ms = NODE_TIMEOUT_MS;
+}
+
+async fn ready(proxy: &Proxy, k: &str) {
+    let probe = format!("{k}:probe");
+    assert!(
+        wait_grantable(proxy.port, &probe, 1000, Duration::from_secs(10))
+            .await
+            .is_some(),
+        "proxy never ready"
+    );
+}
+
+/// How the first holder takes its 30 s lease.
+#[derive(Clone, Copy, Debug)]
+enum Acquire {
+    SetNx,
+    RedlockScript,
+}
+
+/// What happens to master A after the lease was granted on A and B.
+#[derive(Clone, Copy, Debug)]
+enum Loss {
+    RestartEmpty,
+    FlushAll,
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{sig} {pid}");
+}
+
+/// A takes a 30 s lease on masters 0 and 1 (master 2 missed it); `proxy_restart` replaces the
+/// proxy by a fresh one; master 0 loses its data; B then tries for 1.5 s and must get nothing.
+async fn second_holder_refused(acquire: Acquire, loss: Loss, proxy_restart: bool) {
+    let mut masters = LocalCluster::start(3).expect("redis-server must be installed");
+    let proxy = Proxy::start(masters.addrs(), defaults).await;
+    let k = key(&format!("{acquire:?}-{loss:?}-{proxy_restart}"));
+    ready(&proxy, &k).await;
+    let ports: Vec<u16> = masters.masters.iter().map(|m| m.port).collect();
+    let m = |i: usize| ports[i];
+    assert_eq!(
+        master_cmd(m(2), &["SET", &k, "foreign", "PX", "60000"]).await,
+        "+OK"
+    );
+    let mut a = proxy.client().await;
+    let granted = match acquire {
+        Acquire::SetNx => a.cmd(&["SET", &k, "tok-a", "NX", "PX", "30000"]).await,
+        Acquire::RedlockScript => {
+            let body = script("node-redlock-acquire");
+            a.cmd(&["EVAL", &body, "1", &k, "tok-a", "30000"]).await
+        }
+    };
+    assert!(granted == "+OK" || granted == ":1", "A: {granted}");
+    assert_eq!(master_get(m(0), &k).await.as_deref(), Some("tok-a"));
+    assert_eq!(master_get(m(1), &k).await.as_deref(), Some("tok-a"));
+    assert_eq!(master_cmd(m(2), &["DEL", &k]).await, ":1");
+    let proxy = if proxy_restart {
+        drop(a);
+        proxy.stop().await;
+        None
+    } else {
+        Some(proxy)
+    };
+    match loss {
+        Loss::RestartEmpty => {
+            let m0 = &mut masters.masters[0];
+            tokio::task::block_in_place(|| m0.restart(&[])).expect("restart m0");
+        }
+        Loss::FlushAll => assert_eq!(master_cmd(m(0), &["FLUSHALL"]).await, "+OK"),
+    }
+    let proxy = match proxy {
+        Some(proxy) => proxy,
+        None => Proxy::start(masters.addrs(), defaults).await,
+    };
+    let mut b = proxy.client().await;
+    let until = Instant::now() + Duration::from_millis(1500);
+    let mut tries = 0;
+    for attempt in 0..1000 {
+        if Instant::now() >= until {
+            break;
+        }
+        let token = format!("tok-b{attempt}");
+        let reply = match acquire {
+            Acquire::SetNx => b.cmd(&["SET", &k, &token, "NX", "PX", "1000"]).await,
+            Acquire::RedlockScript => {
+                let body = script("node-redlock-acquire");
+                b.cmd(&["EVAL", &body, "1", &k, &token, "1000"]).await
+            }
+        };
+        assert!(
+            reply != "+OK" && reply != ":1",
+            "B was granted the lock A holds ({acquire:?}, {loss:?}, proxy restart {proxy_restart}) after {attempt} tries"
+        );
+        tries += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(tries >= 10, "B tried only {tries} times");
+    // A's lease is still on master 1, untouched by B's attempts.
+    assert_eq!(master_get(m(1), &k).await.as_deref(), Some("tok-a"));
+    let released = proxy
+        .client()
+        .await
+        .cmd(&["EVAL", RELEASE, "1", &k, "tok-a"])
+        .await;
+    assert!(!released.starts_with("-ERR"), "{released}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_acquire_then_restart_empty_is_not_granted_twice() {
+    second_holder_refused(Acquire::RedlockScript, Loss::RestartEmpty, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_restart_then_restart_empty_is_not_granted_twice() {
+    second_holder_refused(Acquire::SetNx, Loss::RestartEmpty, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushall_before_a_fresh_proxy_sees_the_master_is_not_granted_twice() {
+    second_holder_refused(Acquire::SetNx, Loss::FlushAll, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_acquire_after_a_flushall_between_polls_is_not_granted_twice() {
+    second_holder_refused(Acquire::RedlockScript, Loss::FlushAll, false).await;
+}
+
+/// A wipe the health poll has not seen yet (the poll interval is a minute here): only the
+/// marker check inside the script acquire's guard can notice it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wipe_between_polls_is_seen_by_the_script_guard() {
+    let masters = LocalCluster::start(3).expect("redis-server must be installed");
+    let proxy = Proxy::start(masters.addrs(), |c| {
+        defaults(c);
+        c.health_interval_ms = 60_000;
+    })
+    .await;
+    let k = key("guard");
+    ready(&proxy, &k).await;
+    let m = |i: usize| masters.masters[i].port;
+    master_cmd(m(2), &["SET", &k, "foreign", "PX", "60000"]).await;
+    let mut a = proxy.client().await;
+    assert_eq!(
+        a.cmd(&["SET", &k, "tok-a", "NX", "PX", "30000"]).await,
+        "+OK"
+    );
+    master_cmd(m(2), &["DEL", &k]).await;
+    assert_eq!(master_cmd(m(0), &["FLUSHALL"]).await, "+OK");
+    let body = script("node-redlock-acquire");
+    let reply = a.cmd(&["EVAL", &body, "1", &k, "tok-b", "1000"]).await;
+    assert_ne!(reply, ":1", "a wiped master voted for a script acquire");
+}
+
+/// Redisson's acquire answers null when it takes the lock and the holder's PTTL otherwise: a
+/// null from one master of three (the others: one says held, one is silent) is no grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_whose_success_is_null_is_not_granted_by_a_minority() {
+    let masters = LocalCluster::start(3).expect("redis-server must be installed");
+    let proxy = Proxy::start(masters.addrs(), defaults).await;
+    let k = key("redisson");
+    ready(&proxy, &k).await;
+    let redisson = "if (redis.call('exists', KEYS[1]) == 0) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; return redis.call('pttl', KEYS[1]);";
+    let m = |i: usize| masters.masters[i].port;
+    for i in [1, 2] {
+        master_cmd(m(i), &["HSET", &k, "other:1", "1"]).await;
+        master_cmd(m(i), &["PEXPIRE", &k, "30000"]).await;
+    }
+    let pid = masters.masters[2].pid().unwrap();
+    signal(pid, "STOP");
+    let mut c = proxy.client().await;
+    let reply = c.cmd(&["EVAL", redisson, "1", &k, "30000", "me:1"]).await;
+    signal(pid, "CONT");
+    assert_ne!(reply, "$nil", "one master's null reported as a grant");
+    assert!(reply.starts_with("-NOQUORUM"), "{reply}");
+}
+
+/// An `EVALSHA` of a script loaded on the masters behind the proxy's back (another proxy, an
+/// earlier run) is not forwarded: its meaning was never checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_evalsha_gets_noscript_and_eval_works() {
+    let masters = LocalCluster::start(3).expect("redis-server must be installed");
+    let proxy = Proxy::start(masters.addrs(), defaults).await;
+    let k = key("unknown-sha");
+    ready(&proxy, &k).await;
+    let extend = script("redis-cli-extend");
+    let mut sha = String::new();
+    for m in &masters.masters {
+        sha = master_cmd(m.port, &["SCRIPT", "LOAD", &extend]).await;
+    }
+    let mut c = proxy.client().await;
+    assert_eq!(c.cmd(&["SET", &k, "tok", "NX", "PX", "30000"]).await, "+OK");
+    assert_eq!(
+        c.cmd(&["EVALSHA", &sha[1..], "1", &k, "tok", "20000"])
+            .await,
+        "-NOSCRIPT No matching script. Please use EVAL."
+    );
+    assert_eq!(
+        c.cmd(&["EVAL", &extend, "1", &k, "tok", "20000"]).await,
+        ":1"
+    );
+    assert_eq!(
+        c.cmd(&["EVALSHA", &sha[1..], "1", &k, "tok", "20000"])
+            .await,
+        ":1"
+    );
+}
+
+/// Every TTL forwarded is capped by `max_lock_ttl_ms` (60 s by default), whatever sets it; a
+/// script that computes a longer one is capped on the masters and answered with an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_ttl_is_capped_whatever_sets_it() {
+    let masters = LocalCluster::start(3).expect("redis-server must be installed");
+    let proxy = Proxy::start(masters.addrs(), defaults).await;
+    let k = key("cap");
+    ready(&proxy, &k).await;
+    let mut c = proxy.client().await;
+    let above = "-ERR lock TTL 60001 ms is above max_lock_ttl_ms (60000 ms) of redlock-proxy";
+    for cmd in [
+        vec!["SET", &k, "tok", "NX", "PX", "60001"],
+        vec!["SET", &k, "tok", "XX", "PX", "60001"],
+        vec!["PEXPIRE", &k, "60001"],
+    ] {
+        assert_eq!(c.cmd(&cmd).await, above, "{cmd:?}");
+    }
+    assert!(c
+        .cmd(&["EXPIRE", &k, "61"])
+        .await
+        .starts_with("-ERR lock TTL 61000 ms is above"));
+    assert_eq!(c.cmd(&["SET", &k, "tok", "NX", "PX", "30000"]).await, "+OK");
+    let extend = script("redis-cli-extend");
+    assert_eq!(
+        c.cmd(&["EVAL", &extend, "1", &k, "tok", "60001"]).await,
+        above
+    );
+    // redis-py's extend adds to the current TTL: 30 s + 50 s is capped on every master.
+    let py_extend = script("python-redis-py-extend");
+    let reply = c
+        .cmd(&["EVAL", &py_extend, "1", &k, "tok", "50000", "0"])
+        .await;
+    assert!(
+        reply.starts_with("-ERR script set a TTL above max_lock_ttl_ms"),
+        "{reply}"
+    );
+    let bound = redlock_proxy::redlock::backend_ttl_ms(60_000, 0.01) as i64;
+    for m in &masters.masters {
+        let pttl = master_cmd(m.port, &["PTTL", &k]).await;
+        let pttl: i64 = pttl[1..].parse().unwrap();
+        assert!(pttl > 0 && pttl <= bound, "PTTL {pttl} above {bound}");
+    }
+}
+
+/// Issue scenario: a refused acquire whose write is stuck on a paused master. Its clean-up is
+/// ordered after that write (the connection is reset, so the paused master never runs it) and
+/// survives the reconnects, and a retry with the same token, granted after the master
+/// resumed, is not deleted by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_same_token_retry_survives_the_clean_up_of_the_refused_attempt() {
+    let masters = LocalCluster::start(3).expect("redis-server must be installed");
+    let proxy = Proxy::start(masters.addrs(), defaults).await;
+    let k = key("retry");
+    ready(&proxy, &k).await;
+    let m = |i: usize| masters.masters[i].port;
+    // Master 2 holds a foreign value: master 0 (paused) decides every attempt.
+    master_cmd(m(2), &["SET", &k, "foreign", "PX", "60000"]).await;
+    let pid = masters.masters[0].pid().unwrap();
+    let mut c = proxy.client().await;
+    signal(pid, "STOP");
+    let first = c.cmd(&["SET", &k, "tok", "NX", "PX", "20000"]).await;
+    assert_eq!(first, "$nil");
+    // Let the proxy reconnect to the paused master a few times (each connection reset).
+    tokio::time::sleep(Duration::from_millis(4 * NODE_TIMEOUT_MS)).await;
+    signal(pid, "CONT");
+    // The same client retries with the same token until granted (bounded).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if c.cmd(&["SET", &k, "tok", "NX", "PX", "20000"]).await == "+OK" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "retry never granted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Whatever the paused master had queued is gone or ran before the retry: the grant holds.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(master_get(m(0), &k).await.as_deref(), Some("tok"));
+    assert_eq!(master_get(m(1), &k).await.as_deref(), Some("tok"));
+}
+
+/// Issue scenario: three of five masters paused while an acquire is in flight. The refusal
+/// comes in time, and once they resume nothing is left on any master: no phantom holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_acquire_leaves_nothing_on_paused_masters_once_they_resume() {
+    let masters = LocalCluster::start(5).expect("redis-server must be installed");
+    let proxy = Proxy::start(masters.addrs(), defaults).await;
+    let k = key("phantom");
+    ready(&proxy, &k).await;
+    let pids: Vec<u32> = masters.masters[2..]
+        .iter()
+        .map(|m| m.pid().unwrap())
+        .collect();
+    let mut c = proxy.client().await;
+    for pid in &pids {
+        signal(*pid, "STOP");
+    }
+    let reply = c.cmd(&["SET", &k, "v", "NX", "PX", "30000"]).await;
+    tokio::time::sleep(Duration::from_millis(3 * NODE_TIMEOUT_MS)).await;
+    for pid in &pids {
+        signal(*pid, "CONT");
+    }
+    assert_eq!(reply, "$nil");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut values = Vec::new();
+        for m in &masters.masters {
+            values.push(master_get(m.port, &k).await);
+        }
+        if values.iter().all(Option::is_none) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left on the masters after they resumed: {values:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // And the key is free.
+    let mut other = Client::connect(proxy.port).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while other.cmd(&["SET", &k, "w", "NX", "PX", "30000"]).await != "+OK" {
+        assert!(Instant::now() < deadline, "key never free again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
