@@ -13,7 +13,7 @@
 //!
 //! "C missed the write" is built as in the Kleppmann scenario of `tests/faults.rs`: a foreign
 //! value sits on C while A and B grant the lock, then is removed, as if C never got the `SET`.
-//! A second client then tries for 1.5 s (the first holder's lease runs 30 s) and must never be
+//! A second client then tries for 3 s (the first holder's lease runs 30 s) and must never be
 //! granted. Timing bounds here are generous (seconds): these tests are about behaviour.
 
 mod common;
@@ -70,7 +70,7 @@ fn signal(pid: u32, sig: &str) {
 }
 
 /// A takes a 30 s lease on masters 0 and 1 (master 2 missed it); `proxy_restart` replaces the
-/// proxy by a fresh one; master 0 loses its data; B then tries for 1.5 s and must get nothing.
+/// proxy by a fresh one; master 0 loses its data; B then tries for 3 s and must get nothing.
 async fn second_holder_refused(acquire: Acquire, loss: Loss, proxy_restart: bool) {
     let mut masters = LocalCluster::start(3).expect("redis-server must be installed");
     let proxy = Proxy::start(masters.addrs(), defaults).await;
@@ -113,22 +113,18 @@ async fn second_holder_refused(acquire: Acquire, loss: Loss, proxy_restart: bool
         None => Proxy::start(masters.addrs(), defaults).await,
     };
     let mut b = proxy.client().await;
-    let until = Instant::now() + Duration::from_millis(1500);
+    let until = Instant::now() + Duration::from_millis(3000);
     let mut tries = 0;
     for attempt in 0..1000 {
         if Instant::now() >= until {
             break;
         }
         let token = format!("tok-b{attempt}");
-        let reply = match acquire {
-            Acquire::SetNx => b.cmd(&["SET", &k, &token, "NX", "PX", "1000"]).await,
-            Acquire::RedlockScript => {
-                let body = script("node-redlock-acquire");
-                b.cmd(&["EVAL", &body, "1", &k, &token, "1000"]).await
-            }
-        };
+        // B acquires with `SET NX`: its refused attempts are rolled back, so they leave
+        // nothing behind that could block its own later attempts.
+        let reply = b.cmd(&["SET", &k, &token, "NX", "PX", "1000"]).await;
         assert!(
-            reply != "+OK" && reply != ":1",
+            reply != "+OK",
             "B was granted the lock A holds ({acquire:?}, {loss:?}, proxy restart {proxy_restart}) after {attempt} tries"
         );
         tries += 1;
