@@ -264,12 +264,16 @@ impl Master {
 
     /// Sends one request and waits at most the node timeout for its reply. A master that is
     /// not [eligible](Master::eligible) still gets the request (a release must reach it too)
-    /// but its vote is [`Vote::Missing`] at once.
+    /// but its vote is [`Vote::Missing`] at once ([`Vote::Fenced`] while quarantined).
     pub async fn call(&self, payload: Bytes, replies: usize) -> Vote {
         if !self.eligible() {
             drop(self.send(payload, replies));
             self.stats.missing.fetch_add(1, Ordering::Relaxed);
-            return Vote::Missing;
+            return if self.health.quarantined() {
+                Vote::Fenced
+            } else {
+                Vote::Missing
+            };
         }
         self.probe_with(payload, replies).await
     }

@@ -184,7 +184,7 @@ impl Cluster {
         let script = Script {
             lease: recognise(&body),
             merge: if is_compare_and_delete(&body) {
-                MergeRule::Known
+                MergeRule::Release
             } else {
                 MergeRule::Strict
             },

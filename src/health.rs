@@ -301,6 +301,13 @@ impl MasterHealth {
             && h.quarantined_until.is_none_or(|t| Instant::now() >= t)
     }
 
+    /// Whether the master is in quarantine now (it votes for no proxy: see the module header).
+    pub fn quarantined(&self) -> bool {
+        self.state
+            .lock()
+            .is_ok_and(|h| h.quarantined_until.is_some_and(|t| Instant::now() < t))
+    }
+
     /// The state shown by `INFO` for a connected master.
     pub fn state(&self, connect: u64) -> String {
         let Ok(h) = self.state.lock() else {

@@ -47,6 +47,9 @@ pub enum Vote {
     Pending,
     /// No answer within the node timeout, or the connection failed: counts as "no".
     Missing,
+    /// Not asked: quarantined after a data loss. Counts as "no"; its state is unknown, but it
+    /// votes for nobody until its quarantine ends (see [`MergeRule::Release`]).
+    Fenced,
     /// The master's reply.
     Replied(Reply),
 }
@@ -100,7 +103,11 @@ pub fn held_by_majority(votes: &[Vote]) -> bool {
 /// refused the same way.
 pub fn majority_unreachable(votes: &[Vote]) -> bool {
     let n = votes.len();
-    votes.iter().filter(|v| matches!(v, Vote::Missing)).count() > n - quorum(n)
+    votes
+        .iter()
+        .filter(|v| matches!(v, Vote::Missing | Vote::Fenced))
+        .count()
+        > n - quorum(n)
 }
 
 /// True where a refused acquire must be rolled back: the master said `OK`, or its answer is
@@ -110,7 +117,7 @@ pub fn majority_unreachable(votes: &[Vote]) -> bool {
 /// from only 9001 values), so those masters are left alone.
 pub fn may_hold_our_value(vote: &Vote) -> bool {
     match vote {
-        Vote::Pending | Vote::Missing => true,
+        Vote::Pending | Vote::Missing | Vote::Fenced => true,
         Vote::Replied(_) => is_ok(vote),
     }
 }
@@ -123,9 +130,19 @@ pub enum MergeRule {
     /// lock and the holder's PTTL otherwise), so a minority's reply is never the answer.
     Strict,
     /// Rules 2 and 3 too, for replies whose meaning is known: counts and flags where a higher
-    /// integer claims more (`DEL`, `EXISTS`, `PEXPIRE`, `PTTL`, the recognised
-    /// compare-and-delete), and values where null means "not held" (`GET`).
+    /// integer claims more (`DEL`, `EXISTS`, `PEXPIRE`, `PTTL`), and values where null means
+    /// "not held" (`GET`).
     Known,
+    /// The compare-and-delete release (`1` deleted our value, `0` it was not there): as
+    /// [`MergeRule::Known`], and `1` as soon as the masters that answered `1` plus the
+    /// [fenced](Vote::Fenced) ones reach Q. Safety argument (docs/SAFETY.md, releases): another
+    /// grant during the caller's tenure would need a master of the caller's majority to say
+    /// `OK`; such a master either still held the caller's value (it answers `1`), or lost it in
+    /// a data loss and has voted for nobody since (unarmed, then quarantined for longer than any
+    /// lease: it is fenced now). So when the masters answering `1` and the fenced ones make a
+    /// majority, the proxy can vouch that the caller held the lock until its release, even
+    /// while masters of its grant restart one after the other.
+    Release,
 }
 
 /// The quorum reply rule (docs/PROTOCOL.md), applied as votes arrive. `None` = wait for more.
@@ -157,6 +174,13 @@ pub fn merge(votes: &[Vote], rule: MergeRule) -> Option<Reply> {
     }
     if rule == MergeRule::Strict {
         return Some(no_quorum(n));
+    }
+    if rule == MergeRule::Release {
+        let deleted = replies.iter().filter(|r| **r == &Reply::Integer(1)).count();
+        let fenced = votes.iter().filter(|v| matches!(v, Vote::Fenced)).count();
+        if deleted > 0 && deleted + fenced >= q {
+            return Some(Reply::Integer(1));
+        }
     }
     let mut integers: Vec<i64> = replies
         .iter()
@@ -351,6 +375,27 @@ mod tests {
         ];
         for (votes, expected) in cases {
             assert_eq!(merge(&votes, MergeRule::Known), expected, "{votes:?}");
+        }
+    }
+
+    #[test]
+    fn release_counts_fenced_masters_toward_the_majority() {
+        use Vote::Fenced as F;
+        let noq = Some(no_quorum(5));
+        let cases: Vec<(Vec<Vote>, Option<Reply>)> = vec![
+            // rolling restarts: the holder's value on 2, one master fenced, two unreachable
+            (vec![int(1), int(1), F, M, M], Some(Reply::Integer(1))),
+            (vec![int(1), F, F, M, M], Some(Reply::Integer(1))),
+            // a majority says the value was not there
+            (vec![int(0), int(0), int(0), F, int(1)], Some(Reply::Integer(0))),
+            // nobody vouches for the value: fenced masters alone prove nothing
+            (vec![F, F, F, int(0), M], noq.clone()),
+            // unreachable is not fenced
+            (vec![int(1), int(1), M, M, M], noq),
+            (vec![int(1), int(1), int(0), F, M], Some(Reply::Integer(1))),
+        ];
+        for (votes, expected) in cases {
+            assert_eq!(merge(&votes, MergeRule::Release), expected, "{votes:?}");
         }
     }
 
