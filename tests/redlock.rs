@@ -89,9 +89,15 @@ async fn partial_grants_are_rolled_back_and_foreign_values_kept() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn minority_down_still_grants_majority_down_refuses_fast() {
-    // Leases of 1 s at most: a master that comes back empty is quarantined about that long.
-    let mut env = Env::start_with(5, |c| c.max_lock_ttl_ms = 1000).await;
-    let node_timeout = Duration::from_millis(50);
+    // About timing: refusals must come within twice the node timeout (one for the acquire's
+    // own votes, one for an acquire of the key it may queue behind). Leases of 1 s at most: a
+    // master that comes back empty is quarantined about that long.
+    let node_timeout = Duration::from_millis(200);
+    let mut env = Env::start_with(5, |c| {
+        c.max_lock_ttl_ms = 1000;
+        c.node_timeout_ms = node_timeout.as_millis() as u64;
+    })
+    .await;
     env.masters.masters[0].kill();
     env.masters.masters[1].kill();
     let mut c = env.proxy.client().await;

@@ -14,6 +14,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
+/// The node timeout of tests about behaviour (replies, order, clients): far above any
+/// scheduler hiccup on a shared CI machine, so a slow moment never turns a vote into a "no".
+/// Tests about timing set their own (`node_timeout_ms` in their config tweak) and derive their
+/// bounds from it.
+pub const BEHAVIOUR_NODE_TIMEOUT_MS: u64 = 2000;
+
 /// A running proxy over a set of master addresses.
 pub struct Proxy {
     pub port: u16,
@@ -27,6 +33,7 @@ impl Proxy {
         let mut config = Config {
             port: 0,
             backends,
+            node_timeout_ms: BEHAVIOUR_NODE_TIMEOUT_MS,
             ..Config::default()
         };
         tweak(&mut config);
