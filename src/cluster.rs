@@ -10,13 +10,7 @@
 
 use crate::backend::Master;
 use crate::config::Config;
-use crate::lease_script::{recognise, LeaseShape};
-fn is_compare_and_delete(_: &[u8]) -> bool {
-    false
-}
-fn may_set_expiry(_: &[u8]) -> bool {
-    true
-}
+use crate::lease_script::{is_compare_and_delete, may_set_expiry, recognise, LeaseShape};
 use crate::protocol::reply::encode_command;
 use crate::protocol::Reply;
 use crate::redlock::{backend_ttl_ms, quorum, MergeRule, Vote};

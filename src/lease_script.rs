@@ -4,12 +4,22 @@
 //! only reported while `TTL − elapsed − drift > 0`.
 //!
 //! Pure text analysis, no Lua execution. A script is recognised only when **every** use of
-//! some `ARGV[n]` is the TTL of a `pexpire`/`expire` call or the value after `"PX"`/`"EX"` in a
-//! `set` call (possibly wrapped in `tonumber(…)`), and all those uses agree on the unit. That
-//! condition is what makes padding safe: `ARGV[n]` means nothing to the script but a TTL, so
-//! replacing it by a larger TTL changes nothing else. A script that computes its TTL
-//! (redis-py's `extend`, which adds to the current `PTTL`) is not recognised and runs
-//! unchanged under the plain quorum reply rule.
+//! some `ARGV[n]` is the TTL of a `pexpire`/`expire` call or the value after a `"PX"`/`"EX"`
+//! option of a `set` call (possibly wrapped in `tonumber(…)`), and all those uses agree on the
+//! unit. That condition is what makes padding safe: `ARGV[n]` means nothing to the script but
+//! a TTL, so replacing it by a larger TTL changes nothing else. So the recogniser refuses
+//! (no padding, plain script) as soon as any use of `ARGV` is not understood: `ARGV` not
+//! directly indexed by a decimal literal (`ipairs(ARGV)`, `unpack(ARGV)`, `#ARGV`,
+//! `local a = ARGV`, `ARGV[i]`, `ARGV[02]`), or a way to reach it indirectly (`_G`, `_ENV`,
+//! `getfenv`, `rawget`, `load`, `loadstring`). Uses inside strings and comments count too,
+//! which can only refuse more. A `'px'` literal is an option only after a `set`'s key and
+//! value. A script that computes its TTL (redis-py's `extend`, which adds to the current
+//! `PTTL`) is not recognised and runs unchanged (its keys' TTLs are capped by the guard).
+//!
+//! Two more questions about a script's text, both conservative:
+//! - [`is_compare_and_delete`]: the classic release (`get KEYS[1]`, compare with `ARGV[1]`,
+//!   `del`), whose reply means "1 deleted, 0 not there", so the integer merge rules apply;
+//! - [`may_set_expiry`]: could it set or extend an expiry (then the guard follows it).
 
 /// Where a recognised script takes its TTL from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +33,9 @@ pub struct LeaseShape {
 /// The lease shape of a script body, if it has one.
 pub fn recognise(body: &[u8]) -> Option<LeaseShape> {
     let text = std::str::from_utf8(body).ok()?;
+    if !argv_only_directly_indexed(text) || reaches_globals(text) {
+        return None;
+    }
     let mut found: Option<LeaseShape> = None;
     let mut uses_in_ttl = 0usize;
     for args in redis_calls(text) {
@@ -36,6 +49,8 @@ pub fn recognise(body: &[u8]) -> Option<LeaseShape> {
             "set" => args
                 .iter()
                 .enumerate()
+                // `set key value [options]`: a `'px'` as the key or value is not an option.
+                .skip(3)
                 .filter_map(
                     |(i, a)| match string_literal(a)?.to_ascii_lowercase().as_str() {
                         "px" => Some((i + 1, 1)),
@@ -61,6 +76,105 @@ pub fn recognise(body: &[u8]) -> Option<LeaseShape> {
     let shape = found?;
     let all_uses = count_argv_uses(text, shape.argv);
     (all_uses == uses_in_ttl).then_some(shape)
+}
+
+/// Every occurrence of the identifier `name` in `text` (not part of a longer identifier), as
+/// the text that follows it.
+fn identifier_uses<'a>(text: &'a str, name: &str) -> impl Iterator<Item = &'a str> + 'a {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let name = name.to_string();
+    text.match_indices(name.clone().as_str())
+        .filter(move |(at, _)| {
+            let before = text[..*at].chars().next_back();
+            let after = text[at + name.len()..].chars().next();
+            !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+        })
+        .map(|(at, m)| &text[at + m.len()..])
+        .collect::<Vec<_>>()
+        .into_iter()
+}
+
+/// True if every use of `ARGV` is `ARGV[<decimal literal without leading zero>]`.
+fn argv_only_directly_indexed(text: &str) -> bool {
+    identifier_uses(text, "ARGV").all(|rest| {
+        let Some(inside) = rest.trim_start().strip_prefix('[') else {
+            return false;
+        };
+        let Some((index, _)) = inside.split_once(']') else {
+            return false;
+        };
+        let index = index.trim();
+        !index.is_empty()
+            && index.bytes().all(|b| b.is_ascii_digit())
+            && !(index.len() > 1 && index.starts_with('0'))
+    })
+}
+
+/// True if the script can reach `ARGV` (or anything) through the global environment.
+fn reaches_globals(text: &str) -> bool {
+    [
+        "_G",
+        "_ENV",
+        "getfenv",
+        "setfenv",
+        "rawget",
+        "load",
+        "loadstring",
+    ]
+    .iter()
+    .any(|name| identifier_uses(text, name).next().is_some())
+}
+
+/// The classic release: every Redis call is `get`, `del` or `unlink` on `KEYS[1]`, there is a
+/// `get` and a deletion, and the only argument used is `ARGV[1]` (the token compared). Its reply
+/// is `1` (deleted) or `0` (not there), so a higher integer claims more.
+pub fn is_compare_and_delete(body: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(body) else {
+        return false;
+    };
+    if reaches_globals(text) || !argv_only_directly_indexed(text) {
+        return false;
+    }
+    let calls = redis_calls(text);
+    if calls.is_empty() || calls.len() != text.matches("redis.").count() {
+        return false;
+    }
+    let (mut gets, mut deletes) = (0, 0);
+    for args in &calls {
+        let name = args
+            .first()
+            .and_then(|a| string_literal(a))
+            .map(str::to_ascii_lowercase);
+        let on_key1 = args.len() == 2 && compact(args[1]) == "KEYS[1]";
+        match name.as_deref() {
+            Some("get") if on_key1 => gets += 1,
+            Some("del" | "unlink") if on_key1 => deletes += 1,
+            _ => return false,
+        }
+    }
+    let keys_ok = identifier_uses(text, "KEYS").all(|rest| compact(rest).starts_with("[1]"));
+    let argv_uses = identifier_uses(text, "ARGV").count();
+    gets > 0 && deletes > 0 && keys_ok && argv_uses > 0 && count_argv_uses(text, 1) == argv_uses
+}
+
+/// Could the script set or extend an expiry? Conservative: any mention of a command family
+/// that can (`expire`, `set`, `getex`, `restore`, `copy`, `rename`, `move`, `persist`) or of a
+/// way to run other code (`eval`, `fcall`), in any case; a body that is not UTF-8 counts too.
+pub fn may_set_expiry(body: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(body) else {
+        return true;
+    };
+    let lower = text.to_ascii_lowercase();
+    [
+        "expire", "set", "getex", "restore", "copy", "rename", "move", "persist", "eval", "fcall",
+    ]
+    .iter()
+    .any(|word| lower.contains(word))
+}
+
+/// `text` without whitespace.
+fn compact(text: &str) -> String {
+    text.chars().filter(|c| !c.is_whitespace()).collect()
 }
 
 /// The argument lists (split at top-level commas, trimmed) of every `redis.call(…)` and
@@ -114,7 +228,7 @@ fn string_literal(arg: &str) -> Option<&str> {
 
 /// `ARGV[2]` or `tonumber(ARGV[2])` (any spacing) → 2.
 fn argv_reference(arg: &str) -> Option<usize> {
-    let compact: String = arg.chars().filter(|c| !c.is_whitespace()).collect();
+    let compact = compact(arg);
     let inner = compact
         .strip_prefix("tonumber(")
         .and_then(|s| s.strip_suffix(')'))
@@ -124,8 +238,7 @@ fn argv_reference(arg: &str) -> Option<usize> {
 
 /// How many times `ARGV[n]` appears in `text` (any spacing inside the brackets).
 fn count_argv_uses(text: &str, n: usize) -> usize {
-    let compact: String = text.chars().filter(|c| !c.is_whitespace()).collect();
-    compact.matches(&format!("ARGV[{n}]")).count()
+    compact(text).matches(&format!("ARGV[{n}]")).count()
 }
 
 #[cfg(test)]
@@ -159,10 +272,87 @@ mod tests {
             // TTL is a computed value
             ("redis.call('pexpire', KEYS[1], ARGV[2] * 2)", None),
             ("return 1", None),
+            // Redisson's acquire: ARGV[1] is only ever the TTL of a pexpire
+            (REDISSON_ACQUIRE, Some((1, MS))),
+            // ARGV reached indirectly: padding ARGV[2] could change what the script reads
+            ("for i, a in ipairs(ARGV) do end return redis.call('pexpire', KEYS[1], ARGV[2])", None),
+            ("local t = {unpack(ARGV)} return redis.call('pexpire', KEYS[1], ARGV[2])", None),
+            ("if #ARGV > 2 then end return redis.call('pexpire', KEYS[1], ARGV[2])", None),
+            ("local a = ARGV return redis.call('pexpire', KEYS[1], a[2])", None),
+            ("local i = 2 redis.call('set', KEYS[1], ARGV[i]) return redis.call('pexpire', KEYS[1], ARGV[2])", None),
+            ("redis.call('set', KEYS[1], ARGV[02]) return redis.call('pexpire', KEYS[1], ARGV[2])", None),
+            ("local g = _G['AR'..'GV'] return redis.call('pexpire', KEYS[1], ARGV[2])", None),
+            ("local f = loadstring('return 1') return redis.call('pexpire', KEYS[1], ARGV[2])", None),
+            // a literal 'px' used as the key or the value is not an option
+            ("return redis.call('set', 'px', ARGV[2])", None),
+            ("redis.call('set', KEYS[1], 'px', ARGV[2]) return redis.call('pexpire', KEYS[1], ARGV[2])", None),
         ];
         for (body, expected) in cases {
             let expected = expected.map(|(argv, unit_ms)| LeaseShape { argv, unit_ms });
             assert_eq!(recognise(body.as_bytes()), expected, "{body}");
+        }
+    }
+
+    const REDISSON_ACQUIRE: &str = "if (redis.call('exists', KEYS[1]) == 0) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; return redis.call('pttl', KEYS[1]);";
+
+    #[test]
+    fn compare_and_delete_is_recognised_exactly() {
+        let cases: &[(&str, bool)] = &[
+            (include_str!("../tests/scripts/python-redis-py-release.lua"), true),
+            (include_str!("../tests/scripts/php-phpredis-release.lua"), true),
+            (include_str!("../tests/scripts/redis-cli-release.lua"), true),
+            (crate::cluster::ROLLBACK_SCRIPT, true),
+            ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('unlink', KEYS[1]) end return 0", true),
+            // node-redlock's release loops over KEYS and returns a count
+            (include_str!("../tests/scripts/node-redlock-release.lua"), false),
+            // Redisson's unlock, extends, acquires, unknown shapes
+            ("if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then return nil; end; local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1); if (counter > 0) then redis.call('pexpire', KEYS[1], ARGV[2]); return 0; else redis.call('del', KEYS[1]); redis.call('publish', KEYS[2], ARGV[1]); return 1; end; return nil;", false),
+            (include_str!("../tests/scripts/redis-cli-extend.lua"), false),
+            (include_str!("../tests/scripts/node-redlock-acquire.lua"), false),
+            ("if redis.call('get', KEYS[1]) == ARGV[2] then return redis.call('del', KEYS[1]) end return 0", false),
+            ("if redis.call('get', KEYS[2]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0", false),
+            ("return redis.call('get', KEYS[1])", false),
+            ("if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('set', KEYS[1], 'x') return redis.call('del', KEYS[1]) end", false),
+            ("return 1", false),
+        ];
+        for (body, expected) in cases {
+            assert_eq!(is_compare_and_delete(body.as_bytes()), *expected, "{body}");
+        }
+    }
+
+    #[test]
+    fn scripts_that_may_set_an_expiry() {
+        let cases: &[(&[u8], bool)] = &[
+            (
+                include_bytes!("../tests/scripts/python-redis-py-extend.lua"),
+                true,
+            ),
+            (
+                include_bytes!("../tests/scripts/node-redlock-acquire.lua"),
+                true,
+            ),
+            (REDISSON_ACQUIRE.as_bytes(), true),
+            (b"return redis.call('GETEX', KEYS[1], 'PX', 5)", true),
+            (b"return redis.call('RESTORE', KEYS[1], 0, ARGV[1])", true),
+            (
+                include_bytes!("../tests/scripts/redis-cli-release.lua"),
+                false,
+            ),
+            // over-matching is allowed: its comment says "remove" (contains "move")
+            (
+                include_bytes!("../tests/scripts/node-redlock-release.lua"),
+                true,
+            ),
+            (b"return redis.call('get', KEYS[1])", false),
+            (&[0xff, 0xfe], true),
+        ];
+        for (body, expected) in cases {
+            assert_eq!(
+                may_set_expiry(body),
+                *expected,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
         }
     }
 

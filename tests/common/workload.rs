@@ -5,6 +5,7 @@
 
 use super::checker::{Hold, Report};
 use super::{Client, RELEASE};
+use redlock_proxy::redlock::drift_ms;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -162,6 +163,9 @@ pub struct History {
     pub abandoned: u64,
     /// Replies to releases, by text (`:1`, `:0`, errors, `timeout`).
     pub releases: BTreeMap<String, u64>,
+    /// Releases sent by a holder within its validity (`TTL − drift` after its acquire was
+    /// sent) that got an error or no reply: the holder did hold the lock, so each is a lie.
+    pub release_errors_in_validity: u64,
     /// Acquire reply times in µs (timeouts count as the full limit).
     pub reply_us: Vec<u64>,
 }
@@ -176,6 +180,7 @@ impl History {
         for (k, v) in other.errors {
             *self.errors.entry(k).or_default() += v;
         }
+        self.release_errors_in_validity += other.release_errors_in_validity;
         for (k, v) in other.releases {
             *self.releases.entry(k).or_default() += v;
         }
@@ -265,8 +270,11 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
                     h.holds.push(hold);
                     continue;
                 }
-                hold.t_release_sent = Some(now_ns());
+                let t_release = now_ns();
+                hold.t_release_sent = Some(t_release);
                 h.holds.push(hold);
+                let validity_ns = cfg.ttl_ms.saturating_sub(drift_ms(cfg.ttl_ms, 0.01)) * 1_000_000;
+                let in_validity = t_release - t_send < validity_ns;
                 let released = c
                     .try_cmd(&["EVAL", RELEASE, "1", key, &token], cfg.reply_timeout)
                     .await;
@@ -274,6 +282,9 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
                     conn = None;
                     "timeout".to_string()
                 });
+                if in_validity && (text.starts_with('-') || text == "timeout") {
+                    h.release_errors_in_validity += 1;
+                }
                 *h.releases.entry(text).or_default() += 1;
             }
             Some("$nil") | Some("_") => {
