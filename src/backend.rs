@@ -5,23 +5,19 @@
 //!   are queued in the in-flight list *before* their bytes are written, so the reader always
 //!   finds the request a reply belongs to. A request may expect several replies (a script
 //!   followed by its guard, [`crate::cluster`]): they are delivered together.
-//! - A connection on which a request waited longer than the node timeout is **aborted**: closed
-//!   with a TCP reset (`SO_LINGER` 0), and a fresh connection replaces it (reconnect with
-//!   backoff). The reason is head-of-line latency (FIFO matching cannot mismatch a late reply,
-//!   but every request behind a stalled one would wait too). The reset matters for safety: a
-//!   master that was paused (SIGSTOP, swap, a long script) drops the bytes of an aborted
-//!   connection that it had not read yet instead of running them when it resumes (checked
-//!   against redis-server 7.0: a `SET` written to a stopped master and then reset is never
-//!   applied; the same `SET` closed with a FIN is applied on resume). So once a connection is
-//!   aborted, nothing written on it can take effect later than the abort.
-//! - **Clean-ups** ([`Master::undo`]) are ordered after the write they undo and survive
-//!   reconnects: a clean-up goes on the current connection (behind the write, which went out
-//!   on the same or an older connection), and one not confirmed by a reply when its connection
-//!   ends is kept in the master's pending list and written first on the next connection, before
-//!   any other request. An older connection's unexecuted bytes are void (reset), so the write
-//!   either ran before the clean-up was queued there or never runs. Pending clean-ups are
-//!   dropped once the lease they undo has expired (`ttl` after they became pending, which is
-//!   after the abort, the latest moment the write could have run), and the list is capped.
+//! - A connection on which a request waited longer than the node timeout is **aborted** and a
+//!   fresh connection replaces it (reconnect with backoff). The reason is head-of-line latency
+//!   (FIFO matching cannot mismatch a late reply, but every request behind a stalled one would
+//!   wait too). Its callers get no reply: their votes are missing. What it had written may
+//!   still run: a paused master (SIGSTOP, swap, a long script) runs the bytes already in its
+//!   socket buffer when it resumes, even after the connection was closed or reset (checked on
+//!   redis-server 7.0). The acquire protects itself against that (a deadline and an attempt id
+//!   in its script, [`crate::cluster::ACQUIRE_SCRIPT`]).
+//! - **Clean-ups** ([`Master::undo`]) survive reconnects: a clean-up goes on the current
+//!   connection; one not confirmed by a reply when its connection ends is kept in the master's
+//!   pending list and written first on the next connection, until a reply confirms it. Pending
+//!   clean-ups are dropped once the lease they undo has expired (`ttl` after they became
+//!   pending, which is after the write could last have run), and the list is capped.
 //! - Writes are batched: the writer drains everything queued since its last write into one
 //!   buffer and writes it with one call (one syscall per burst across all clients).
 //! - A caller never waits longer than the node timeout for one reply; a missing reply is a
@@ -268,14 +264,20 @@ impl Master {
     pub async fn call(&self, payload: Bytes, replies: usize) -> Vote {
         if !self.eligible() {
             drop(self.send(payload, replies));
-            self.stats.missing.fetch_add(1, Ordering::Relaxed);
-            return if self.health.quarantined() {
-                Vote::Fenced
-            } else {
-                Vote::Missing
-            };
+            return self.absent_vote();
         }
         self.probe_with(payload, replies).await
+    }
+
+    /// The vote of a master that is not asked: [`Vote::Fenced`] while quarantined, else
+    /// [`Vote::Missing`].
+    pub fn absent_vote(&self) -> Vote {
+        self.stats.missing.fetch_add(1, Ordering::Relaxed);
+        if self.health.quarantined() {
+            Vote::Fenced
+        } else {
+            Vote::Missing
+        }
     }
 
     /// Like [`Master::call`] but regardless of eligibility: for the health monitor.
@@ -326,8 +328,6 @@ async fn supervise(master: Arc<Master>, mut stop: watch::Receiver<bool>) {
         match attempt {
             Ok(Ok(stream)) => {
                 let _ = stream.set_nodelay(true);
-                // Closing sends a reset, never a FIN: see the module header.
-                let _ = stream.set_zero_linger();
                 master.stats.connects.fetch_add(1, Ordering::Relaxed);
                 if warned {
                     tracing::info!(master = %master.addr, "master reachable again");
@@ -444,8 +444,7 @@ async fn write_loop(
     while let Ok(out) = rx.try_recv() {
         master.keep_undo(out);
     }
-    // No FIN: the socket closes (with a reset) when the reader drops its half.
-    wr.forget();
+    drop(wr);
 }
 
 async fn read_loop(

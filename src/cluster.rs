@@ -16,7 +16,9 @@ use crate::protocol::Reply;
 use crate::redlock::{backend_ttl_ms, quorum, MergeRule, Vote};
 use bytes::{Bytes, BytesMut};
 use dashmap::DashMap;
+use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
@@ -25,6 +27,9 @@ use tokio::sync::{watch, Semaphore};
 /// is one pipelined request per master), small enough that a backlog of this many is worked
 /// off well within a node timeout.
 pub const MAX_FANOUTS: usize = 256;
+
+/// Votes of a fan-out still pending when it was decided, as `(master index, vote)`.
+pub type LateVotes = FuturesUnordered<BoxFuture<'static, (usize, Vote)>>;
 
 /// Most scripts remembered by SHA1. Clients that interpolate values into script bodies would
 /// otherwise grow the cache without end; an evicted script's `EVALSHA` gets `NOSCRIPT`, and
@@ -44,6 +49,9 @@ pub struct Cluster {
     pub max_lock_ttl_ms: u64,
     /// SHA1 of [`ACQUIRE_SCRIPT`].
     pub acquire_sha: String,
+    /// Unique per process (pid, start time): the prefix of this proxy's attempt ids.
+    instance: String,
+    attempts: AtomicU64,
     /// Bounds the fan-outs in progress (see [`MAX_FANOUTS`]).
     fanouts: Semaphore,
     stop: watch::Sender<bool>,
@@ -70,6 +78,14 @@ impl Cluster {
             quarantine: config.quarantine,
             max_lock_ttl_ms: config.max_lock_ttl_ms,
             acquire_sha: script_sha(ACQUIRE_SCRIPT.as_bytes()),
+            instance: format!(
+                "{}.{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos())
+            ),
+            attempts: AtomicU64::new(0),
             fanouts: Semaphore::new(MAX_FANOUTS),
             stop,
         });
@@ -100,6 +116,12 @@ impl Cluster {
         Ok(())
     }
 
+    /// A new acquire attempt id, unique across proxies and restarts.
+    pub fn next_attempt_id(&self) -> String {
+        let n = self.attempts.fetch_add(1, Ordering::Relaxed);
+        format!("{}.{n}", self.instance)
+    }
+
     /// Stops every connection task.
     pub fn stop(&self) {
         self.stop.send_replace(true);
@@ -111,39 +133,58 @@ impl Cluster {
 
     /// Sends `payload` (which produces `replies` replies per master) to every master at once
     /// and collects the votes until `decided` says the outcome is known or every master has
-    /// answered or timed out. A master that answers `NOSCRIPT` is sent `noscript_fallback`
-    /// (the same call as `EVAL`), if given; only the acquire uses it, and its retry goes out
-    /// later than the client's next command may, which can only leave the value on that
-    /// master until a clean-up or its expiry (never a grant).
+    /// answered or timed out.
     pub async fn fan_out(
         &self,
         payload: &Bytes,
         replies: usize,
-        noscript_fallback: Option<&Bytes>,
         decided: impl Fn(&[Vote]) -> bool,
     ) -> Vec<Vote> {
+        let (votes, _late) = self
+            .fan_out_each(|_| Some((payload.clone(), None)), replies, decided)
+            .await;
+        votes
+    }
+
+    /// [`Cluster::fan_out`] with a payload of its own for each master (`payload(i)`; `None`:
+    /// nothing is sent there and its vote is missing at once), and an optional second payload
+    /// sent to a master that answers `NOSCRIPT` (the same call as `EVAL`). Only the acquire
+    /// uses these; its `EVAL` retry goes out later than the client's next command may, which
+    /// can only leave the value on that master until its clean-up (never a grant). Also
+    /// returns the votes still pending at the decision, which arrive later (each within the
+    /// node timeout), for the acquire's clean-up.
+    pub async fn fan_out_each(
+        &self,
+        payload: impl Fn(usize) -> Option<(Bytes, Option<Bytes>)>,
+        replies: usize,
+        decided: impl Fn(&[Vote]) -> bool,
+    ) -> (Vec<Vote>, LateVotes) {
         // Waiting here, before any master is asked, keeps the proxy's own backlog out of the
         // node timeout: under overload requests queue for a permit (and, beyond the per-client
         // bound, in the clients' sockets) instead of timing out on the masters' connections.
         // The semaphore is fair, so a client's requests still leave in its order.
         let _permit = self.fanouts.acquire().await;
         let mut votes = vec![Vote::Pending; self.masters.len()];
-        let mut pending: FuturesUnordered<_> = self
+        let mut pending: LateVotes = self
             .masters
             .iter()
             .enumerate()
             .map(|(i, master)| {
-                let first = master.call(payload.clone(), replies);
-                let retry = noscript_fallback.cloned();
-                async move {
-                    match (first.await, retry) {
+                let call = payload(i);
+                let master = master.clone();
+                let vote: BoxFuture<'static, (usize, Vote)> = Box::pin(async move {
+                    let Some((first, retry)) = call else {
+                        return (i, master.absent_vote());
+                    };
+                    match (master.call(first, replies).await, retry) {
                         // The master lost the script (restart, SCRIPT FLUSH): send the body.
                         (Vote::Replied(r), Some(eval)) if r.is_error_code("NOSCRIPT") => {
                             (i, master.call(eval, replies).await)
                         }
                         (vote, _) => (i, vote),
                     }
-                }
+                });
+                vote
             })
             .collect();
         while let Some((i, vote)) = pending.next().await {
@@ -152,7 +193,7 @@ impl Cluster {
                 break;
             }
         }
-        votes
+        (votes, pending)
     }
 }
 
@@ -220,15 +261,34 @@ pub fn command<A: AsRef<[u8]>>(args: &[A]) -> Bytes {
     out.freeze()
 }
 
-/// The acquire on one master (`KEYS` = lock key, [`crate::health::ARMED_KEY`],
-/// [`crate::health::QUARANTINE_KEY`]): set the lock only if the master is armed and not
-/// quarantined (`-1` otherwise: it lost its data since it was last checked, or another proxy
-/// quarantined it, and must not vote). Checked in the same script so no wipe can fall between
-/// the check and the write.
-pub const ACQUIRE_SCRIPT: &str = "if redis.call('exists', KEYS[2]) == 0 or redis.call('exists', KEYS[3]) == 1 then return -1 end return redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])";
+/// The acquire on one master. `KEYS` = the lock key, [`crate::health::ARMED_KEY`],
+/// [`crate::health::QUARANTINE_KEY`], the attempt key ([`attempt_key`]); `ARGV` = the value,
+/// `PX`, this attempt's id, the deadline (ms since the epoch, in the master's clock).
+/// - Nothing is written after the deadline (`-2`): a write held up in a paused master's socket
+///   buffer cannot take effect once the proxy has given up on it, so the clean-up sent after
+///   the deadline is final (no phantom holder).
+/// - Nothing is written unless the master is armed and not quarantined (`-1`): it lost its
+///   data since it was last checked, or a proxy quarantined it. Checked in the same script, so
+///   no wipe can fall between the check and the write.
+/// - A successful write records the attempt's id beside the lock, with the same `PX`, so the
+///   clean-up of a refused attempt deletes only what *that* attempt wrote, never the grant of a
+///   later attempt with the same value (redis-py retries with the same token).
+pub const ACQUIRE_SCRIPT: &str = "local t = redis.call('time') if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[4]) then return -2 end if redis.call('exists', KEYS[2]) == 0 or redis.call('exists', KEYS[3]) == 1 then return -1 end local ok = redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) if ok then redis.call('set', KEYS[4], ARGV[3], 'PX', ARGV[2]) end return ok";
 
 /// The vote of a master that was unarmed or quarantined at acquire time.
 pub const UNARMED: Reply = Reply::Integer(-1);
+
+/// Where an acquire records its attempt id beside `key`.
+pub fn attempt_key(key: &[u8]) -> Bytes {
+    let mut name = BytesMut::with_capacity(key.len() + 22);
+    name.extend_from_slice(b"redlock-proxy:attempt:");
+    name.extend_from_slice(key);
+    name.freeze()
+}
+
+/// The clean-up of one acquire attempt: deletes the lock and its attempt key only if both are
+/// still that attempt's (`KEYS` = lock key, attempt key; `ARGV` = value, attempt id).
+pub const UNDO_SCRIPT: &str = "if redis.call('get', KEYS[1]) == ARGV[1] and redis.call('get', KEYS[2]) == ARGV[2] then return redis.call('del', KEYS[1], KEYS[2]) end return 0";
 
 /// Run on every master right after a script that may set expiries (`KEYS` = the two markers,
 /// then the script's keys; `ARGV[1]` = the lease bound in ms). First it caps every key of the
@@ -256,9 +316,7 @@ pub fn rollback_command(key: &[u8], value: &[u8]) -> Bytes {
 /// One reply for all masters by the quorum rule `rule`, waiting only as long as needed.
 pub async fn quorum_reply(cluster: &Cluster, payload: &Bytes, rule: MergeRule) -> Reply {
     let votes = cluster
-        .fan_out(payload, 1, None, |v| {
-            crate::redlock::merge(v, rule).is_some()
-        })
+        .fan_out(payload, 1, |v| crate::redlock::merge(v, rule).is_some())
         .await;
     crate::redlock::merge(&votes, rule).unwrap_or_else(|| crate::redlock::no_quorum(votes.len()))
 }

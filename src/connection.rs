@@ -7,26 +7,47 @@
 //! - Every request, local or fanned out, gets a slot in `in_flight` (a `FuturesOrdered`), so
 //!   replies leave in exactly the order requests arrived, whatever order they complete in.
 //! - At most `max_inflight_per_client` requests are in flight; beyond that the socket is not
-//!   read (backpressure), so a deep pipeline cannot grow memory without bound. A client that
-//!   does not read its replies blocks our writes, which stops our reads the same way.
-//! - Replies are gathered and written once per burst (when nothing else is ready).
-//! - A lock grant is written as `OK` only if its validity deadline has not passed at the moment
-//!   of writing; otherwise it is rolled back and written as null.
+//!   read (backpressure), so a deep pipeline cannot grow memory without bound.
+//! - The loop never waits on the client: writing is one branch of its `select!` (socket
+//!   readiness, then a non-blocking write), so while the client's socket is full the loop still
+//!   drives `in_flight` (fan-outs finish and give back their permits, acquires are decided)
+//!   and still reads, within the bounds here.
+//! - Replies that are ready are encoded before anything is written, and written together (one
+//!   write per burst) as soon as no further reply is ready, whatever is still in flight; a
+//!   burst is also written early once `FLUSH_AT` bytes wait.
+//! - Reply bytes waiting for the client (encoded, not yet taken by its socket) are bounded by
+//!   `client_output_buffer_limit`, like Redis' `client-output-buffer-limit normal` hard limit:
+//!   past it the connection is closed at once, without flushing (0 = no limit).
+//! - A lock grant is handed to the socket as `OK` only if its validity deadline has not passed
+//!   at that moment: checked when the reply is encoded, and again right before every write
+//!   while none of its bytes has been written; otherwise it is rolled back and written as null.
+//! - A grant the client was not given is rolled back, not left held until its TTL: when the
+//!   connection ends (client gone, output limit, stalled close), every lease whose reply was
+//!   not completely handed to the socket is rolled back, and the requests still in flight are
+//!   driven to completion in the background, every lease among them rolled back. A reply
+//!   completely handed to the socket is the client's and is never rolled back.
 //! - A protocol error is answered with Redis' text and the connection is closed after the
 //!   replies of the requests before it.
+//! - Closing (`QUIT`, protocol error, end of the client's stream, shutdown) writes what is left
+//!   as long as the client takes it; a client that takes nothing for `CLOSE_STALL` (1 s) is
+//!   dropped, so a client that does not read cannot hold its task.
 
-use crate::commands::{self, Action, Ctx, Outcome, Session};
+use crate::commands::{self, Action, Ctx, Lease, Outcome, Session};
 use crate::protocol::{Protocol, Reply, RequestParser};
 use crate::server::Shared;
-use bytes::BytesMut;
+use bytes::{Buf, Bytes, BytesMut};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesOrdered, StreamExt};
+use std::collections::VecDeque;
 use std::future::Future;
+use std::io::ErrorKind;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -37,6 +58,8 @@ const FLUSH_AT: usize = 64 * 1024;
 const READ_CHUNK: usize = 4 * 1024;
 /// Buffers larger than this are released once empty (a big request must not pin memory).
 const KEEP_BUFFER: usize = 64 * 1024;
+/// When closing, how long a client may take none of the replies left before it is dropped.
+const CLOSE_STALL: Duration = Duration::from_secs(1);
 
 /// A request's place in the reply order: answered already, or waiting on the masters.
 enum Slot {
@@ -60,8 +83,164 @@ impl Future for Slot {
 /// What woke the connection loop.
 enum Event {
     Done((Protocol, Outcome)),
+    Writable(bool),
     Read(bool),
     Stop,
+    Stalled,
+}
+
+/// A granted lease whose `OK` is encoded in [`Output::buf`] but not completely handed to the
+/// socket yet.
+struct Grant {
+    /// Where the reply lies in the connection's output stream (byte offsets from its start).
+    start: u64,
+    end: u64,
+    deadline: Instant,
+    /// The reply written instead if the deadline passes before the first byte is written.
+    expired: Bytes,
+    rollback: Option<BoxFuture<'static, ()>>,
+}
+
+/// Replies encoded and not yet handed to the socket, and the grants among them.
+#[derive(Default)]
+struct Output {
+    buf: BytesMut,
+    /// Bytes handed to the socket so far: the stream offset of `buf[0]`.
+    sent: u64,
+    /// In stream order; a grant leaves once its last byte is handed to the socket.
+    grants: VecDeque<Grant>,
+    /// No grant whose first byte is still unwritten expires before this.
+    recheck_at: Option<Instant>,
+    /// The last write found the socket full: wait for it to become writable.
+    blocked: bool,
+}
+
+impl Output {
+    fn end(&self) -> u64 {
+        self.sent + self.buf.len() as u64
+    }
+
+    /// Encodes a reply. A lease is settled now: a grant whose deadline has passed is rolled
+    /// back and becomes its refusal; a valid one is written as granted, re-checked at the write.
+    async fn push(&mut self, protocol: Protocol, outcome: Outcome) {
+        match outcome {
+            Outcome::Reply(reply) => reply.encode(protocol, &mut self.buf),
+            Outcome::Lease(lease) if Instant::now() < lease.deadline => {
+                let Lease {
+                    deadline,
+                    granted,
+                    expired,
+                    rollback,
+                } = lease;
+                let start = self.end();
+                granted.encode(protocol, &mut self.buf);
+                let mut refusal = BytesMut::new();
+                expired.encode(protocol, &mut refusal);
+                self.recheck_at = Some(self.recheck_at.map_or(deadline, |at| at.min(deadline)));
+                self.grants.push_back(Grant {
+                    start,
+                    end: self.end(),
+                    deadline,
+                    expired: refusal.freeze(),
+                    rollback,
+                });
+            }
+            Outcome::Lease(lease) => lease.settle().await.encode(protocol, &mut self.buf),
+        }
+    }
+
+    /// The validity re-check right before a write: every grant none of whose bytes was handed
+    /// to the socket yet and whose deadline has passed is replaced, in place, by its refusal.
+    /// Returns their rollbacks, to be run before the refusals are written.
+    fn expire_stale(&mut self, now: Instant) -> Vec<BoxFuture<'static, ()>> {
+        let mut rollbacks = Vec::new();
+        if self.recheck_at.is_none_or(|at| now < at) {
+            return rollbacks;
+        }
+        let base = self.sent;
+        let old = std::mem::take(&mut self.buf);
+        // Bytes of `old` before stream offset `copied` are in `self.buf` already (rewritten).
+        let mut copied = base;
+        let mut recheck_at: Option<Instant> = None;
+        let mut kept = VecDeque::with_capacity(self.grants.len());
+        for mut grant in std::mem::take(&mut self.grants) {
+            let unstarted = grant.start >= base;
+            if unstarted && grant.deadline <= now {
+                self.buf.extend_from_slice(
+                    &old[(copied - base) as usize..(grant.start - base) as usize],
+                );
+                self.buf.extend_from_slice(&grant.expired);
+                copied = grant.end;
+                rollbacks.extend(grant.rollback.take());
+                continue;
+            }
+            // Offsets at or after `copied` move by what the replacements so far changed.
+            let moved = |at: u64| at - copied + base + self.buf.len() as u64;
+            if unstarted {
+                grant.start = moved(grant.start);
+                recheck_at = Some(recheck_at.map_or(grant.deadline, |at| at.min(grant.deadline)));
+            }
+            grant.end = moved(grant.end);
+            kept.push_back(grant);
+        }
+        self.buf.extend_from_slice(&old[(copied - base) as usize..]);
+        self.grants = kept;
+        self.recheck_at = recheck_at;
+        rollbacks
+    }
+
+    /// `n` more bytes were handed to the socket: a grant written completely is the client's.
+    fn advance(&mut self, n: usize) {
+        self.buf.advance(n);
+        self.sent += n as u64;
+        while self.grants.front().is_some_and(|g| g.end <= self.sent) {
+            self.grants.pop_front();
+        }
+        if self.buf.is_empty() && self.buf.capacity() > KEEP_BUFFER {
+            self.buf = BytesMut::new();
+        }
+    }
+
+    /// Hands the socket what it takes now, without waiting for it; false if the client is gone.
+    async fn write_now(&mut self, wr: &OwnedWriteHalf) -> bool {
+        while !self.buf.is_empty() && !self.blocked {
+            let rollbacks = self.expire_stale(Instant::now());
+            if !rollbacks.is_empty() {
+                // Rolled back before its refusal is written; then check again (time passed).
+                futures::future::join_all(rollbacks).await;
+                continue;
+            }
+            match wr.try_write(&self.buf) {
+                Ok(0) => return false,
+                Ok(n) => self.advance(n),
+                Err(err) if err.kind() == ErrorKind::WouldBlock => self.blocked = true,
+                Err(err) if err.kind() == ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    /// The connection ends with these bytes unwritten: roll back every grant among them.
+    fn abandon(self) {
+        for rollback in self.grants.into_iter().filter_map(|g| g.rollback) {
+            tokio::spawn(rollback);
+        }
+    }
+}
+
+/// Drives the requests of a closed connection to completion, so a lease granted to a client
+/// that is gone is rolled back rather than left held until its TTL.
+async fn abandon_in_flight(mut in_flight: FuturesOrdered<Slot>) {
+    while let Some((_, outcome)) = in_flight.next().await {
+        if let Outcome::Lease(Lease {
+            rollback: Some(rollback),
+            ..
+        }) = outcome
+        {
+            tokio::spawn(rollback);
+        }
+    }
 }
 
 /// Answers a connection the proxy will not serve (too many clients) and closes it.
@@ -71,7 +250,8 @@ pub async fn refuse(mut stream: TcpStream, message: &str) {
     let _ = stream.write_all(&out).await;
 }
 
-/// Serves one client until it disconnects, sends `QUIT`, breaks the protocol, or `stop` is set.
+/// Serves one client until it disconnects, sends `QUIT`, breaks the protocol, does not read
+/// its replies past the output limit, or `stop` is set.
 pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     shared.clients.fetch_add(1, Ordering::Relaxed);
     let _ = stream.set_nodelay(true);
@@ -79,7 +259,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
         shared.clients.fetch_sub(1, Ordering::Relaxed);
         return;
     };
-    let (mut rd, mut wr) = stream.into_split();
+    let (mut rd, wr) = stream.into_split();
     let mut session = Session {
         id: shared.next_client_id(),
         protocol: Protocol::Resp2,
@@ -90,15 +270,19 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
         local,
     };
     let max_inflight = shared.config.max_inflight_per_client;
+    let output_limit = shared.config.client_output_buffer_limit;
+    let over_limit = |out: &Output| output_limit > 0 && out.buf.len() as u64 > output_limit;
     let mut parser = RequestParser::new(shared.config.proto_max_bulk_len);
     let mut rbuf = BytesMut::new();
-    let mut wbuf = BytesMut::new();
+    let mut out = Output::default();
     let mut in_flight: FuturesOrdered<Slot> = FuturesOrdered::new();
     let mut closing = false;
     let mut received_at = Instant::now();
     // Requests pushed and answered so far, and the sequence number of a pending barrier.
     let (mut pushed, mut answered) = (0u64, 0u64);
     let mut barrier: Option<u64> = None;
+    // Once only replies are left to write: when the client will have taken none for too long.
+    let mut stall_at: Option<Instant> = None;
 
     loop {
         // Parse what is buffered, up to the in-flight bound, unless a barrier is pending.
@@ -143,29 +327,53 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
         if rbuf.is_empty() && rbuf.capacity() > KEEP_BUFFER {
             rbuf = BytesMut::new();
         }
-        if closing && in_flight.is_empty() {
+        if closing && in_flight.is_empty() && out.buf.is_empty() {
             break;
         }
         closing |= *stop.borrow();
         let can_read = !closing && barrier.is_none() && in_flight.len() < max_inflight;
+        let only_writes_left = closing && in_flight.is_empty();
+        let stall_deadline = if only_writes_left {
+            *stall_at.get_or_insert_with(|| Instant::now() + CLOSE_STALL)
+        } else {
+            Instant::now() + CLOSE_STALL
+        };
         let event = tokio::select! {
             biased;
             Some(done) = in_flight.next(), if !in_flight.is_empty() => Event::Done(done),
+            ready = wr.writable(), if !out.buf.is_empty() => Event::Writable(ready.is_ok()),
             read = read_more(&mut rd, &mut rbuf), if can_read => Event::Read(read),
             _ = stop.changed(), if !closing => Event::Stop,
+            _ = tokio::time::sleep_until(stall_deadline), if only_writes_left => Event::Stalled,
         };
         match event {
             Event::Done((protocol, outcome)) => {
                 answered += 1;
-                let reply = match outcome {
-                    Outcome::Reply(reply) => reply,
-                    Outcome::Lease(lease) => lease.settle().await,
-                };
-                reply.encode(protocol, &mut wbuf);
-                if (in_flight.is_empty() || wbuf.len() >= FLUSH_AT)
-                    && !flush(&mut wr, &mut wbuf).await
-                {
+                out.push(protocol, outcome).await;
+                // Mid-burst, write early what has piled up (and, before judging the limit,
+                // what the socket takes now).
+                if (out.buf.len() >= FLUSH_AT || over_limit(&out)) && !out.write_now(&wr).await {
                     break;
+                }
+                if over_limit(&out) {
+                    tracing::warn!(
+                        client = session.id,
+                        peer = %session.peer,
+                        queued_bytes = out.buf.len(),
+                        limit = output_limit,
+                        "client does not read its replies: output buffer limit reached, closing the connection"
+                    );
+                    break;
+                }
+            }
+            Event::Writable(ready) => {
+                out.blocked = false;
+                let sent = out.sent;
+                if !ready || !out.write_now(&wr).await {
+                    break;
+                }
+                if out.sent > sent {
+                    stall_at = None;
                 }
             }
             Event::Read(read) => {
@@ -175,26 +383,90 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
                 }
             }
             Event::Stop => closing = true,
+            Event::Stalled => break,
         }
     }
-    flush(&mut wr, &mut wbuf).await;
+    // Whatever was not handed to the socket is dropped with the connection: the grants in it
+    // and those still in flight are rolled back.
+    out.abandon();
+    if !in_flight.is_empty() {
+        tokio::spawn(abandon_in_flight(in_flight));
+    }
     shared.clients.fetch_sub(1, Ordering::Relaxed);
 }
 
 /// Reads more bytes; false at end of stream or on error.
-async fn read_more(rd: &mut tokio::net::tcp::OwnedReadHalf, buf: &mut BytesMut) -> bool {
+async fn read_more(rd: &mut OwnedReadHalf, buf: &mut BytesMut) -> bool {
     buf.reserve(READ_CHUNK);
     matches!(rd.read_buf(buf).await, Ok(n) if n > 0)
 }
 
-async fn flush(wr: &mut tokio::net::tcp::OwnedWriteHalf, buf: &mut BytesMut) -> bool {
-    if buf.is_empty() {
-        return true;
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    fn lease(deadline: Instant, rolled_back: &Arc<AtomicUsize>) -> Outcome {
+        let rolled_back = rolled_back.clone();
+        Outcome::Lease(Lease {
+            deadline,
+            granted: Reply::ok(),
+            expired: Reply::Null,
+            rollback: Some(Box::pin(async move {
+                rolled_back.fetch_add(1, Ordering::Relaxed);
+            })),
+        })
     }
-    let ok = wr.write_all(buf).await.is_ok();
-    buf.clear();
-    if buf.capacity() > KEEP_BUFFER {
-        *buf = BytesMut::new();
+
+    fn text(out: &Output) -> String {
+        String::from_utf8_lossy(&out.buf).into_owned()
     }
-    ok
+
+    #[tokio::test]
+    async fn a_grant_is_rechecked_at_the_write_and_refused_in_place_once_expired() {
+        let rolled_back = Arc::new(AtomicUsize::new(0));
+        let now = Instant::now();
+        let (soon, later) = (
+            now + Duration::from_secs(1),
+            now + Duration::from_secs(3600),
+        );
+        let mut out = Output::default();
+        let echo = |s: &str| Outcome::Reply(Reply::Bulk(Bytes::copy_from_slice(s.as_bytes())));
+        out.push(Protocol::Resp2, echo("ab")).await;
+        out.push(Protocol::Resp2, lease(later, &rolled_back)).await;
+        out.push(Protocol::Resp2, lease(soon, &rolled_back)).await;
+        out.push(Protocol::Resp3, lease(soon, &rolled_back)).await;
+        out.push(Protocol::Resp2, lease(later, &rolled_back)).await;
+        assert_eq!(text(&out), "$2\r\nab\r\n+OK\r\n+OK\r\n+OK\r\n+OK\r\n");
+        // Nothing expired yet: nothing changes.
+        assert!(out.expire_stale(now).is_empty());
+        assert_eq!(out.grants.len(), 4);
+        // The first grant is partly written: it is the client's whatever happens next.
+        out.advance(8 + 2);
+        assert_eq!(out.sent, 10);
+        let rollbacks = out.expire_stale(soon);
+        assert_eq!(rollbacks.len(), 2);
+        futures::future::join_all(rollbacks).await;
+        assert_eq!(rolled_back.load(Ordering::Relaxed), 2);
+        assert_eq!(text(&out), "K\r\n$-1\r\n_\r\n+OK\r\n");
+        let spans: Vec<(u64, u64)> = out.grants.iter().map(|g| (g.start, g.end)).collect();
+        assert_eq!(spans, vec![(8, 13), (21, 26)]);
+        assert_eq!(out.recheck_at, Some(later));
+        // Written completely: no longer rolled back when the connection ends.
+        out.advance(out.buf.len() - 5);
+        assert_eq!(out.grants.len(), 1);
+        out.advance(5);
+        assert!(out.grants.is_empty() && out.buf.is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_expired_lease_is_rolled_back_before_its_refusal_is_encoded() {
+        let rolled_back = Arc::new(AtomicUsize::new(0));
+        let mut out = Output::default();
+        out.push(Protocol::Resp3, lease(Instant::now(), &rolled_back))
+            .await;
+        assert_eq!(rolled_back.load(Ordering::Relaxed), 1);
+        assert_eq!(text(&out), "_\r\n");
+        assert!(out.grants.is_empty());
+    }
 }

@@ -278,8 +278,20 @@ pub struct MasterHealth {
     check_now: Notify,
 }
 
+/// A reading of a master's clock (`TIME`), to give its acquires a deadline in its own time.
+#[derive(Debug, Clone, Copy)]
+struct ClockReading {
+    /// Local instant halfway through the `TIME` round trip.
+    at: Instant,
+    /// The master's clock then, in ms since the epoch.
+    master_ms: u64,
+    /// Half the round trip: how far off `at` may be.
+    error: Duration,
+}
+
 #[derive(Debug, Default)]
 struct HealthState {
+    clock: Option<ClockReading>,
     last: Option<Observation>,
     /// Connection number (see [`crate::backend::MasterStats::connects`]) on which the last
     /// poll found the master ready; 0 = not ready.
@@ -299,6 +311,30 @@ impl MasterHealth {
         h.ready_connect == connect
             && h.unsafe_reason.is_none()
             && h.quarantined_until.is_none_or(|t| Instant::now() >= t)
+    }
+
+    /// The latest time (ms since the epoch) the master's clock can show at local instant
+    /// `when`, from its last reading, allowing the reading's error and the drift factor since.
+    /// `None` before the first reading.
+    pub fn master_clock_bound(&self, when: Instant, drift_factor: f64) -> Option<u64> {
+        let reading = self.state.lock().ok()?.clock?;
+        let since = when.saturating_duration_since(reading.at);
+        let late = since + reading.error + since.mul_f64(drift_factor);
+        Some(reading.master_ms + late.as_millis() as u64 + 1)
+    }
+
+    /// The local instant from which the master's clock surely shows more than `master_ms`.
+    pub fn surely_past(&self, master_ms: u64, drift_factor: f64) -> Option<Instant> {
+        let reading = self.state.lock().ok()?.clock?;
+        let ahead = Duration::from_millis(master_ms.saturating_sub(reading.master_ms) + 1);
+        let slowest = (1.0 - drift_factor).max(0.5);
+        Some(reading.at + (ahead + reading.error).div_f64(slowest))
+    }
+
+    fn record_clock(&self, reading: ClockReading) {
+        if let Ok(mut h) = self.state.lock() {
+            h.clock = Some(reading);
+        }
     }
 
     /// Whether the master is in quarantine now (it votes for no proxy: see the module header).
@@ -392,6 +428,18 @@ impl MasterHealth {
     }
 }
 
+/// `TIME`'s reply (`[seconds, microseconds]`) in ms since the epoch.
+fn parse_time(items: &[Reply]) -> Option<u64> {
+    let number = |r: &Reply| match r {
+        Reply::Bulk(b) => std::str::from_utf8(b).ok()?.parse::<u64>().ok(),
+        _ => None,
+    };
+    match items {
+        [secs, micros] => Some(number(secs)? * 1000 + number(micros)? / 1000),
+        _ => None,
+    }
+}
+
 /// Watches every master of `cluster` until `stop` becomes true.
 pub fn spawn_monitors(cluster: &Arc<Cluster>, interval: Duration, stop: watch::Receiver<bool>) {
     let view = Arc::new(DeploymentView {
@@ -466,6 +514,18 @@ async fn poll(
     status: &Bytes,
     info: &Bytes,
 ) {
+    let asked = Instant::now();
+    if let Vote::Replied(Reply::Array(time)) = master.probe(command(&["TIME"])).await {
+        let answered = Instant::now();
+        if let Some(master_ms) = parse_time(&time) {
+            let error = (answered - asked) / 2;
+            master.health.record_clock(ClockReading {
+                at: asked + error,
+                master_ms,
+                error: error + Duration::from_millis(1),
+            });
+        }
+    }
     let (armed, quarantine_left) = match master.probe(status.clone()).await {
         Vote::Replied(Reply::Array(items)) => match items.as_slice() {
             [Reply::Integer(a), Reply::Integer(q)] => (*a == 1, *q),

@@ -387,7 +387,10 @@ mod tests {
             (vec![int(1), int(1), F, M, M], Some(Reply::Integer(1))),
             (vec![int(1), F, F, M, M], Some(Reply::Integer(1))),
             // a majority says the value was not there
-            (vec![int(0), int(0), int(0), F, int(1)], Some(Reply::Integer(0))),
+            (
+                vec![int(0), int(0), int(0), F, int(1)],
+                Some(Reply::Integer(0)),
+            ),
             // nobody vouches for the value: fenced masters alone prove nothing
             (vec![F, F, F, int(0), M], noq.clone()),
             // unreachable is not fenced

@@ -366,3 +366,88 @@ async fn a_refused_acquire_leaves_nothing_on_paused_masters_once_they_resume() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The acquire script on one real master: a write that arrives after its deadline (held up in a
+/// paused master's buffer) takes no effect, and a clean-up deletes only what its own attempt
+/// wrote, never a later attempt's grant with the same value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
+    use redlock_proxy::cluster::{attempt_key, ACQUIRE_SCRIPT, UNDO_SCRIPT};
+    use redlock_proxy::health::{ARMED_KEY, QUARANTINE_KEY};
+    let master = redlock_proxy::local::LocalMaster::start(None, &[]).unwrap();
+    let port = master.port;
+    master_cmd(port, &["SET", ARMED_KEY, "1"]).await;
+    let k = key("attempts");
+    let ak = String::from_utf8(attempt_key(k.as_bytes()).to_vec()).unwrap();
+    let now_ms = |reply: String| -> u64 {
+        // `*[secs,micros]` rendered by the test client
+        let inner = reply
+            .trim_start_matches("*[")
+            .trim_end_matches(']')
+            .to_string();
+        let mut parts = inner.split(',');
+        let secs: u64 = parts
+            .next()
+            .unwrap()
+            .trim_start_matches('$')
+            .parse()
+            .unwrap();
+        let micros: u64 = parts
+            .next()
+            .unwrap()
+            .trim_start_matches('$')
+            .parse()
+            .unwrap();
+        secs * 1000 + micros / 1000
+    };
+    let t = now_ms(master_cmd(port, &["TIME"]).await);
+    let acquire = |id: &str, deadline: u64| {
+        let (k, ak, id) = (k.clone(), ak.clone(), id.to_string());
+        async move {
+            let deadline = deadline.to_string();
+            master_cmd(
+                port,
+                &[
+                    "EVAL",
+                    ACQUIRE_SCRIPT,
+                    "4",
+                    &k,
+                    ARMED_KEY,
+                    QUARANTINE_KEY,
+                    &ak,
+                    "tok",
+                    "20000",
+                    &id,
+                    &deadline,
+                ],
+            )
+            .await
+        }
+    };
+    let undo = |id: &str| {
+        let (k, ak, id) = (k.clone(), ak.clone(), id.to_string());
+        async move { master_cmd(port, &["EVAL", UNDO_SCRIPT, "2", &k, &ak, "tok", &id]).await }
+    };
+    // Past its deadline: refused, nothing written.
+    assert_eq!(acquire("a1", t - 1000).await, ":-2");
+    assert_eq!(master_get(port, &k).await, None);
+    // Attempt a1 is written, then undone: gone.
+    assert_eq!(acquire("a1", t + 60_000).await, "+OK");
+    assert_eq!(undo("a1").await, ":2");
+    assert_eq!(master_get(port, &k).await, None);
+    // A retry a2 with the same value is granted; a stale clean-up of a1 leaves it alone.
+    assert_eq!(acquire("a2", t + 60_000).await, "+OK");
+    assert_eq!(undo("a1").await, ":0");
+    assert_eq!(master_get(port, &k).await.as_deref(), Some("tok"));
+    // A late a1 write (before its deadline, key held) changes nothing either.
+    assert_eq!(acquire("a1", t + 60_000).await, "$nil");
+    assert_eq!(undo("a1").await, ":0");
+    assert_eq!(master_get(port, &k).await.as_deref(), Some("tok"));
+    // Quarantined or unarmed: no write.
+    master_cmd(port, &["DEL", &k]).await;
+    master_cmd(port, &["SET", QUARANTINE_KEY, "1", "PX", "60000"]).await;
+    assert_eq!(acquire("a3", t + 60_000).await, ":-1");
+    master_cmd(port, &["DEL", QUARANTINE_KEY, ARMED_KEY]).await;
+    assert_eq!(acquire("a3", t + 60_000).await, ":-1");
+    assert_eq!(master_get(port, &k).await, None);
+}

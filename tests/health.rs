@@ -64,7 +64,7 @@ async fn unsafe_masters_are_refused_and_shown() {
     let info = wait_for_info(&mut c, "unsafe (maxmemory-policy is allkeys-lru", 1).await;
     assert!(info.contains("master2:"), "{info}");
     let k = key("unsafe");
-    // 2 safe masters of 3 are a quorum: still granted, and the unsafe one does not count.
+    // 2 safe masters of 3 are a quorum: still granted; the unsafe one is not asked.
     assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "30000"]).await, "+OK");
     master_cmd(masters.masters[0].port, &["DEL", &k]).await;
     // Only 1 safe master holds it now; the unsafe master's copy must not make a majority:
@@ -77,7 +77,18 @@ async fn unsafe_masters_are_refused_and_shown() {
     )
     .await;
     wait_for_info(&mut c, "state=up", 3).await;
-    assert_eq!(c.cmd(&["GET", &k]).await, "$v");
+    // An acquire goes only to masters whose vote can count: now all three.
+    let k2 = key("unsafe-fixed");
+    assert_eq!(c.cmd(&["SET", &k2, "v", "NX", "PX", "30000"]).await, "+OK");
+    let m2 = masters.masters[2].port;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while common::master_get(m2, &k2).await.as_deref() != Some("v") {
+        assert!(
+            Instant::now() < deadline,
+            "the fixed master did not take part"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

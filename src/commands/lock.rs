@@ -10,7 +10,10 @@
 use super::keys::forward_request;
 use super::{not_an_integer, syntax_error, Action, Ctx, Lease, Outcome, Session};
 use crate::backend::wait_reply;
-use crate::cluster::{command, rollback_command, Cluster, ACQUIRE_SCRIPT, UNARMED};
+use crate::cluster::{
+    attempt_key, command, rollback_command, Cluster, LateVotes, ACQUIRE_SCRIPT, UNARMED,
+    UNDO_SCRIPT,
+};
 use crate::health::{ARMED_KEY, QUARANTINE_KEY};
 use crate::protocol::{Reply, Request};
 use crate::redlock::{
@@ -20,6 +23,8 @@ use crate::redlock::{
 use bytes::Bytes;
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
+use futures::StreamExt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -309,8 +314,7 @@ impl Drop for FlightGuard {
 /// - `OK` is returned only with Q `OK` votes; the connection writes it only if the deadline has
 ///   not passed at write time ([`Lease`]).
 /// - On refusal, every master that may hold our value (said `OK`, or its answer is unknown) gets
-///   a compare-and-delete, ordered after the write on that master, before null is returned
-///   ([`RollbackPlan`]).
+///   a clean-up of this attempt's write before null is returned ([`RollbackPlan`]).
 async fn decide(cluster: Arc<Cluster>, attempt: Attempt) -> Decided {
     let Attempt {
         key,
@@ -329,34 +333,52 @@ async fn decide(cluster: Arc<Cluster>, attempt: Attempt) -> Decided {
     let deadline = received_at + window;
     let px_ms = backend_ttl_ms(ttl_ms, cluster.drift_factor);
     let px = px_ms.to_string();
-    // With quarantine on, the write checks the shared markers in the same script (see
-    // health.rs), called by SHA1 (the health check loads it on every master). A master that
-    // lost its script cache answers NOSCRIPT and gets the body at once.
-    let (payload, fallback) = if cluster.quarantine {
+    // With quarantine on, the write is the acquire script (markers, deadline, attempt id: see
+    // `ACQUIRE_SCRIPT`), called by SHA1 (the health check loads it on every master); a master
+    // that lost its script cache answers NOSCRIPT and gets the body at once. Each master's
+    // deadline is the latest its clock can show when the node timeout runs out, computed as the
+    // request leaves (after the fan-out permit).
+    let attempt_id = cluster.next_attempt_id();
+    let attempt_key = attempt_key(&key);
+    let deadlines: Vec<AtomicU64> = cluster.masters.iter().map(|_| AtomicU64::new(0)).collect();
+    let node_timeout = cluster.node_timeout;
+    let payload = |i: usize| {
+        if !cluster.quarantine {
+            let set = command(&[b"SET".as_ref(), &key, &value, b"NX", b"PX", px.as_bytes()]);
+            return Some((set, None));
+        }
+        // A master whose vote cannot count is not asked: nothing to clean up there.
+        if !cluster.masters[i].eligible() {
+            return None;
+        }
+        let health = &cluster.masters[i].health;
+        let deadline = health
+            .master_clock_bound(Instant::now() + node_timeout, cluster.drift_factor)
+            .unwrap_or(0);
+        deadlines[i].store(deadline, Ordering::Relaxed);
+        let deadline = deadline.to_string();
         let call = |how: &[u8], script: &[u8]| {
             command(&[
                 how,
                 script,
-                b"3",
+                b"4",
                 &key,
                 ARMED_KEY.as_bytes(),
                 QUARANTINE_KEY.as_bytes(),
+                &attempt_key,
                 &value,
                 px.as_bytes(),
+                attempt_id.as_bytes(),
+                deadline.as_bytes(),
             ])
         };
-        (
+        Some((
             call(b"EVALSHA", cluster.acquire_sha.as_bytes()),
             Some(call(b"EVAL", ACQUIRE_SCRIPT.as_bytes())),
-        )
-    } else {
-        (
-            command(&[b"SET".as_ref(), &key, &value, b"NX", b"PX", px.as_bytes()]),
-            None,
-        )
+        ))
     };
-    let votes = cluster
-        .fan_out(&payload, 1, fallback.as_ref(), |v| {
+    let (votes, late) = cluster
+        .fan_out_each(payload, 1, |v| {
             acquire_decision(v) != AcquireDecision::Undecided
         })
         .await;
@@ -369,20 +391,29 @@ async fn decide(cluster: Arc<Cluster>, attempt: Attempt) -> Decided {
     // different would happen now: the key is held, or no majority answered in time (they
     // would wait out the same node timeout, on connections the watchdog is about to abort).
     let held = held_by_majority(&votes) || majority_unreachable(&votes);
-    let targets: Vec<bool> = votes.iter().map(may_hold_our_value).collect();
-    // Confirm the clean-up where the master said OK or has not answered yet (still within its
-    // node timeout); a master whose vote already timed out gets it without waiting again.
-    let confirm: Vec<bool> = votes
-        .iter()
-        .map(|v| matches!(v, Vote::Pending) || *v == Vote::Replied(Reply::ok()))
-        .collect();
+    let undo_payload = if cluster.quarantine {
+        command(&[
+            b"EVAL".as_ref(),
+            UNDO_SCRIPT.as_bytes(),
+            b"2",
+            &key,
+            &attempt_key,
+            &value,
+            attempt_id.as_bytes(),
+        ])
+    } else {
+        rollback_command(&key, &value)
+    };
     let undo = RollbackPlan {
         cluster: cluster.clone(),
-        key: key.clone(),
-        value,
+        payload: undo_payload,
         ttl: Duration::from_millis(px_ms),
-        targets,
-        confirm,
+        votes: votes.clone(),
+        late,
+        deadlines: deadlines
+            .iter()
+            .map(|d| d.load(Ordering::Relaxed))
+            .collect(),
     };
     if acquire_decision(&votes) == AcquireDecision::Quorum && Instant::now() < deadline {
         tracing::trace!(key = ?key, "granted");
@@ -425,36 +456,92 @@ impl Decided {
     }
 }
 
+/// What a refused acquire's clean-up does on one master.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UndoStep {
+    /// The master answered without taking the value, or was not asked: nothing to undo.
+    Skip,
+    /// It said `OK`: the write ran, undo it now (and wait for the confirmation).
+    Now,
+    /// Its answer never came: the write may still run, up to this deadline in the master's
+    /// clock (ms since the epoch); undo it once the master's clock is surely past it, so the
+    /// clean-up cannot run before the write.
+    AfterDeadline(u64),
+}
+
+impl UndoStep {
+    /// The step for a master's final vote, given the deadline its request carried (0: not
+    /// sent, when the acquire goes out as the marker script).
+    fn for_vote(vote: &Vote, deadline: u64, sent_as_script: bool) -> UndoStep {
+        match vote {
+            _ if !may_hold_our_value(vote) => UndoStep::Skip,
+            Vote::Replied(_) => UndoStep::Now,
+            _ if sent_as_script && deadline == 0 => UndoStep::Skip,
+            _ => UndoStep::AfterDeadline(deadline),
+        }
+    }
+}
+
 /// Where and how to undo a refused acquire.
 struct RollbackPlan {
     cluster: Arc<Cluster>,
-    key: Bytes,
-    value: Bytes,
+    /// The clean-up: deletes the lock only if this attempt wrote it ([`UNDO_SCRIPT`]).
+    payload: Bytes,
     /// The `PX` the acquire sent: how long a write it undoes can live.
     ttl: Duration,
-    /// Masters that may hold the value.
-    targets: Vec<bool>,
-    /// Of those, the ones that said OK or have not answered yet: their clean-up is awaited.
-    confirm: Vec<bool>,
+    /// The votes at the decision, and those that were still pending then.
+    votes: Vec<Vote>,
+    late: LateVotes,
+    /// Each master's deadline, as sent.
+    deadlines: Vec<u64>,
 }
 
 impl RollbackPlan {
-    /// Queues the compare-and-delete on every target master, ordered after the acquire's write
-    /// there and kept across reconnects until it ran ([`crate::backend::Master::undo`]); waits
-    /// (node timeout at most) for the confirmed ones. Every clean-up is queued before this
-    /// returns, so a retry of the same client with the same value, sent after its null, comes
-    /// after the clean-up on every master and cannot be deleted by it.
-    async fn run(self) {
-        let payload = rollback_command(&self.key, &self.value);
+    /// Queues the clean-up on every master that may hold the value and waits (node timeout at
+    /// most) for the confirmation of those that said `OK`. Safety: the clean-up deletes only
+    /// what this attempt wrote (its attempt id), so however late it runs it never deletes a
+    /// later grant, even one with the same value. Liveness (no phantom holder): votes still
+    /// pending are awaited first (each within its node timeout); where the answer never came,
+    /// the clean-up is sent only once the master's clock is past the write's deadline, after
+    /// which the write can no longer take effect; it is kept across reconnects until a master
+    /// confirms it ([`crate::backend::Master::undo`]).
+    async fn run(mut self) {
+        while let Some((i, vote)) = self.late.next().await {
+            self.votes[i] = vote;
+        }
+        let script = self.cluster.quarantine;
+        let steps: Vec<UndoStep> = self
+            .votes
+            .iter()
+            .zip(&self.deadlines)
+            .map(|(vote, deadline)| UndoStep::for_vote(vote, *deadline, script))
+            .collect();
+        let drift = self.cluster.drift_factor;
+        let latest = self
+            .cluster
+            .masters
+            .iter()
+            .zip(&steps)
+            .filter_map(|(master, step)| match step {
+                UndoStep::AfterDeadline(deadline) => master.health.surely_past(*deadline, drift),
+                _ => None,
+            })
+            .max();
+        // Bounded: the deadline was one node timeout after the request left, plus the clock
+        // reading's error.
+        if let Some(at) = latest {
+            let cap = Instant::now() + 2 * self.cluster.node_timeout;
+            tokio::time::sleep_until(at.min(cap)).await;
+        }
         let waits: Vec<_> = self
             .cluster
             .masters
             .iter()
-            .zip(self.targets.iter().zip(&self.confirm))
-            .filter(|(_, (target, _))| **target)
-            .filter_map(|(master, (_, confirm))| {
-                let rx = master.undo(payload.clone(), self.ttl)?;
-                confirm.then(|| wait_reply(rx, master.node_timeout()))
+            .zip(&steps)
+            .filter(|(_, step)| **step != UndoStep::Skip)
+            .filter_map(|(master, step)| {
+                let rx = master.undo(self.payload.clone(), self.ttl)?;
+                (*step == UndoStep::Now).then(|| wait_reply(rx, master.node_timeout()))
             })
             .collect();
         futures::future::join_all(waits).await;

@@ -167,9 +167,7 @@ async fn guarded_reply(cluster: &Cluster, payload: &Bytes, rule: MergeRule) -> R
             .collect()
     };
     let votes = cluster
-        .fan_out(payload, 2, None, |v| {
-            merge(&script_votes(v), rule).is_some()
-        })
+        .fan_out(payload, 2, |v| merge(&script_votes(v), rule).is_some())
         .await;
     let votes = script_votes(&votes);
     if capped.load(std::sync::atomic::Ordering::Relaxed) {
