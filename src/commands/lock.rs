@@ -497,14 +497,14 @@ struct RollbackPlan {
 }
 
 impl RollbackPlan {
-    /// Queues the clean-up on every master that may hold the value and waits (node timeout at
-    /// most) for the confirmation of those that said `OK`. Safety: the clean-up deletes only
-    /// what this attempt wrote (its attempt id), so however late it runs it never deletes a
-    /// later grant, even one with the same value. Liveness (no phantom holder): votes still
-    /// pending are awaited first (each within its node timeout); where the answer never came,
-    /// the clean-up is sent only once the master's clock is past the write's deadline, after
-    /// which the write can no longer take effect; it is kept across reconnects until a master
-    /// confirms it ([`crate::backend::Master::undo`]).
+    /// Queues the clean-up on every master that may hold the value and waits (briefly) for the
+    /// confirmation of those that said `OK`. Safety: the clean-up deletes only what this
+    /// attempt wrote (its attempt id), so however late it runs it never deletes a later grant,
+    /// even one with the same value. Liveness (no phantom holder): votes still pending are
+    /// awaited first (each within its node timeout); where the answer never came, the clean-up
+    /// is sent again once the master's clock is past the write's deadline, after which the
+    /// write can no longer take effect. Each is kept across reconnects until a master confirms
+    /// it ([`crate::backend::Master::undo`]).
     async fn run(mut self) {
         while let Some((i, vote)) = self.late.next().await {
             self.votes[i] = vote;
@@ -516,23 +516,31 @@ impl RollbackPlan {
             .zip(&self.deadlines)
             .map(|(vote, deadline)| UndoStep::for_vote(vote, *deadline, script))
             .collect();
+        // Where the answer never came, the write may still run until its deadline: the clean-up
+        // goes out now (it deletes only this attempt's write, so it is harmless if it runs
+        // first) and once more when the master's clock is surely past the deadline, when it is
+        // final. The second one runs on its own, bounded by the deadline: the refusal does not
+        // wait for it.
         let drift = self.cluster.drift_factor;
-        let latest = self
-            .cluster
-            .masters
-            .iter()
-            .zip(&steps)
-            .filter_map(|(master, step)| match step {
-                UndoStep::AfterDeadline(deadline) => master.health.surely_past(*deadline, drift),
-                _ => None,
-            })
-            .max();
-        // Bounded: the deadline was one node timeout after the request left, plus the clock
-        // reading's error.
-        if let Some(at) = latest {
-            let cap = Instant::now() + 2 * self.cluster.node_timeout;
-            tokio::time::sleep_until(at.min(cap)).await;
+        for (master, step) in self.cluster.masters.iter().zip(&steps) {
+            let UndoStep::AfterDeadline(deadline) = *step else {
+                continue;
+            };
+            let Some(at) = master.health.surely_past(deadline, drift) else {
+                continue;
+            };
+            let at = at.min(Instant::now() + 2 * self.cluster.node_timeout);
+            let (master, payload, ttl) = (master.clone(), self.payload.clone(), self.ttl);
+            tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                drop(master.undo(payload, ttl));
+            });
         }
+        // The null waits for the confirmations (so a read right after it sees the value gone),
+        // but at most half a node timeout: a master that stalls right after its `OK` must not
+        // delay the refusal by another node timeout. Its clean-up stays queued regardless, and
+        // is kept until confirmed.
+        let confirm_for = self.cluster.node_timeout / 2;
         let waits: Vec<_> = self
             .cluster
             .masters
@@ -541,7 +549,7 @@ impl RollbackPlan {
             .filter(|(_, step)| **step != UndoStep::Skip)
             .filter_map(|(master, step)| {
                 let rx = master.undo(self.payload.clone(), self.ttl)?;
-                (*step == UndoStep::Now).then(|| wait_reply(rx, master.node_timeout()))
+                (*step == UndoStep::Now).then(|| wait_reply(rx, confirm_for))
             })
             .collect();
         futures::future::join_all(waits).await;
