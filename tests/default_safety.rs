@@ -285,10 +285,9 @@ async fn every_ttl_is_capped_whatever_sets_it() {
     }
 }
 
-/// Issue scenario: a refused acquire whose write is stuck on a paused master. Its clean-up is
-/// ordered after that write (the connection is reset, so the paused master never runs it) and
-/// survives the reconnects, and a retry with the same token, granted after the master
-/// resumed, is not deleted by it.
+/// A refused acquire whose write is stuck on a paused master: once the master resumes, that
+/// write (past its deadline) takes no effect, and a retry with the same token, granted after
+/// the master resumed, is not deleted by the refused attempt's clean-up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_same_token_retry_survives_the_clean_up_of_the_refused_attempt() {
     let masters = LocalCluster::start(3).expect("redis-server must be installed");
@@ -303,7 +302,7 @@ async fn a_same_token_retry_survives_the_clean_up_of_the_refused_attempt() {
     signal(pid, "STOP");
     let first = c.cmd(&["SET", &k, "tok", "NX", "PX", "20000"]).await;
     assert_eq!(first, "$nil");
-    // Let the proxy reconnect to the paused master a few times (each connection reset).
+    // Let the proxy time out on the paused master and reconnect to it a few times.
     tokio::time::sleep(Duration::from_millis(4 * NODE_TIMEOUT_MS)).await;
     signal(pid, "CONT");
     // The same client retries with the same token until granted (bounded).
