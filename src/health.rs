@@ -331,6 +331,12 @@ impl MasterHealth {
         Some(reading.at + (ahead + reading.error).div_f64(slowest))
     }
 
+    /// How old the last clock reading is and how far off it may be (for `INFO`).
+    pub fn clock_reading(&self) -> Option<(Duration, Duration)> {
+        let reading = self.state.lock().ok()?.clock?;
+        Some((reading.at.elapsed(), reading.error))
+    }
+
     fn record_clock(&self, reading: ClockReading) {
         if let Ok(mut h) = self.state.lock() {
             h.clock = Some(reading);
@@ -703,6 +709,40 @@ mod tests {
             Some(Live),
             Some("restarted".into())
         )));
+    }
+
+    #[test]
+    fn a_shorter_quarantine_never_overwrites_a_longer_one() {
+        let health = MasterHealth::default();
+        let now = Instant::now();
+        let long = now + Duration::from_secs(60);
+        health.quarantine("m", long, "restarted");
+        health.quarantine("m", now + Duration::from_secs(1), "shared marker");
+        assert!(health.quarantined());
+        let state = health.state.lock().unwrap();
+        assert_eq!(state.quarantined_until, Some(long));
+        assert_eq!(state.quarantine_reason.as_deref(), Some("restarted"));
+    }
+
+    #[test]
+    fn clock_bounds_bracket_the_master_clock() {
+        let health = MasterHealth::default();
+        let at = Instant::now();
+        health.record_clock(ClockReading {
+            at,
+            master_ms: 1_000_000,
+            error: Duration::from_millis(2),
+        });
+        let drift = 0.01;
+        // 100 ms later the master's clock shows at most 100 + 2 + 1 (drift) + 1 ms more.
+        let bound = health
+            .master_clock_bound(at + Duration::from_millis(100), drift)
+            .unwrap();
+        assert_eq!(bound, 1_000_104);
+        // Its clock is surely past that bound only after more time than it took to get there.
+        let past = health.surely_past(bound, drift).unwrap();
+        assert!(past > at + Duration::from_millis(100));
+        assert!(past < at + Duration::from_millis(120), "{:?}", past - at);
     }
 
     #[test]

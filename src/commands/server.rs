@@ -239,9 +239,10 @@ pub fn info(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
             cluster.lease_bound().as_millis(),
         );
         for (i, m) in cluster.masters.iter().enumerate() {
+            let clock = m.health.clock_reading();
             let _ = write!(
                 out,
-                "master{i}:addr={},state={},replies={},missing={},connects={},retired_connections={},pending_cleanups={}\r\n",
+                "master{i}:addr={},state={},replies={},missing={},connects={},retired_connections={},pending_cleanups={},clock_age_ms={},clock_error_ms={}\r\n",
                 m.addr,
                 m.state(),
                 m.stats.replies.load(Ordering::Relaxed),
@@ -249,6 +250,8 @@ pub fn info(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
                 m.stats.connects.load(Ordering::Relaxed),
                 m.stats.retired.load(Ordering::Relaxed),
                 m.pending_undo_count(),
+                clock.map_or(-1, |(age, _)| age.as_millis() as i64),
+                clock.map_or(-1, |(_, error)| error.as_millis() as i64),
             );
         }
         out.push_str("\r\n");
