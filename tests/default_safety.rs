@@ -18,6 +18,7 @@
 
 mod common;
 
+use common::relay::Relay;
 use common::workload::wait_grantable;
 use common::{key, master_cmd, master_get, Client, Proxy, RELEASE};
 use redlock_proxy::local::LocalCluster;
@@ -320,40 +321,68 @@ async fn a_same_token_retry_survives_the_clean_up_of_the_refused_attempt() {
     assert_eq!(master_get(m(1), &k).await.as_deref(), Some("tok"));
 }
 
-/// Issue scenario: three of five masters paused while an acquire is in flight. The refusal
-/// comes in time, and once they resume nothing is left on any master: no phantom holder.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_acquire_leaves_nothing_on_paused_masters_once_they_resume() {
+/// How masters are kept from answering while an acquire is in flight.
+#[derive(Clone, Copy, Debug)]
+enum Stall {
+    /// SIGSTOP, then SIGCONT: the master runs what sat in its socket buffers on resume.
+    Pause,
+    /// A relay that holds every byte for a second, then delivers it.
+    SlowLink,
+}
+
+/// `stalled` of 5 masters stall while an acquire is in flight, then recover. With a majority
+/// stalled the acquire is refused; with a minority it is granted and then released. Either
+/// way, once every master answers again, no master holds anything: no phantom holder.
+async fn nothing_left_after_stalled_masters_recover(
+    stalled: usize,
+    how: Stall,
+    stall_for: Duration,
+) {
     let masters = LocalCluster::start(5).expect("redis-server must be installed");
-    let proxy = Proxy::start(masters.addrs(), defaults).await;
-    let k = key("phantom");
+    let mut relays = Vec::new();
+    for m in &masters.masters {
+        relays.push(Relay::start(m.port).await);
+    }
+    let proxy = Proxy::start(relays.iter().map(Relay::addr).collect(), defaults).await;
+    let k = key(&format!("phantom-{stalled}-{how:?}"));
     ready(&proxy, &k).await;
-    let pids: Vec<u32> = masters.masters[2..]
-        .iter()
-        .map(|m| m.pid().unwrap())
-        .collect();
+    let victims = 5 - stalled..5;
     let mut c = proxy.client().await;
-    for pid in &pids {
-        signal(*pid, "STOP");
+    for i in victims.clone() {
+        match how {
+            Stall::Pause => signal(masters.masters[i].pid().unwrap(), "STOP"),
+            Stall::SlowLink => relays[i].set_delay(stall_for),
+        }
     }
     let reply = c.cmd(&["SET", &k, "v", "NX", "PX", "30000"]).await;
-    tokio::time::sleep(Duration::from_millis(3 * NODE_TIMEOUT_MS)).await;
-    for pid in &pids {
-        signal(*pid, "CONT");
+    tokio::time::sleep(stall_for).await;
+    for i in victims {
+        match how {
+            Stall::Pause => signal(masters.masters[i].pid().unwrap(), "CONT"),
+            Stall::SlowLink => relays[i].set_delay(Duration::ZERO),
+        }
     }
-    assert_eq!(reply, "$nil");
+    if stalled > 2 {
+        assert_eq!(reply, "$nil");
+    } else {
+        assert_eq!(reply, "+OK");
+        let released = c.cmd(&["EVAL", RELEASE, "1", &k, "v"]).await;
+        assert_eq!(released, ":1");
+    }
+    // Long enough for every held-up byte to arrive (a slow link holds them `stall_for`).
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let mut values = Vec::new();
         for m in &masters.masters {
             values.push(master_get(m.port, &k).await);
         }
-        if values.iter().all(Option::is_none) {
+        let settled = Instant::now() > deadline - Duration::from_secs(7);
+        if settled && values.iter().all(Option::is_none) {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "left on the masters after they resumed: {values:?}"
+            "left on the masters after they recovered: {values:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -364,6 +393,28 @@ async fn a_refused_acquire_leaves_nothing_on_paused_masters_once_they_resume() {
         assert!(Instant::now() < deadline, "key never free again");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Issue scenario: three of five masters paused while an acquire is in flight, for longer than
+/// any connection is kept for late replies (11 s). The refusal comes in time, and once they
+/// resume nothing is left on any master. (Shorter pauses passed before too.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_acquire_leaves_nothing_on_paused_masters_once_they_resume() {
+    nothing_left_after_stalled_masters_recover(3, Stall::Pause, Duration::from_secs(11)).await;
+}
+
+/// A paused minority: the acquire is granted by the others; the paused masters' late writes must
+/// not make the key look held (to `GET`/`PTTL` readers, to the next acquire) after the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_minority_keeps_nothing_after_the_release() {
+    nothing_left_after_stalled_masters_recover(2, Stall::Pause, Duration::from_secs(1)).await;
+}
+
+/// Links that hold bytes for a second and then deliver them (a partition that heals): the
+/// late writes of a refused acquire take no effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_links_that_recover_deliver_no_phantom() {
+    nothing_left_after_stalled_masters_recover(3, Stall::SlowLink, Duration::from_secs(1)).await;
 }
 
 /// The acquire script on one real master: a write that arrives after its deadline (held up in a
