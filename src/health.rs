@@ -520,18 +520,24 @@ async fn poll(
     status: &Bytes,
     info: &Bytes,
 ) {
+    // The master's clock, for the deadline of every acquire (see `ACQUIRE_SCRIPT`): a master
+    // whose clock cannot be read is not ready.
     let asked = Instant::now();
-    if let Vote::Replied(Reply::Array(time)) = master.probe(command(&["TIME"])).await {
-        let answered = Instant::now();
-        if let Some(master_ms) = parse_time(&time) {
-            let error = (answered - asked) / 2;
-            master.health.record_clock(ClockReading {
-                at: asked + error,
-                master_ms,
-                error: error + Duration::from_millis(1),
-            });
-        }
-    }
+    let Vote::Replied(Reply::Array(time)) = master.probe(command(&["TIME"])).await else {
+        return;
+    };
+    let answered = Instant::now();
+    let Some(master_ms) = parse_time(&time) else {
+        return;
+    };
+    let error = (answered - asked) / 2;
+    master.health.record_clock(ClockReading {
+        at: asked + error,
+        master_ms,
+        // TIME is read somewhere within the round trip, and has a resolution of 1 µs; the
+        // ms rounding of the deadline is covered by the extra millisecond.
+        error: error + Duration::from_millis(1),
+    });
     let (armed, quarantine_left) = match master.probe(status.clone()).await {
         Vote::Replied(Reply::Array(items)) => match items.as_slice() {
             [Reply::Integer(a), Reply::Integer(q)] => (*a == 1, *q),
