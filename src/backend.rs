@@ -179,8 +179,16 @@ impl Master {
 
     /// Queues `payload` (`replies` replies) on the current connection. `None` when there is no
     /// connection: the vote is missing at once.
-    fn send(&self, payload: Bytes, replies: usize) -> Option<oneshot::Receiver<Reply>> {
+    fn send(
+        &self,
+        payload: Bytes,
+        replies: usize,
+    ) -> Option<(oneshot::Receiver<Reply>, Arc<Link>)> {
         let link = self.link.lock().ok()?.clone()?;
+        if *link.aborted.borrow() {
+            // Aborted but not yet replaced: nothing new goes on it.
+            return None;
+        }
         let (tx, rx) = oneshot::channel();
         link.queue
             .send(Outgoing {
@@ -191,7 +199,7 @@ impl Master {
                 queued_at: Instant::now(),
             })
             .ok()?;
-        Some(rx)
+        Some((rx, link))
     }
 
     /// Queues a clean-up of a write whose value lives at most `ttl` once applied (see the
@@ -288,7 +296,17 @@ impl Master {
     async fn probe_with(&self, payload: Bytes, replies: usize) -> Vote {
         let vote = match self.send(payload, replies) {
             None => Vote::Missing,
-            Some(rx) => wait_reply(rx, self.node_timeout).await,
+            Some((rx, link)) => {
+                let vote = wait_reply(rx, self.node_timeout).await;
+                if vote == Vote::Missing {
+                    // The caller gave up: the connection is stalled. Its watchdog would abort it
+                    // too, but on a busy machine that task may run later than this one, and a
+                    // request handed to the connection in between (the next batch of acquires
+                    // of the same key, say) would wait out a second node timeout.
+                    link.abort();
+                }
+                vote
+            }
         };
         let counter = match vote {
             Vote::Replied(_) => &self.stats.replies,

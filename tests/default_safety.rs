@@ -501,3 +501,36 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
     assert_eq!(acquire("a3", t + 60_000).await, ":-1");
     assert_eq!(master_get(port, &k).await, None);
 }
+
+/// The proxy's own keys on the masters cannot be touched through it: deleting the armed marker
+/// would make every master look wiped, deleting the quarantine marker would end a quarantine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxys_own_keys_are_reserved() {
+    let masters = LocalCluster::start(3).expect("redis-server must be installed");
+    let proxy = Proxy::start(masters.addrs(), defaults).await;
+    ready(&proxy, &key("reserved")).await;
+    let mut c = proxy.client().await;
+    let refused = "-ERR keys starting with 'redlock-proxy:' are reserved by redlock-proxy";
+    for cmd in [
+        vec!["DEL", "redlock-proxy:armed"],
+        vec!["DEL", "some-key", "redlock-proxy:quarantine"],
+        vec!["SET", "redlock-proxy:quarantine", "1", "PX", "1"],
+        vec!["PEXPIRE", "redlock-proxy:armed", "1"],
+        vec![
+            "EVAL",
+            "return redis.call('del', KEYS[1])",
+            "1",
+            "redlock-proxy:armed",
+        ],
+    ] {
+        assert_eq!(c.cmd(&cmd).await, refused, "{cmd:?}");
+    }
+    for m in &masters.masters {
+        assert_eq!(
+            master_cmd(m.port, &["EXISTS", "redlock-proxy:armed"]).await,
+            ":1"
+        );
+    }
+    // Other keys are untouched by the rule.
+    assert_eq!(c.cmd(&["DEL", "some-key"]).await, ":0");
+}

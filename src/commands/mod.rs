@@ -231,6 +231,38 @@ pub static COMMANDS: &[Spec] = &[
     refused("fcall", ADMIN),
 ];
 
+impl Spec {
+    /// The key arguments of a request for this command (by first key, last key, step).
+    fn keys<'a>(&self, args: &'a [Bytes]) -> impl Iterator<Item = &'a Bytes> + 'a {
+        let n = args.len() as i64;
+        let last = if self.last_key < 0 {
+            n + self.last_key
+        } else {
+            self.last_key
+        };
+        let (first, step) = (self.first_key, self.step.max(1));
+        (first.max(1)..=last.min(n - 1))
+            .step_by(step as usize)
+            .filter(move |_| first > 0)
+            .map(move |i| &args[i as usize])
+    }
+}
+
+/// Keys under this prefix hold the proxy's own state on the masters (the shared markers, the
+/// attempt ids: see `health` and `cluster`); a client that could delete or change them could end
+/// a quarantine early or make every master look wiped.
+pub const RESERVED_PREFIX: &[u8] = b"redlock-proxy:";
+
+/// Whether a client key falls under [`RESERVED_PREFIX`].
+pub fn is_reserved_key(key: &Bytes) -> bool {
+    key.starts_with(RESERVED_PREFIX)
+}
+
+/// The refusal for a client command on a reserved key.
+pub fn reserved_key() -> Reply {
+    Reply::error("ERR keys starting with 'redlock-proxy:' are reserved by redlock-proxy")
+}
+
 /// Looks a command name up, case-insensitively.
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
     COMMANDS
@@ -260,6 +292,9 @@ pub fn dispatch(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Actio
             };
             if !arity_ok {
                 return Action::Ready(wrong_arity(spec.name));
+            }
+            if spec.keys(&request.args).any(is_reserved_key) {
+                return Action::Ready(reserved_key());
             }
             handler(ctx, session, request)
         }

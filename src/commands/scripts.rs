@@ -83,6 +83,12 @@ fn lease_ttl(script: Option<&Script>, args: &[Bytes], numkeys: usize) -> Option<
 }
 
 fn run(ctx: &Ctx<'_>, request: Request, script: Option<Script>, numkeys: usize) -> Action {
+    if request.args[3..3 + numkeys]
+        .iter()
+        .any(super::is_reserved_key)
+    {
+        return Action::Ready(super::reserved_key());
+    }
     let cluster = ctx.cluster();
     let Some(script) = script else {
         return Action::Ready(Reply::error(
