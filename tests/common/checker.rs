@@ -3,8 +3,19 @@
 //! Every time is nanoseconds on one process-wide monotonic clock ([`super::workload::now_ns`]).
 //! A client that received `OK` may act on the resource from the moment the reply arrived until it
 //! sends its release, and never later than its send time + TTL (a Redlock client counts the TTL
-//! from when it *sent* the acquire; the proxy's contract covers exactly that). Two such hold
-//! windows on one key must never overlap.
+//! from when it *sent* the acquire; the proxy's contract covers exactly that). A successful
+//! extend (`:1` to a compare-then-`PEXPIRE` lease script) moves that end to the extend's send
+//! time + TTL; a refused or failed extend moves nothing. Two such hold windows on one key must
+//! never overlap.
+//!
+//! An `OK` read after its lease already ended (send time + TTL) is a *late OK*: a correct
+//! client does not act on it, so it has no window, but it is counted ([`Report::late_oks`]): the
+//! proxy promises an `OK` only while `received_at + TTL − drift` is in the future, and it read
+//! the request after the client sent it, so an `OK` read after send + TTL means the proxy's
+//! validity re-check let a useless grant through (or the reader was stalled for at least the
+//! drift). `OK`s read between send + TTL − drift and send + TTL can be legitimate (the proxy
+//! measures from its own, later, read of the request) and are reported apart, for
+//! information ([`Report::oks_past_validity`]).
 //!
 //! Why this cannot report a false violation against a correct proxy: a second `OK` needs a
 //! majority of masters without the first value. The first value leaves a master only by the
@@ -14,6 +25,11 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+
+/// The drift allowance the proxy applies to a lease of `ttl_ms` (its default drift factor).
+pub fn drift_ns(ttl_ms: u64) -> u64 {
+    redlock_proxy::redlock::drift_ms(ttl_ms, 0.01) * 1_000_000
+}
 
 /// One `OK` as seen by the client that received it.
 #[derive(Clone, Debug)]
@@ -30,12 +46,20 @@ pub struct Hold {
     pub t_ok: u64,
     /// Just before the release was written; `None` if the client let the lock expire.
     pub t_release_sent: Option<u64>,
+    /// Just before the last *successful* extend (same TTL) was written; `None` if the holder
+    /// never extended, or every extend it sent was refused or failed.
+    pub t_extend_sent: Option<u64>,
 }
 
 impl Hold {
-    /// The window in which the client may act: `[t_ok, min(t_release_sent, t_send + TTL))`.
+    /// Where the lease ends: `max(t_send, t_extend_sent) + TTL`.
+    pub fn lease_end(&self) -> u64 {
+        self.t_send.max(self.t_extend_sent.unwrap_or(0)) + self.ttl_ms * 1_000_000
+    }
+
+    /// The window in which the client may act: `[t_ok, min(t_release_sent, lease end))`.
     pub fn window(&self) -> (u64, u64) {
-        let lease_end = self.t_send + self.ttl_ms * 1_000_000;
+        let lease_end = self.lease_end();
         let end = self.t_release_sent.map_or(lease_end, |r| r.min(lease_end));
         (self.t_ok, end)
     }
@@ -45,6 +69,18 @@ impl Hold {
     pub fn usable(&self) -> bool {
         let (start, end) = self.window();
         start < end
+    }
+
+    /// The `OK` was read after send + TTL: late (see the module documentation).
+    pub fn late(&self) -> bool {
+        self.t_ok > self.t_send + self.ttl_ms * 1_000_000
+    }
+
+    /// The `OK` was read after send + TTL − drift but not late: possibly legitimate.
+    pub fn past_validity(&self) -> bool {
+        !self.late()
+            && self.t_ok
+                > (self.t_send + self.ttl_ms * 1_000_000).saturating_sub(drift_ns(self.ttl_ms))
     }
 }
 
@@ -86,21 +122,49 @@ pub fn overlaps(holds: &[Hold]) -> Vec<Overlap> {
     out
 }
 
-/// Tokens must be unique per key, or the compare-and-delete release proves nothing.
+/// Grants of one key with the same token whose leases (`[t_send, lease end)`) overlap: the
+/// compare-and-delete release (or an extend) of one could then act on the other, and the
+/// checker could not tell them apart.
+///
+/// Why overlapping leases only, not every repeated token: clients like redis-py retry a refused
+/// acquire with the *same* token (the workload's `same_token_retry_chance` does too), so one
+/// token may be sent many times, and a token granted, released and granted again later is
+/// harmless. What must never happen is two live grants carrying one token. (Recording tokens
+/// unique per attempt instead would make this check vacuous.)
 pub fn duplicate_tokens(holds: &[Hold]) -> usize {
-    let mut seen = std::collections::HashSet::new();
-    holds
-        .iter()
-        .filter(|h| !seen.insert((h.key.as_str(), h.token.as_str())))
-        .count()
+    let mut by_token: BTreeMap<(&str, &str), Vec<(u64, u64)>> = BTreeMap::new();
+    for h in holds {
+        by_token
+            .entry((h.key.as_str(), h.token.as_str()))
+            .or_default()
+            .push((h.t_send, h.lease_end()));
+    }
+    let mut count = 0;
+    for mut leases in by_token.into_values() {
+        leases.sort_unstable();
+        let mut end = 0;
+        for (i, (start, e)) in leases.into_iter().enumerate() {
+            if i > 0 && start < end {
+                count += 1;
+            }
+            end = end.max(e);
+        }
+    }
+    count
 }
 
 /// The verdict on one history.
 #[derive(Debug, Default)]
 pub struct Report {
     pub grants: usize,
-    /// Grants whose `OK` arrived after send + TTL (not usable, not checked for overlap).
-    pub unusable: usize,
+    /// Grants whose `OK` was read after send + TTL: no window (not checked for overlap), but
+    /// each one is a useless grant the proxy's validity re-check should have refused.
+    pub late_oks: usize,
+    /// Grants whose `OK` was read between send + TTL − drift and send + TTL: for information
+    /// (the proxy counts its validity from its own, later, read of the request).
+    pub oks_past_validity: usize,
+    /// Grants extended at least once (a successful extend recorded).
+    pub extended: usize,
     pub refusals: u64,
     /// Error replies to acquires, by text.
     pub errors: BTreeMap<String, u64>,
@@ -130,7 +194,9 @@ impl Report {
             .fold(0.0, f64::max);
         Report {
             grants: holds.len(),
-            unusable: holds.iter().filter(|h| !h.usable()).count(),
+            late_oks: holds.iter().filter(|h| h.late()).count(),
+            oks_past_validity: holds.iter().filter(|h| h.past_validity()).count(),
+            extended: holds.iter().filter(|h| h.t_extend_sent.is_some()).count(),
             refusals,
             errors,
             timeouts,
@@ -155,10 +221,12 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "grants={} (unusable {}) refusals={} errors={} timeouts={} violations={} \
-             duplicate_tokens={} max_reply={:.1}ms max_grant={:.1}ms",
+            "grants={} (late OKs {}, OKs past validity {}, extended {}) refusals={} errors={} \
+             timeouts={} violations={} duplicate_tokens={} max_reply={:.1}ms max_grant={:.1}ms",
             self.grants,
-            self.unusable,
+            self.late_oks,
+            self.oks_past_validity,
+            self.extended,
             self.refusals,
             self.error_count(),
             self.timeouts,
@@ -175,12 +243,14 @@ impl fmt::Display for Report {
             let show = |h: &Hold| {
                 let (s, e) = h.window();
                 format!(
-                    "{} w{} p{} send={:.3} ok={:.3} end={:.3} released={}",
+                    "{} w{} p{} send={:.3} ok={:.3} extend={} end={:.3} released={}",
                     h.token,
                     h.worker,
                     h.proxy,
                     ms(h.t_send),
                     ms(s),
+                    h.t_extend_sent
+                        .map_or("-".to_string(), |t| format!("{:.3}", ms(t))),
                     ms(e),
                     h.t_release_sent.is_some()
                 )

@@ -2,14 +2,35 @@
 //! acquire (`SET key token NX PX ttl`, a fresh token per attempt) → hold → release (the
 //! compare-and-delete `EVAL`) on a few hot keys, bounded in attempts and in wall time, and
 //! record every `OK` with its times on one process-wide monotonic clock for the checker.
+//!
+//! Options (all off by default): acquire with node-redlock's acquire *script* instead of
+//! `SET NX PX`; extend mid-hold with redis-cli's compare-then-`PEXPIRE` script; retry a refused
+//! acquire with the *same* token (like redis-py); follow proxy ports that change during the run
+//! (a proxy restarted on a new port).
 
 use super::checker::{Hold, Report};
 use super::{Client, RELEASE};
 use redlock_proxy::redlock::drift_ms;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
+
+/// node-redlock's acquire: `EVAL body 1 key token ttl`; `:1` acquired, `:0` taken. The proxy
+/// has no rollback for it: a refused one may leave its token on a minority until it expires.
+pub const ACQUIRE_SCRIPT: &str = include_str!("../scripts/node-redlock-acquire.lua");
+/// node-redlock's release, which node-redlock also sends after a failed acquire ("release any
+/// partial lock state that may exist on a minority"): `EVAL body 1 key token`.
+pub const SCRIPT_RELEASE: &str = include_str!("../scripts/node-redlock-release.lua");
+/// redis-cli's extend (compare-then-`PEXPIRE`): `EVAL body 1 key token ttl`; `:1` extended.
+pub const EXTEND_SCRIPT: &str = include_str!("../scripts/redis-cli-extend.lua");
+
+/// An acquire reply slower than this is listed in [`History::slow_replies`].
+pub const SLOW_REPLY: Duration = Duration::from_millis(250);
+
+/// Proxy ports that may change while a workload runs (a proxy stopped and a fresh one started
+/// on another port): workers look their port up here whenever they (re)connect.
+pub type PortTable = Arc<Mutex<Vec<u16>>>;
 
 static EPOCH: OnceLock<Instant> = OnceLock::new();
 
@@ -103,6 +124,22 @@ pub struct Workload {
     pub seed: u64,
     /// Prefix of every token (distinct per run).
     pub tag: String,
+    /// With this chance an acquire is node-redlock's acquire script instead of `SET NX PX`.
+    pub acquire_via_script_chance: f64,
+    /// With this chance a script acquire that was refused (`:0`) or failed (an error) is
+    /// followed by node-redlock's release of its token, as node-redlock does (the proxy has no
+    /// rollback for scripts). Otherwise (a client that crashed right then) the token may stay on
+    /// a minority until it expires, and acquires of that key fail until then.
+    pub script_refusal_release_chance: f64,
+    /// With this chance a holder extends its lease mid-hold (redis-cli's extend script, same
+    /// TTL), possibly twice, and then holds past its original lease end.
+    pub extend_chance: f64,
+    /// After a refusal, with this chance the next attempt is on the same key with the same
+    /// token (redis-py's retry) instead of a fresh one.
+    pub same_token_retry_chance: f64,
+    /// When set, overrides `ports`: read at every (re)connect, so workers follow a proxy that
+    /// restarted on a new port.
+    pub live_ports: Option<PortTable>,
 }
 
 impl Workload {
@@ -127,6 +164,19 @@ impl Workload {
             reply_timeout: Duration::from_secs(3),
             seed,
             tag: format!("{name}-{seed:x}"),
+            acquire_via_script_chance: 0.0,
+            script_refusal_release_chance: 1.0,
+            extend_chance: 0.0,
+            same_token_retry_chance: 0.0,
+            live_ports: None,
+        }
+    }
+
+    /// The port worker `proxy` connects to now.
+    pub fn port(&self, proxy: usize) -> u16 {
+        match &self.live_ports {
+            Some(table) => table.lock().unwrap_or_else(PoisonError::into_inner)[proxy],
+            None => self.ports[proxy],
         }
     }
 
@@ -157,7 +207,17 @@ impl Workload {
 pub struct History {
     pub holds: Vec<Hold>,
     pub attempts: u64,
+    /// Null replies to `SET NX` and `:0` replies to the acquire script.
     pub refusals: u64,
+    /// Acquires sent as node-redlock's acquire script, and how many of them got `:1`.
+    pub script_acquires: u64,
+    pub script_grants: u64,
+    /// Attempts that reused the token of a refused attempt (same key, same token).
+    pub same_token_retries: u64,
+    /// Replies to extends, by text (`:1` extended, `:0` refused, errors, `timeout`).
+    pub extends: BTreeMap<String, u64>,
+    /// Replies to node-redlock's release after a refused or failed script acquire, by text.
+    pub script_cleanups: BTreeMap<String, u64>,
     pub errors: BTreeMap<String, u64>,
     pub timeouts: u64,
     pub abandoned: u64,
@@ -168,6 +228,9 @@ pub struct History {
     pub release_errors_in_validity: u64,
     /// Acquire reply times in µs (timeouts count as the full limit).
     pub reply_us: Vec<u64>,
+    /// Acquires answered (or given up) more than [`SLOW_REPLY`] after they were sent:
+    /// (send time ns, reply time µs, what was sent → what came back), for the report.
+    pub slow_replies: Vec<(u64, u64, String)>,
 }
 
 impl History {
@@ -175,6 +238,15 @@ impl History {
         self.holds.extend(other.holds);
         self.attempts += other.attempts;
         self.refusals += other.refusals;
+        self.script_acquires += other.script_acquires;
+        self.script_grants += other.script_grants;
+        self.same_token_retries += other.same_token_retries;
+        for (k, v) in other.extends {
+            *self.extends.entry(k).or_default() += v;
+        }
+        for (k, v) in other.script_cleanups {
+            *self.script_cleanups.entry(k).or_default() += v;
+        }
         self.timeouts += other.timeouts;
         self.abandoned += other.abandoned;
         for (k, v) in other.errors {
@@ -185,6 +257,52 @@ impl History {
             *self.releases.entry(k).or_default() += v;
         }
         self.reply_us.extend(other.reply_us);
+        self.slow_replies.extend(other.slow_replies);
+    }
+
+    /// Extends answered `:1`.
+    pub fn extends_ok(&self) -> u64 {
+        self.extends.get(":1").copied().unwrap_or(0)
+    }
+
+    /// Extends answered otherwise (`:0`, an error, no reply).
+    pub fn extends_failed(&self) -> u64 {
+        self.extends.values().sum::<u64>() - self.extends_ok()
+    }
+
+    /// One line with the workload's own counters (the checker's are in [`Report`]).
+    pub fn summary(&self) -> String {
+        format!(
+            "attempts={} script_acquires={} (granted {}, clean-ups after refusals {:?}) same_token_retries={} extends ok={} failed={} {:?} abandoned={} releases={:?} (errors within validity: {})",
+            self.attempts,
+            self.script_acquires,
+            self.script_grants,
+            self.script_cleanups,
+            self.same_token_retries,
+            self.extends_ok(),
+            self.extends_failed(),
+            self.extends,
+            self.abandoned,
+            self.releases,
+            self.release_errors_in_validity,
+        )
+    }
+
+    /// The slowest acquire replies (at most `n`), one a line, slowest first.
+    pub fn slowest(&self, n: usize) -> String {
+        let mut slow = self.slow_replies.clone();
+        slow.sort_by_key(|s| std::cmp::Reverse(s.1));
+        slow.iter()
+            .take(n)
+            .map(|(t, us, what)| {
+                format!(
+                    "  slow acquire sent at {:.3} ms: {:.1} ms: {what}",
+                    *t as f64 / 1e6,
+                    *us as f64 / 1e3
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     pub fn max_reply_ms(&self) -> f64 {
@@ -222,86 +340,188 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
             .wrapping_add((id as u64 + 1).wrapping_mul(0x1000_0000_01B3)),
     );
     let proxy = id % cfg.ports.len();
-    let port = cfg.ports[proxy];
     let deadline = Instant::now() + cfg.duration;
     let ttl = cfg.ttl_ms.to_string();
+    // What the proxy promises: the lease is valid for TTL − drift after the request was sent.
+    let validity_ns = cfg.ttl_ms.saturating_sub(drift_ms(cfg.ttl_ms, 0.01)) * 1_000_000;
     let mut h = History::default();
     let mut conn: Option<Client> = None;
+    // The key and token of a refused attempt to send again (a same-token retry).
+    let mut retry: Option<(String, String)> = None;
     for seq in 0..cfg.max_attempts_per_worker {
         if Instant::now() >= deadline || stop.load(Ordering::Relaxed) {
             break;
         }
         let Some(c) = conn.as_mut() else {
-            conn = Client::try_connect(port).await;
+            conn = Client::try_connect(cfg.port(proxy)).await;
             if conn.is_none() {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             continue;
         };
-        let key = &cfg.keys[rng.below(cfg.keys.len())];
-        let token = format!("{}-w{id}-{seq}", cfg.tag);
+        let (key, token) = match retry.take() {
+            Some(same) => {
+                h.same_token_retries += 1;
+                same
+            }
+            None => (
+                cfg.keys[rng.below(cfg.keys.len())].clone(),
+                format!("{}-w{id}-{seq}", cfg.tag),
+            ),
+        };
+        let key = &key;
+        let via_script = rng.chance(cfg.acquire_via_script_chance);
         let t_send = now_ns();
-        let reply = c
-            .try_cmd(&["SET", key, &token, "NX", "PX", &ttl], cfg.reply_timeout)
-            .await;
+        let reply = if via_script {
+            h.script_acquires += 1;
+            c.try_cmd(
+                &["EVAL", ACQUIRE_SCRIPT, "1", key, &token, &ttl],
+                cfg.reply_timeout,
+            )
+            .await
+        } else {
+            c.try_cmd(&["SET", key, &token, "NX", "PX", &ttl], cfg.reply_timeout)
+                .await
+        };
         let t_reply = now_ns();
         h.attempts += 1;
         h.reply_us.push((t_reply - t_send) / 1000);
-        match reply.as_deref() {
-            Some("+OK") => {
-                let mut hold = Hold {
-                    key: key.clone(),
-                    token: token.clone(),
-                    worker: id,
-                    proxy,
-                    ttl_ms: cfg.ttl_ms,
-                    t_send,
-                    t_ok: t_reply,
-                    t_release_sent: None,
-                };
+        if t_reply - t_send > SLOW_REPLY.as_nanos() as u64 {
+            let what = format!(
+                "w{id} {} {key} {token} -> {}",
+                if via_script { "script" } else { "SET NX" },
+                reply.as_deref().unwrap_or("no reply")
+            );
+            h.slow_replies
+                .push((t_send, (t_reply - t_send) / 1000, what));
+        }
+        let (granted, refused) = match (via_script, reply.as_deref()) {
+            (false, Some("+OK")) | (true, Some(":1")) => (true, false),
+            (false, Some("$nil")) | (false, Some("_")) | (true, Some(":0")) => (false, true),
+            _ => (false, false),
+        };
+        if granted {
+            if via_script {
+                h.script_grants += 1;
+            }
+            let mut hold = Hold {
+                key: key.clone(),
+                token: token.clone(),
+                worker: id,
+                proxy,
+                ttl_ms: cfg.ttl_ms,
+                t_send,
+                t_ok: t_reply,
+                t_release_sent: None,
+                t_extend_sent: None,
+            };
+            let mut usable_conn = true;
+            if rng.chance(cfg.extend_chance) {
+                // Extend partway through the lease (at most twice), then hold on past the
+                // original lease end. A refused or failed extend ends the hold at once: the
+                // holder's lease still ends at its last successful (send time + TTL).
+                let mut extended = false;
+                for round in 0..2 {
+                    if round > 0 && !rng.chance(0.5) {
+                        break;
+                    }
+                    pause(&mut rng, (cfg.ttl_ms / 10, cfg.ttl_ms / 2)).await;
+                    let lease_start = hold.t_extend_sent.unwrap_or(t_send);
+                    // A correct holder extends only while its lease is valid (5 ms margin).
+                    if now_ns() + 5_000_000 >= lease_start + validity_ns {
+                        break;
+                    }
+                    let t_extend = now_ns();
+                    let extend = c
+                        .try_cmd(
+                            &["EVAL", EXTEND_SCRIPT, "1", key, &token, &ttl],
+                            cfg.reply_timeout,
+                        )
+                        .await;
+                    let text = match extend {
+                        Some(text) => text.chars().take(80).collect(),
+                        None => {
+                            usable_conn = false;
+                            "timeout".to_string()
+                        }
+                    };
+                    let ok = text == ":1";
+                    *h.extends.entry(text).or_default() += 1;
+                    if !ok {
+                        extended = false;
+                        break;
+                    }
+                    hold.t_extend_sent = Some(t_extend);
+                    extended = true;
+                }
+                if extended {
+                    pause(&mut rng, (0, cfg.ttl_ms * 4 / 5)).await;
+                }
+            } else {
                 let held = if rng.chance(cfg.long_hold_chance) {
                     cfg.long_hold_ms
                 } else {
                     cfg.short_hold_ms
                 };
                 pause(&mut rng, held).await;
-                if rng.chance(cfg.abandon_chance) {
-                    h.abandoned += 1;
-                    h.holds.push(hold);
-                    continue;
-                }
-                let t_release = now_ns();
-                hold.t_release_sent = Some(t_release);
+            }
+            if !usable_conn {
+                // No reply to the extend: the connection may still deliver it; the holder
+                // stops acting and lets the lease expire.
+                conn = None;
+                h.abandoned += 1;
                 h.holds.push(hold);
-                let validity_ns = cfg.ttl_ms.saturating_sub(drift_ms(cfg.ttl_ms, 0.01)) * 1_000_000;
-                let in_validity = t_release - t_send < validity_ns;
-                let released = c
-                    .try_cmd(&["EVAL", RELEASE, "1", key, &token], cfg.reply_timeout)
-                    .await;
-                let text = released.unwrap_or_else(|| {
+                continue;
+            }
+            if rng.chance(cfg.abandon_chance) {
+                h.abandoned += 1;
+                h.holds.push(hold);
+                continue;
+            }
+            let lease_start = hold.t_extend_sent.unwrap_or(t_send);
+            let t_release = now_ns();
+            hold.t_release_sent = Some(t_release);
+            h.holds.push(hold);
+            let in_validity = t_release - lease_start < validity_ns;
+            let released = c
+                .try_cmd(&["EVAL", RELEASE, "1", key, &token], cfg.reply_timeout)
+                .await;
+            let text = released.unwrap_or_else(|| {
+                conn = None;
+                "timeout".to_string()
+            });
+            if in_validity && (text.starts_with('-') || text == "timeout") {
+                h.release_errors_in_validity += 1;
+            }
+            *h.releases.entry(text).or_default() += 1;
+        } else {
+            if via_script && reply.is_some() && rng.chance(cfg.script_refusal_release_chance) {
+                let text = c
+                    .try_cmd(
+                        &["EVAL", SCRIPT_RELEASE, "1", key, &token],
+                        cfg.reply_timeout,
+                    )
+                    .await
+                    .map_or("timeout".to_string(), |t| t.chars().take(80).collect());
+                if text == "timeout" {
                     conn = None;
-                    "timeout".to_string()
-                });
-                if in_validity && (text.starts_with('-') || text == "timeout") {
-                    h.release_errors_in_validity += 1;
                 }
-                *h.releases.entry(text).or_default() += 1;
+                *h.script_cleanups.entry(text).or_default() += 1;
             }
-            Some("$nil") | Some("_") => {
+            if refused {
                 h.refusals += 1;
-                pause(&mut rng, cfg.retry_pause_ms).await;
-            }
-            Some(other) => {
+                if rng.chance(cfg.same_token_retry_chance) {
+                    retry = Some((key.clone(), token));
+                }
+            } else if let Some(other) = reply {
                 let text: String = other.chars().take(80).collect();
                 *h.errors.entry(text).or_default() += 1;
-                pause(&mut rng, cfg.retry_pause_ms).await;
-            }
-            None => {
+            } else {
                 // The reply may still come: never reuse a connection that could deliver it.
                 h.timeouts += 1;
                 conn = None;
-                pause(&mut rng, cfg.retry_pause_ms).await;
             }
+            pause(&mut rng, cfg.retry_pause_ms).await;
         }
     }
     h
