@@ -15,9 +15,10 @@
 //!   in its script, [`crate::cluster::ACQUIRE_SCRIPT`]).
 //! - **Clean-ups** ([`Master::undo`]) survive reconnects: a clean-up goes on the current
 //!   connection; one not confirmed by a reply when its connection ends is kept in the master's
-//!   pending list and written first on the next connection, until a reply confirms it. Pending
-//!   clean-ups are dropped once the lease they undo has expired (`ttl` after they became
-//!   pending, which is after the write could last have run), and the list is capped.
+//!   pending list and written first on the next connection, until a reply confirms it. A
+//!   clean-up is dropped once the lease it undoes has surely expired (`ttl` after the clean-up
+//!   was first queued; the final clean-up of a write is queued after the write could last have
+//!   run), however many connections it went through, and the list is capped.
 //! - Writes are batched: the writer drains everything queued since its last write into one
 //!   buffer and writes it with one call (one syscall per burst across all clients).
 //! - A caller never waits longer than the node timeout for one reply; a missing reply is a
@@ -61,9 +62,7 @@ pub struct MasterStats {
 /// A clean-up that has not been confirmed yet.
 struct PendingUndo {
     payload: Bytes,
-    /// How long the write it undoes can live once applied (the `PX` sent with it).
-    ttl: Duration,
-    /// Dropped after this instant (set when it became pending).
+    /// Dropped after this instant: the lease it undoes has expired by then.
     expires: Instant,
 }
 
@@ -93,8 +92,8 @@ struct Outgoing {
     /// Replies this payload produces (one per command in it).
     replies: usize,
     reply: Option<oneshot::Sender<Reply>>,
-    /// Set for a clean-up: kept (pending) until a reply confirms it ran.
-    undo_ttl: Option<Duration>,
+    /// Set for a clean-up: kept (pending) until a reply confirms it ran, or until this instant.
+    undo_expires: Option<Instant>,
     /// When the caller handed it over (and started its own node timeout).
     queued_at: Instant,
 }
@@ -195,7 +194,7 @@ impl Master {
                 payload,
                 replies,
                 reply: Some(tx),
-                undo_ttl: None,
+                undo_expires: None,
                 queued_at: Instant::now(),
             })
             .ok()?;
@@ -203,16 +202,17 @@ impl Master {
     }
 
     /// Queues a clean-up of a write whose value lives at most `ttl` once applied (see the
-    /// module header: ordered after that write, kept across reconnects until confirmed or
-    /// expired). The receiver, if any, gets the clean-up's reply on this connection.
+    /// module header: kept across reconnects until confirmed, or until `ttl` from now). The
+    /// receiver, if any, gets the clean-up's reply on this connection.
     pub fn undo(&self, payload: Bytes, ttl: Duration) -> Option<oneshot::Receiver<Reply>> {
         let (tx, rx) = oneshot::channel();
+        let now = Instant::now();
         let out = Outgoing {
             payload,
             replies: 1,
             reply: Some(tx),
-            undo_ttl: Some(ttl),
-            queued_at: Instant::now(),
+            undo_expires: Some(now + ttl),
+            queued_at: now,
         };
         let link = self.link.lock().ok().and_then(|l| l.clone());
         match link {
@@ -232,7 +232,9 @@ impl Master {
 
     /// Keeps an unconfirmed clean-up for the next connection.
     fn keep_undo(&self, out: Outgoing) {
-        let Some(ttl) = out.undo_ttl else { return };
+        let Some(expires) = out.undo_expires else {
+            return;
+        };
         let Ok(mut pending) = self.pending_undo.lock() else {
             return;
         };
@@ -242,8 +244,7 @@ impl Master {
         }
         pending.push_back(PendingUndo {
             payload: out.payload,
-            ttl,
-            expires: Instant::now() + ttl,
+            expires,
         });
     }
 
@@ -260,7 +261,7 @@ impl Master {
                 payload: p.payload,
                 replies: 1,
                 reply: None,
-                undo_ttl: Some(p.ttl),
+                undo_expires: Some(p.expires),
                 queued_at: now,
             })
             .collect()

@@ -39,8 +39,8 @@ struct SetOptions {
     keep_ttl: bool,
     /// Relative expiry in milliseconds (`EX` × 1000 or `PX`).
     ttl_ms: Option<u64>,
-    /// `EXAT`/`PXAT` was given.
-    absolute: bool,
+    /// Absolute expiry in ms since the epoch (`EXAT` × 1000 or `PXAT`).
+    expire_at_ms: Option<i64>,
 }
 
 /// Parses `SET` options like Redis' `parseExtendedStringArgumentsOrReply` (`t_string.c`).
@@ -81,7 +81,7 @@ fn parse_set_options(args: &[Bytes]) -> Result<SetOptions, Reply> {
                     .filter(|ms| *ms > 0 && ms.checked_add(unix_now_ms()).is_some())
                     .ok_or_else(|| Reply::error("ERR invalid expire time in 'set' command"))?;
                 if arg.ends_with(b"AT") {
-                    opts.absolute = true;
+                    opts.expire_at_ms = Some(ms);
                 } else {
                     opts.ttl_ms = Some(ms as u64);
                 }
@@ -92,19 +92,6 @@ fn parse_set_options(args: &[Bytes]) -> Result<SetOptions, Reply> {
         i += 1;
     }
     Ok(opts)
-}
-
-/// For `EXAT`/`PXAT`: how far in the future (ms, by this proxy's clock) the expiry lies.
-fn absolute_ttl_ms(args: &[Bytes]) -> Option<u64> {
-    let at = args.windows(2).find_map(|w| {
-        let scale = match w[0].to_ascii_uppercase().as_slice() {
-            b"EXAT" => 1000,
-            b"PXAT" => 1,
-            _ => return None,
-        };
-        super::parse_int(&w[1])?.checked_mul(scale)
-    })?;
-    Some(at.saturating_sub(unix_now_ms()).max(0) as u64)
 }
 
 fn unix_now_ms() -> i64 {
@@ -121,22 +108,22 @@ pub fn set(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     };
     let cluster = ctx.cluster();
     // Every TTL forwarded is capped (see `Cluster::lease_bound`): `SET … XX PX` extends a lock.
-    let relative = match (opts.ttl_ms, opts.absolute) {
-        (Some(ms), _) => Some(ms),
-        (None, true) => absolute_ttl_ms(&request.args[3..]),
-        (None, false) => None,
-    };
+    // `EXAT`/`PXAT` are measured from this proxy's clock.
+    let relative = opts.ttl_ms.or_else(|| {
+        opts.expire_at_ms
+            .map(|at| at.saturating_sub(unix_now_ms()).max(0) as u64)
+    });
     if let Some(Err(reply)) = relative.map(|ms| cluster.check_ttl(ms)) {
         return Action::Ready(reply);
     }
     if !opts.nx {
         return forward_request(cluster, request);
     }
-    if ctx.shared.config.allow_locks_without_expiry && opts.ttl_ms.is_none() && !opts.absolute {
+    if ctx.shared.config.allow_locks_without_expiry && relative.is_none() {
         return forward_request(cluster, request);
     }
     let refuse = |text: &str| Action::Ready(Reply::error(text));
-    let ttl_ms = match (opts.get, opts.absolute, opts.ttl_ms) {
+    let ttl_ms = match (opts.get, opts.expire_at_ms.is_some(), opts.ttl_ms) {
         (true, _, _) => {
             return refuse("ERR SET NX GET is not supported by redlock-proxy: an acquire answers OK or null")
         }

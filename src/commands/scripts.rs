@@ -55,7 +55,7 @@ pub fn eval(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
         Err(reply) => Action::Ready(reply),
         Ok(numkeys) => {
             let script = ctx.shared.cluster.remember_script(request.args[1].clone());
-            run(ctx, request, Some(script), numkeys)
+            run(ctx, request, script, numkeys)
         }
     }
 }
@@ -65,7 +65,7 @@ pub fn evalsha(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Actio
     match check_numkeys(&request.args) {
         Err(reply) => Action::Ready(reply),
         Ok(numkeys) => match ctx.shared.cluster.script_by_sha(&request.args[1]) {
-            Some(script) => run(ctx, request, Some(script), numkeys),
+            Some(script) => run(ctx, request, script, numkeys),
             None => Action::Ready(Reply::error(
                 "NOSCRIPT No matching script. Please use EVAL.",
             )),
@@ -74,15 +74,15 @@ pub fn evalsha(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Actio
 }
 
 /// A lease script's TTL argument: its position in the request and its value in ms.
-fn lease_ttl(script: Option<&Script>, args: &[Bytes], numkeys: usize) -> Option<(usize, u64, u64)> {
-    let shape = script?.lease?;
+fn lease_ttl(script: &Script, args: &[Bytes], numkeys: usize) -> Option<(usize, u64, u64)> {
+    let shape = script.lease?;
     let at = 3 + numkeys + shape.argv - 1;
     let ttl = super::parse_int(args.get(at)?)?;
     let ttl_ms = u64::try_from(ttl).ok()?.checked_mul(shape.unit_ms)?;
     (ttl_ms > 0).then_some((at, ttl_ms, shape.unit_ms))
 }
 
-fn run(ctx: &Ctx<'_>, request: Request, script: Option<Script>, numkeys: usize) -> Action {
+fn run(ctx: &Ctx<'_>, request: Request, script: Script, numkeys: usize) -> Action {
     if request.args[3..3 + numkeys]
         .iter()
         .any(super::is_reserved_key)
@@ -90,12 +90,7 @@ fn run(ctx: &Ctx<'_>, request: Request, script: Option<Script>, numkeys: usize) 
         return Action::Ready(super::reserved_key());
     }
     let cluster = ctx.cluster();
-    let Some(script) = script else {
-        return Action::Ready(Reply::error(
-            "NOSCRIPT No matching script. Please use EVAL.",
-        ));
-    };
-    let lease = lease_ttl(Some(&script), &request.args, numkeys);
+    let lease = lease_ttl(&script, &request.args, numkeys);
     let mut args = request.args;
     let mut deadline = None;
     if let Some((at, ttl_ms, unit_ms)) = lease {
@@ -111,22 +106,21 @@ fn run(ctx: &Ctx<'_>, request: Request, script: Option<Script>, numkeys: usize) 
     // The masters always get the body (`EVAL`), never a SHA1 they may not know.
     let read_only = args[0].len() > 4 && args[0].to_ascii_uppercase().ends_with(b"_RO");
     args[0] = Bytes::from_static(if read_only { b"EVAL_RO" } else { b"EVAL" });
-    args[1] = script.body.clone();
+    args[1] = script.body;
     let mut payload = bytes::BytesMut::from(command(&args).as_ref());
     let guarded = script.sets_expiry && !read_only;
     if guarded {
+        // EVAL <guard> (2 + numkeys) <armed> <quarantine> <the script's keys…> <bound>
+        let count = (numkeys + 2).to_string();
         let bound = cluster.lease_bound().as_millis().to_string();
-        let keys = &args[3..3 + numkeys];
         let mut guard: Vec<&[u8]> = vec![
             b"EVAL",
             GUARD_SCRIPT.as_bytes(),
-            b"",
+            count.as_bytes(),
             ARMED_KEY.as_bytes(),
             QUARANTINE_KEY.as_bytes(),
         ];
-        let count = (numkeys + 2).to_string();
-        guard[2] = count.as_bytes();
-        guard.extend(keys.iter().map(|k| k.as_ref()));
+        guard.extend(args[3..3 + numkeys].iter().map(|k| k.as_ref()));
         guard.push(bound.as_bytes());
         payload.extend_from_slice(&command(&guard));
     }
@@ -142,46 +136,45 @@ fn run(ctx: &Ctx<'_>, request: Request, script: Option<Script>, numkeys: usize) 
     }))
 }
 
+/// The script's vote of one master from its `[script reply, guard reply]` pair: counted only if
+/// the guard vouched for the master (`-1`: unarmed or quarantined, no vote).
+fn script_vote(vote: &Vote) -> Vote {
+    match vote {
+        Vote::Replied(Reply::Array(pair)) => match pair.as_slice() {
+            [reply, Reply::Integer(n)] if *n >= 0 => Vote::Replied(reply.clone()),
+            _ => Vote::Missing,
+        },
+        Vote::Replied(_) => Vote::Missing,
+        other => other.clone(),
+    }
+}
+
 /// Runs a script followed by its guard on every master (two replies each) and merges the
-/// script's replies, counting a master only if its guard vouched for it.
+/// script's replies, counting a master only if its guard vouched for it. A master whose guard
+/// found it unarmed or quarantined is re-checked by its health monitor at once; a guard that
+/// had to cap a TTL makes the reply an error.
 async fn guarded_reply(cluster: &Cluster, payload: &Bytes, rule: MergeRule) -> Reply {
-    let capped = std::sync::atomic::AtomicBool::new(false);
-    let unpack = |vote: &Vote, master: &crate::backend::Master| -> Vote {
-        match vote {
-            Vote::Replied(Reply::Array(pair)) if pair.len() == 2 => match &pair[1] {
-                Reply::Integer(-1) => {
-                    master.health.recheck();
-                    Vote::Missing
-                }
-                Reply::Integer(n) => {
-                    if *n > 0 {
-                        capped.store(true, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    Vote::Replied(pair[0].clone())
-                }
-                _ => Vote::Missing,
-            },
-            Vote::Replied(_) => Vote::Missing,
-            other => other.clone(),
-        }
-    };
-    let script_votes = |votes: &[Vote]| -> Vec<Vote> {
-        votes
-            .iter()
-            .zip(&cluster.masters)
-            .map(|(v, m)| unpack(v, m))
-            .collect()
-    };
+    let script_votes = |votes: &[Vote]| votes.iter().map(script_vote).collect::<Vec<_>>();
     let votes = cluster
         .fan_out(payload, 2, |v| merge(&script_votes(v), rule).is_some())
         .await;
-    let votes = script_votes(&votes);
-    if capped.load(std::sync::atomic::Ordering::Relaxed) {
+    let mut capped = false;
+    for (vote, master) in votes.iter().zip(&cluster.masters) {
+        if let Vote::Replied(Reply::Array(pair)) = vote {
+            match pair.get(1) {
+                Some(Reply::Integer(-1)) => master.health.recheck(),
+                Some(Reply::Integer(n)) if *n > 0 => capped = true,
+                _ => {}
+            }
+        }
+    }
+    if capped {
         return Reply::error(format!(
             "ERR script set a TTL above max_lock_ttl_ms ({} ms) of redlock-proxy; the key's TTL was capped, do not rely on the longer lease",
             cluster.max_lock_ttl_ms
         ));
     }
+    let votes = script_votes(&votes);
     merge(&votes, rule).unwrap_or_else(|| no_quorum(votes.len()))
 }
 
