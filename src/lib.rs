@@ -26,12 +26,13 @@ pub mod server;
 pub use config::Config;
 pub use server::run;
 
+pub use cluster::MAX_FANOUTS;
 pub use config::{ConfigError, LogFormat};
 pub use local::{LocalCluster, LocalMaster};
 pub use redlock::{backend_ttl_ms, drift_ms};
 
 /// What the proxy keeps on every master, for tests and tools that inspect the masters.
 pub mod on_master {
-    pub use crate::cluster::{attempt_key, script_sha, ACQUIRE_SCRIPT, MAX_FANOUTS, UNDO_SCRIPT};
+    pub use crate::cluster::{attempt_key, script_sha, ACQUIRE_SCRIPT, UNDO_SCRIPT};
     pub use crate::health::{ARMED_KEY, QUARANTINE_KEY};
 }
