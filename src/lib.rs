@@ -33,6 +33,8 @@ pub use redlock::{backend_ttl_ms, drift_ms};
 
 /// What the proxy keeps on every master, for tests and tools that inspect the masters.
 pub mod on_master {
-    pub use crate::cluster::{attempt_key, script_sha, ACQUIRE_SCRIPT, UNDO_SCRIPT};
+    pub use crate::cluster::{
+        attempt_key, script_sha, ACQUIRE_SCRIPT, ROLLBACK_SCRIPT as COMPARE_AND_DELETE, UNDO_SCRIPT,
+    };
     pub use crate::health::{ARMED_KEY, QUARANTINE_KEY};
 }
