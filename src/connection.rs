@@ -32,9 +32,11 @@
 //!   as long as the client takes it; a client that takes nothing for `CLOSE_STALL` (1 s) is
 //!   dropped, so a client that does not read cannot hold its task.
 
-use crate::commands::{self, Action, Ctx, Lease, Outcome, Session};
+use crate::commands::{self, Action, Ctx, Session};
+use crate::error::ProxyError;
+use crate::lease::{Lease, Outcome};
 use crate::protocol::{Protocol, Reply, RequestParser};
-use crate::server::Shared;
+use crate::shared::Shared;
 use bytes::{Buf, Bytes, BytesMut};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesOrdered, StreamExt};
@@ -244,9 +246,9 @@ async fn abandon_in_flight(mut in_flight: FuturesOrdered<Slot>) {
 }
 
 /// Answers a connection the proxy will not serve (too many clients) and closes it.
-pub async fn refuse(mut stream: TcpStream, message: &str) {
+pub async fn refuse(mut stream: TcpStream, why: ProxyError) {
     let mut out = BytesMut::new();
-    Reply::error(message).encode(Protocol::Resp2, &mut out);
+    Reply::from(why).encode(Protocol::Resp2, &mut out);
     let _ = stream.write_all(&out).await;
 }
 
@@ -294,7 +296,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
                 Ok(Some(request)) => request,
                 Ok(None) => break,
                 Err(err) => {
-                    let reply = Reply::error(format!("ERR {err}"));
+                    let reply = ProxyError::from(err).into();
                     in_flight
                         .push_back(Slot::Ready(Some((session.protocol, Outcome::Reply(reply)))));
                     closing = true;

@@ -1,40 +1,56 @@
 //! redlock-proxy: a Redis-compatible proxy that turns each lock operation into the Redlock
 //! algorithm over N independent Redis masters.
 //!
-//! # Layout
-//! - [`protocol`]: client-facing RESP (requests with Redis' limits and errors; RESP2/RESP3 replies).
-//! - [`connection`]: one client session (ordered replies, bounded pipelining, grant re-check).
-//! - [`commands`]: the command table and one module per command family.
-//! - [`redlock`]: the pure decision logic (quorum, validity, merge rule), no I/O.
-//! - [`cluster`]: fan-out to every master and the script cache.
-//! - [`backend`]: one pipelined connection per master, timeouts, retirement, reconnects.
-//! - [`health`]: master health watching, quarantine of masters that lost data, unsafe configs.
-//! - [`server`]: the accept loop and graceful shutdown; [`config`]; [`local`] (child masters).
+//! # Layers
+//! Each module depends only on modules of the layers above it:
+//!
+//! 1. Leaves, no I/O: [`protocol`] (RESP both ways: client requests, replies, commands to the
+//!    masters), [`redlock`] (the pure Redlock decisions: quorum, validity, merge rules),
+//!    [`lease_script`] (what a client's Lua script means), [`error`] (every error reply the
+//!    proxy makes), [`config`], [`lease`] (a reply that promises a lock until a deadline).
+//! 2. [`transport`]: one pipelined FIFO connection per master (send, replies in order,
+//!    reconnect, watchdog, clean-ups that survive reconnects). Knows nothing of votes.
+//! 3. [`health`]: whether each master may vote (the monitor, quarantine of masters that lost
+//!    data, clock readings), behind [`health::MasterHealth`].
+//! 4. [`masters`]: the voting set, one voter (link + health) per master, and the fan-out into
+//!    a slot vector of votes.
+//! 5. [`lock`] (the acquire: single flight, rollback, its scripts) and [`script_cache`].
+//! 6. [`shared`]: the state every connection shares.
+//! 7. [`commands`]: the command table and one module per command family.
+//! 8. [`connection`]: one client session (ordered replies, bounded pipelining, grant re-check).
+//! 9. [`server`]: the accept loop and graceful shutdown.
+//!
+//! Beside them, [`local`] starts child `redis-server` masters (`--local`, tests, benches).
 
-pub mod backend;
-pub mod cluster;
-pub mod commands;
-pub mod config;
-pub mod connection;
-pub mod health;
-pub mod lease_script;
-pub mod local;
-pub mod protocol;
-pub mod redlock;
-pub mod server;
+mod commands;
+mod config;
+mod connection;
+mod error;
+mod health;
+mod lease;
+mod lease_script;
+mod local;
+mod lock;
+mod masters;
+mod protocol;
+mod redlock;
+mod script_cache;
+mod server;
+mod shared;
+mod transport;
 
-pub use config::Config;
-pub use server::run;
+#[cfg(test)]
+mod fake_master;
 
-pub use cluster::MAX_FANOUTS;
-pub use config::{ConfigError, LogFormat};
-pub use local::{LocalCluster, LocalMaster};
+pub use config::{Config, ConfigError, LogFormat};
+pub use local::{LocalCluster, LocalError, LocalMaster};
+pub use masters::MAX_FANOUTS;
 pub use redlock::{backend_ttl_ms, drift_ms};
+pub use server::run;
 
 /// What the proxy keeps on every master, for tests and tools that inspect the masters.
 pub mod on_master {
-    pub use crate::cluster::{
-        attempt_key, script_sha, ACQUIRE_SCRIPT, ROLLBACK_SCRIPT as COMPARE_AND_DELETE, UNDO_SCRIPT,
-    };
     pub use crate::health::{ARMED_KEY, QUARANTINE_KEY};
+    pub use crate::lock::{attempt_key, ACQUIRE_SCRIPT, COMPARE_AND_DELETE, UNDO_SCRIPT};
+    pub use crate::script_cache::script_sha;
 }

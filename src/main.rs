@@ -2,8 +2,7 @@
 //! [`redlock_proxy::run`] until SIGINT/SIGTERM.
 
 use clap::Parser;
-use redlock_proxy::config::{Config, LogFormat};
-use redlock_proxy::local::LocalCluster;
+use redlock_proxy::{Config, LocalCluster, LogFormat};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -47,7 +46,7 @@ struct Cli {
 }
 
 impl Cli {
-    fn into_config(self) -> Result<Config, redlock_proxy::config::ConfigError> {
+    fn into_config(self) -> Result<Config, redlock_proxy::ConfigError> {
         let mut config = match &self.config {
             Some(path) => Config::from_file(path)?,
             None => Config::default(),

@@ -15,20 +15,53 @@
 //!   the moment it *sent* the command is covered even if a master's clock runs fast by up to the
 //!   drift factor.
 
+use crate::error::ProxyError;
 use crate::protocol::Reply;
 use std::time::Duration;
+
+/// The lock settings the decisions depend on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Policy {
+    /// The clock drift factor `F` (redis.io "Distributed Locks with Redis": drift is
+    /// `TTL × F + 2 ms`).
+    pub drift_factor: f64,
+    /// The longest lock TTL the proxy forwards (`max_lock_ttl_ms`).
+    pub max_lock_ttl_ms: u64,
+}
+
+impl Policy {
+    /// `B`: the longest any key the proxy sets or extends can live on a master, the TTL cap
+    /// plus drift. Every TTL the proxy forwards is checked against the cap
+    /// ([`Policy::check_ttl`]), and scripts that may set expiries are capped at `B` after they
+    /// run; so a master that lost its data at time L held no lease that outlives L + B, which
+    /// is how long it is quarantined ([`crate::health`]).
+    pub fn lease_bound(&self) -> Duration {
+        Duration::from_millis(backend_ttl_ms(self.max_lock_ttl_ms, self.drift_factor))
+    }
+
+    /// Refuses a TTL above the cap: a longer lease could outlive a quarantine.
+    pub fn check_ttl(&self, ttl_ms: u64) -> Result<(), ProxyError> {
+        if ttl_ms > self.max_lock_ttl_ms {
+            return Err(ProxyError::TtlAboveCap {
+                ttl_ms,
+                cap_ms: self.max_lock_ttl_ms,
+            });
+        }
+        Ok(())
+    }
+}
 
 /// Majority of `n` masters.
 pub fn quorum(n: usize) -> usize {
     n / 2 + 1
 }
 
-/// Clock drift allowance for a lease of `ttl_ms` (contract §1: `TTL × F + 2 ms`), rounded up.
+/// Clock drift allowance for a lease of `ttl_ms` (redis.io "Distributed Locks with Redis": `TTL × F + 2 ms`), rounded up.
 pub fn drift_ms(ttl_ms: u64, drift_factor: f64) -> u64 {
     ((ttl_ms as f64) * drift_factor).ceil() as u64 + 2
 }
 
-/// The `PX` each master is asked for: `TTL + drift` (contract §2, acquire step 4).
+/// The `PX` each master is asked for: `TTL + drift` (docs/SAFETY.md, validity).
 pub fn backend_ttl_ms(ttl_ms: u64, drift_factor: f64) -> u64 {
     ttl_ms.saturating_add(drift_ms(ttl_ms, drift_factor))
 }
@@ -45,13 +78,27 @@ pub fn validity_window(ttl_ms: u64, drift_factor: f64) -> Option<Duration> {
 pub enum Vote {
     /// Sent, no answer yet.
     Pending,
-    /// No answer within the node timeout, or the connection failed: counts as "no".
-    Missing,
+    /// No answer (the reason says why): counts as "no".
+    Missing(MissingReason),
     /// Not asked: quarantined after a data loss. Counts as "no"; its state is unknown, but it
     /// votes for nobody until its quarantine ends (see [`MergeRule::Release`]).
     Fenced,
     /// The master's reply.
     Replied(Reply),
+}
+
+/// Why a master's vote is missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissingReason {
+    /// The master may not vote now (not yet judged on this connection, unsafe, quarantined):
+    /// it was not asked, or its answer does not count.
+    NotEligible,
+    /// There was no connection to it.
+    NoLink,
+    /// No answer within the node timeout.
+    Timeout,
+    /// Its connection ended before the answer came.
+    Closed,
 }
 
 /// State of an acquire (`SET key value NX PX ttl` on every master).
@@ -105,7 +152,7 @@ pub fn majority_unreachable(votes: &[Vote]) -> bool {
     let n = votes.len();
     votes
         .iter()
-        .filter(|v| matches!(v, Vote::Missing | Vote::Fenced))
+        .filter(|v| matches!(v, Vote::Missing(_) | Vote::Fenced))
         .count()
         > n - quorum(n)
 }
@@ -113,11 +160,12 @@ pub fn majority_unreachable(votes: &[Vote]) -> bool {
 /// True where a refused acquire must be rolled back: the master said `OK`, or its answer is
 /// unknown (still pending, timed out, connection lost: the write may have been applied).
 /// A master that answered null did *not* take our value; deleting "our" value there could
-/// delete another holder's lock that happens to use the same token (the PHP seed draws tokens
-/// from only 9001 values), so those masters are left alone.
+/// delete another holder's lock that happens to use the same token (the PHP lock class of
+/// `tests/clients/php-phpredis.php` draws tokens from only 9001 values), so those masters are
+/// left alone.
 pub fn may_hold_our_value(vote: &Vote) -> bool {
     match vote {
-        Vote::Pending | Vote::Missing | Vote::Fenced => true,
+        Vote::Pending | Vote::Missing(_) | Vote::Fenced => true,
         Vote::Replied(_) => is_ok(vote),
     }
 }
@@ -208,13 +256,13 @@ pub fn merge(votes: &[Vote], rule: MergeRule) -> Option<Reply> {
     Some(no_quorum(n))
 }
 
-/// The refusal when no majority agreed.
+/// The refusal when no majority of `n` masters agreed.
 pub fn no_quorum(n: usize) -> Reply {
-    Reply::error(format!(
-        "NOQUORUM fewer than {} of {} masters agreed",
-        quorum(n),
-        n
-    ))
+    ProxyError::NoQuorum {
+        quorum: quorum(n),
+        masters: n,
+    }
+    .into()
 }
 
 /// `PTTL`/`TTL` never promise more than the lock holds: the drift padding added to the
@@ -253,7 +301,8 @@ mod tests {
     fn err(s: &str) -> Vote {
         Vote::Replied(Reply::error(s))
     }
-    use Vote::{Missing as M, Pending as P};
+    use Vote::Pending as P;
+    const M: Vote = Vote::Missing(MissingReason::Timeout);
 
     #[test]
     fn quorum_sizes() {

@@ -1,11 +1,12 @@
 //! The listener: accepts clients (up to `maxclients`), serves each on its own task, and shuts
 //! down gracefully (stop accepting, let every connection finish what it has in flight, bounded).
 
-use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::connection;
+use crate::error::ProxyError;
+use crate::shared::Shared;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -15,36 +16,11 @@ use tokio::time::Instant;
 /// How long shutdown waits for connections to finish their in-flight requests.
 const DRAIN_LIMIT: Duration = Duration::from_secs(5);
 
-/// State shared by every connection.
-pub struct Shared {
-    pub cluster: Arc<Cluster>,
-    pub config: Config,
-    pub started: Instant,
-    pub clients: AtomicUsize,
-    /// Per-key single flight of acquires.
-    pub acquires: Arc<crate::commands::lock::Flights>,
-    next_client_id: AtomicU64,
-}
-
-impl Shared {
-    pub fn next_client_id(&self) -> u64 {
-        self.next_client_id.fetch_add(1, Ordering::Relaxed) + 1
-    }
-}
-
 /// Serves clients on `listener` with the masters in `config.backends` until `shutdown`
 /// completes, then drains connections and returns.
 pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future) {
-    let cluster = Cluster::start(&config);
     let limit = Arc::new(Semaphore::new(config.maxclients));
-    let shared = Arc::new(Shared {
-        cluster: cluster.clone(),
-        config,
-        started: Instant::now(),
-        clients: AtomicUsize::new(0),
-        acquires: Arc::default(),
-        next_client_id: AtomicU64::new(0),
-    });
+    let shared = Shared::start(config);
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::pin!(shutdown);
     loop {
@@ -57,7 +33,7 @@ pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future) {
                     tokio::spawn(async move {
                         match permit {
                             Ok(_permit) => connection::serve(stream, shared, stop).await,
-                            Err(_) => connection::refuse(stream, "ERR max number of clients reached").await,
+                            Err(_) => connection::refuse(stream, ProxyError::MaxClients).await,
                         }
                     });
                 }
@@ -77,5 +53,5 @@ pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future) {
     while shared.clients.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    cluster.stop();
+    shared.masters.stop();
 }

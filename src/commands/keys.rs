@@ -2,30 +2,39 @@
 //! master (the request's own bytes, no re-encoding) and answered by the quorum reply rule.
 //! `PTTL`/`TTL` then take the drift padding off, so they never promise more than the lock holds.
 
-use super::{Action, Ctx, Outcome, Session};
-use crate::cluster::{command, quorum_reply, Cluster};
-use crate::protocol::Request;
+use super::{Action, Ctx, Session};
+use crate::lease::Outcome;
+use crate::masters::Masters;
+use crate::protocol::{encode_command, Request};
 use crate::redlock::{conservative_ttl, MergeRule};
+use bytes::Bytes;
 use std::sync::Arc;
 
 /// Fans the request out and merges the replies.
 pub fn forward(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
-    forward_request(ctx.cluster(), request)
+    forward_request(ctx.masters(), request)
+}
+
+/// The bytes to send the masters: the request as it was received, or re-encoded (inline).
+fn payload(request: Request) -> Bytes {
+    request.raw.unwrap_or_else(|| encode_command(&request.args))
 }
 
 /// Sends `request` to every master as it was received and answers by the quorum rule.
-pub fn forward_request(cluster: Arc<Cluster>, request: Request) -> Action {
-    let payload = request.raw.unwrap_or_else(|| command(&request.args));
+pub fn forward_request(masters: Arc<Masters>, request: Request) -> Action {
+    let payload = payload(request);
     Action::Defer(Box::pin(async move {
-        Outcome::Reply(quorum_reply(&cluster, &payload, MergeRule::Known).await)
+        Outcome::Reply(masters.quorum_reply(&payload, MergeRule::Known).await)
     }))
 }
 
 /// `PEXPIRE` / `EXPIRE`: the new TTL must not exceed `max_lock_ttl_ms` (every TTL the proxy
-/// forwards is capped: see `Cluster::lease_bound`); a bad integer gets Redis' own text.
+/// forwards is capped: see [`crate::redlock::Policy::lease_bound`]); a bad integer gets
+/// Redis' own text.
 pub fn expire(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
-    let Some(ttl) = super::parse_int(&request.args[2]) else {
-        return Action::Ready(super::not_an_integer());
+    let ttl = match super::parse_int(&request.args[2]) {
+        Ok(ttl) => ttl,
+        Err(err) => return Action::error(err),
     };
     let unit: i64 = if request.args[0].eq_ignore_ascii_case(b"expire") {
         1000
@@ -33,24 +42,24 @@ pub fn expire(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action
         1
     };
     let ttl_ms = u64::try_from(ttl.saturating_mul(unit)).unwrap_or(0);
-    let cluster = ctx.cluster();
-    if let Err(reply) = cluster.check_ttl(ttl_ms) {
-        return Action::Ready(reply);
+    if let Err(err) = ctx.shared.policy.check_ttl(ttl_ms) {
+        return Action::error(err);
     }
-    forward_request(cluster, request)
+    forward_request(ctx.masters(), request)
 }
 
 /// `PTTL` / `TTL`: the majority's remaining time minus the drift allowance.
 pub fn ttl(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
-    let cluster = ctx.cluster();
+    let masters = ctx.masters();
+    let drift_factor = ctx.shared.policy.drift_factor;
     let unit_ms = if request.args[0].eq_ignore_ascii_case(b"ttl") {
         1000
     } else {
         1
     };
-    let payload = request.raw.unwrap_or_else(|| command(&request.args));
+    let payload = payload(request);
     Action::Defer(Box::pin(async move {
-        let merged = quorum_reply(&cluster, &payload, MergeRule::Known).await;
-        Outcome::Reply(conservative_ttl(merged, unit_ms, cluster.drift_factor))
+        let merged = masters.quorum_reply(&payload, MergeRule::Known).await;
+        Outcome::Reply(conservative_ttl(merged, unit_ms, drift_factor))
     }))
 }

@@ -3,17 +3,20 @@
 //! errors and refusals come from this one place, with Redis' own wording.
 //!
 //! Families: [`lock`] (`SET`, the acquire), [`scripts`] (`EVAL`, `EVALSHA`, `SCRIPT`), [`keys`]
-//! (plain key commands under the quorum reply rule), [`server`] (connection and handshake
-//! commands answered by the proxy itself).
+//! (plain key commands under the quorum reply rule), [`handshake`] (connection commands
+//! answered by the proxy itself), [`introspection`] (`INFO`, `COMMAND`).
 
+pub mod handshake;
+pub mod introspection;
 pub mod keys;
 pub mod lock;
 pub mod scripts;
-pub mod server;
 
-use crate::cluster::Cluster;
+use crate::error::ProxyError;
+use crate::lease::Outcome;
+use crate::masters::Masters;
 use crate::protocol::{Protocol, Reply, Request};
-use crate::server::Shared;
+use crate::shared::Shared;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::net::SocketAddr;
@@ -30,36 +33,6 @@ pub struct Session {
     pub lib_ver: Option<Bytes>,
     pub peer: SocketAddr,
     pub local: SocketAddr,
-}
-
-/// What a command produces once its work is done.
-pub enum Outcome {
-    Reply(Reply),
-    /// A lease (a lock acquire or extend) that is only valid until `deadline`.
-    Lease(Lease),
-}
-
-/// A reply that promises a lease: `granted` may be written only while
-/// `Instant::now() < deadline` (the validity re-check right before the reply is written,
-/// docs/SAFETY.md, validity); otherwise the writer runs `rollback` (if any) and writes `expired`.
-pub struct Lease {
-    pub deadline: Instant,
-    pub granted: Reply,
-    pub expired: Reply,
-    pub rollback: Option<BoxFuture<'static, ()>>,
-}
-
-impl Lease {
-    /// The reply to write now.
-    pub async fn settle(self) -> Reply {
-        if Instant::now() < self.deadline {
-            return self.granted;
-        }
-        if let Some(rollback) = self.rollback {
-            rollback.await;
-        }
-        self.expired
-    }
 }
 
 /// How a request is served.
@@ -84,8 +57,15 @@ pub struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    pub fn cluster(&self) -> Arc<Cluster> {
-        self.shared.cluster.clone()
+    pub fn masters(&self) -> Arc<Masters> {
+        self.shared.masters.clone()
+    }
+}
+
+impl Action {
+    /// Answered at once with `err`.
+    pub fn error(err: ProxyError) -> Action {
+        Action::Ready(err.into())
     }
 }
 
@@ -179,16 +159,16 @@ pub static COMMANDS: &[Spec] = &[
     spec("evalsha", -3, SCRIPT, NO_KEYS, scripts::evalsha),
     spec("evalsha_ro", -3, SCRIPT, NO_KEYS, scripts::evalsha),
     spec("script", -2, &["noscript"], NO_KEYS, scripts::script),
-    spec("ping", -1, LOCAL, NO_KEYS, server::ping),
-    spec("echo", 2, LOCAL, NO_KEYS, server::echo),
-    spec("select", 2, LOCAL, NO_KEYS, server::select),
-    spec("hello", -1, LOCAL, NO_KEYS, server::hello),
-    spec("auth", -2, LOCAL, NO_KEYS, server::auth),
-    spec("client", -2, LOCAL, NO_KEYS, server::client),
-    spec("info", -1, LOCAL, NO_KEYS, server::info),
-    spec("command", -1, LOCAL, NO_KEYS, server::command),
-    spec("quit", -1, LOCAL, NO_KEYS, server::quit),
-    spec("reset", 1, LOCAL, NO_KEYS, server::reset),
+    spec("ping", -1, LOCAL, NO_KEYS, handshake::ping),
+    spec("echo", 2, LOCAL, NO_KEYS, handshake::echo),
+    spec("select", 2, LOCAL, NO_KEYS, handshake::select),
+    spec("hello", -1, LOCAL, NO_KEYS, handshake::hello),
+    spec("auth", -2, LOCAL, NO_KEYS, handshake::auth),
+    spec("client", -2, LOCAL, NO_KEYS, handshake::client),
+    spec("info", -1, LOCAL, NO_KEYS, introspection::info),
+    spec("command", -1, LOCAL, NO_KEYS, introspection::describe),
+    spec("quit", -1, LOCAL, NO_KEYS, handshake::quit),
+    spec("reset", 1, LOCAL, NO_KEYS, handshake::reset),
     spec("setnx", 3, WRITE, ONE_KEY, lock::setnx),
     refused(
         "persist",
@@ -249,18 +229,13 @@ impl Spec {
 }
 
 /// Keys under this prefix hold the proxy's own state on the masters (the shared markers, the
-/// attempt ids: see `health` and `cluster`); a client that could delete or change them could end
-/// a quarantine early or make every master look wiped.
+/// attempt ids: see [`crate::health`] and [`crate::lock`]); a client that could delete or change
+/// them could end a quarantine early or make every master look wiped.
 pub const RESERVED_PREFIX: &[u8] = b"redlock-proxy:";
 
 /// Whether a client key falls under [`RESERVED_PREFIX`].
 pub fn is_reserved_key(key: &Bytes) -> bool {
     key.starts_with(RESERVED_PREFIX)
-}
-
-/// The refusal for a client command on a reserved key.
-pub fn reserved_key() -> Reply {
-    Reply::error("ERR keys starting with 'redlock-proxy:' are reserved by redlock-proxy")
 }
 
 /// Looks a command name up, case-insensitively.
@@ -273,16 +248,16 @@ pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
 /// Serves one request.
 pub fn dispatch(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
     let Some(name) = request.args.first() else {
-        return Action::Ready(Reply::error("ERR empty command"));
+        return Action::error(ProxyError::unknown_command(&request.args));
     };
     let Some(spec) = lookup(name) else {
-        return Action::Ready(unknown_command(&request.args));
+        return Action::error(ProxyError::unknown_command(&request.args));
     };
     match spec.kind {
-        Kind::Refused(reason) => Action::Ready(Reply::error(format!(
-            "ERR '{}' is refused by redlock-proxy: {reason}",
-            spec.name.to_ascii_uppercase()
-        ))),
+        Kind::Refused(reason) => Action::error(ProxyError::Refused {
+            command: spec.name.to_ascii_uppercase(),
+            reason,
+        }),
         Kind::Handled(handler) => {
             let n = request.args.len() as i32;
             let arity_ok = if spec.arity >= 0 {
@@ -291,88 +266,24 @@ pub fn dispatch(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Actio
                 n >= -spec.arity
             };
             if !arity_ok {
-                return Action::Ready(wrong_arity(spec.name));
+                return Action::error(ProxyError::WrongArity(spec.name.into()));
             }
             if spec.keys(&request.args).any(is_reserved_key) {
-                return Action::Ready(reserved_key());
+                return Action::error(ProxyError::ReservedKey);
             }
             handler(ctx, session, request)
         }
     }
 }
 
-/// Redis' text for an unknown command (`server.c processCommand`): the name as sent, then up
-/// to 128 characters of arguments, each quoted and followed by a space.
-pub fn unknown_command(args: &[Bytes]) -> Reply {
-    let mut shown = String::new();
-    for arg in &args[1..] {
-        if shown.len() >= 128 {
-            break;
-        }
-        let text = String::from_utf8_lossy(arg);
-        let room = 128 - shown.len();
-        let cut: String = text.chars().take(room).collect();
-        shown.push_str(&format!("'{cut}' "));
-    }
-    let name: String = String::from_utf8_lossy(&args[0])
-        .chars()
-        .take(128)
-        .collect();
-    Reply::error(format!(
-        "ERR unknown command '{name}', with args beginning with: {shown}"
-    ))
-}
-
-/// Redis' `addReplySubcommandSyntaxError` text.
-pub fn unknown_subcommand(sub: &[u8], command: &str) -> Reply {
-    let sub: String = String::from_utf8_lossy(sub).chars().take(128).collect();
-    Reply::error(format!(
-        "ERR unknown subcommand '{sub}'. Try {command} HELP."
-    ))
-}
-
-/// Redis' arity error, naming the command in lower case (`c->cmd->fullname`).
-pub fn wrong_arity(name: &str) -> Reply {
-    Reply::error(format!(
-        "ERR wrong number of arguments for '{name}' command"
-    ))
-}
-
-/// Redis' reply for an argument that is not an integer.
-pub fn not_an_integer() -> Reply {
-    Reply::error("ERR value is not an integer or out of range")
-}
-
-/// Redis' `syntax error`.
-pub fn syntax_error() -> Reply {
-    Reply::error("ERR syntax error")
-}
-
 /// Parses an integer argument the way Redis does (`getLongLongFromObject`).
-pub fn parse_int(arg: &[u8]) -> Option<i64> {
-    crate::protocol::request::parse_strict_i64(arg)
+pub fn parse_int(arg: &[u8]) -> Result<i64, ProxyError> {
+    crate::protocol::parse_strict_i64(arg).ok_or(ProxyError::NotAnInteger)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn unknown_command_text_matches_redis() {
-        let args = |v: &[&str]| {
-            v.iter()
-                .map(|s| Bytes::copy_from_slice(s.as_bytes()))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(
-            unknown_command(&args(&["FOO"])),
-            Reply::error("ERR unknown command 'FOO', with args beginning with: ")
-        );
-        assert_eq!(
-            unknown_command(&args(&["foo", "bar", "baz"])),
-            Reply::error("ERR unknown command 'foo', with args beginning with: 'bar' 'baz' ")
-        );
-    }
 
     #[test]
     fn table_names_are_unique_and_lower_case() {

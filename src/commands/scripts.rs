@@ -1,7 +1,7 @@
 //! `EVAL`, `EVALSHA` (and their `_RO` forms) and `SCRIPT LOAD|EXISTS|FLUSH|KILL`.
 //!
 //! A script runs unchanged on every master. The proxy remembers every body it sees under its
-//! real SHA1 (of the exact bytes, at most [`crate::cluster::MAX_SCRIPTS`]), and sends an
+//! real SHA1 (of the exact bytes, at most [`crate::script_cache::MAX_SCRIPTS`]), and sends an
 //! `EVALSHA` of a known script to the masters as the `EVAL` of its body, so a master that never
 //! saw the script or lost its cache runs it like the others, in the same position of the
 //! connection's FIFO as the client's request. An `EVALSHA` of a SHA1 the proxy does not know is
@@ -20,31 +20,43 @@
 //! extended/not acquired") and any other reply becomes an error, which no convention reads as
 //! success.
 //!
-//! Every script that may set expiries is followed, on each master, by
-//! [`crate::cluster::GUARD_SCRIPT`] in the same pipeline: it caps what the script set at the
+//! Every script that may set expiries is followed, on each master, by [`GUARD_SCRIPT`] in the
+//! same pipeline: it caps what the script set at the
 //! lease bound, and a master that turns out unarmed or quarantined does not vote. A script that
 //! tried to set a longer TTL is answered with an error (its key was capped, so the caller must
 //! not believe the longer lease).
 
-use super::{not_an_integer, Action, Ctx, Lease, Outcome, Session};
-use crate::cluster::{command, quorum_reply, Cluster, Script, GUARD_SCRIPT};
+use super::keys::forward_request;
+use super::{Action, Ctx, Session};
+use crate::error::ProxyError;
 use crate::health::{ARMED_KEY, QUARANTINE_KEY};
-use crate::protocol::{Reply, Request};
-use crate::redlock::{backend_ttl_ms, merge, no_quorum, validity_window, MergeRule, Vote};
+use crate::lease::{Lease, Outcome};
+use crate::masters::Masters;
+use crate::protocol::{encode_command, Reply, Request};
+use crate::redlock::{
+    backend_ttl_ms, merge, no_quorum, validity_window, MergeRule, MissingReason, Vote,
+};
+use crate::script_cache::Script;
 use bytes::Bytes;
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// Run on every master right after a script that may set expiries (`KEYS` = the two markers,
+/// then the script's keys; `ARGV[1]` = the lease bound in ms). First it caps every key of the
+/// script at the bound (a script can compute any TTL: redis-py's `extend` adds to the current
+/// one), then it answers `-1` if the master is unarmed or quarantined, else how many keys it
+/// had to cap. Run *after* the script, a present marker proves no wipe came before the
+/// script ran (a wiped master is re-armed only together with its quarantine: [`crate::health`]).
+pub const GUARD_SCRIPT: &str = "local capped = 0 for i = 3, #KEYS do if redis.call('pttl', KEYS[i]) > tonumber(ARGV[1]) then redis.call('pexpire', KEYS[i], ARGV[1]) capped = capped + 1 end end if redis.call('exists', KEYS[1]) == 0 or redis.call('exists', KEYS[2]) == 1 then return -1 end return capped";
+
 /// Checks `numkeys` as Redis' `evalGetKeys` does; returns it.
-fn check_numkeys(args: &[Bytes]) -> Result<usize, Reply> {
-    let numkeys = super::parse_int(&args[2]).ok_or_else(not_an_integer)?;
+fn check_numkeys(args: &[Bytes]) -> Result<usize, ProxyError> {
+    let numkeys = super::parse_int(&args[2])?;
     if numkeys < 0 {
-        return Err(Reply::error("ERR Number of keys can't be negative"));
+        return Err(ProxyError::NegativeNumkeys);
     }
     if numkeys as u64 > (args.len() - 3) as u64 {
-        return Err(Reply::error(
-            "ERR Number of keys can't be greater than number of args",
-        ));
+        return Err(ProxyError::TooManyNumkeys);
     }
     Ok(numkeys as usize)
 }
@@ -52,9 +64,9 @@ fn check_numkeys(args: &[Bytes]) -> Result<usize, Reply> {
 /// `EVAL body numkeys key… arg…`
 pub fn eval(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     match check_numkeys(&request.args) {
-        Err(reply) => Action::Ready(reply),
+        Err(err) => Action::error(err),
         Ok(numkeys) => {
-            let script = ctx.shared.cluster.remember_script(request.args[1].clone());
+            let script = ctx.shared.scripts.remember(request.args[1].clone());
             run(ctx, request, script, numkeys)
         }
     }
@@ -63,12 +75,10 @@ pub fn eval(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
 /// `EVALSHA sha numkeys key… arg…`
 pub fn evalsha(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     match check_numkeys(&request.args) {
-        Err(reply) => Action::Ready(reply),
-        Ok(numkeys) => match ctx.shared.cluster.script_by_sha(&request.args[1]) {
+        Err(err) => Action::error(err),
+        Ok(numkeys) => match ctx.shared.scripts.by_sha(&request.args[1]) {
             Some(script) => run(ctx, request, script, numkeys),
-            None => Action::Ready(Reply::error(
-                "NOSCRIPT No matching script. Please use EVAL.",
-            )),
+            None => Action::error(ProxyError::NoScript),
         },
     }
 }
@@ -77,7 +87,7 @@ pub fn evalsha(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Actio
 fn lease_ttl(script: &Script, args: &[Bytes], numkeys: usize) -> Option<(usize, u64, u64)> {
     let shape = script.lease?;
     let at = 3 + numkeys + shape.argv - 1;
-    let ttl = super::parse_int(args.get(at)?)?;
+    let ttl = super::parse_int(args.get(at)?).ok()?;
     let ttl_ms = u64::try_from(ttl).ok()?.checked_mul(shape.unit_ms)?;
     (ttl_ms > 0).then_some((at, ttl_ms, shape.unit_ms))
 }
@@ -87,32 +97,33 @@ fn run(ctx: &Ctx<'_>, request: Request, script: Script, numkeys: usize) -> Actio
         .iter()
         .any(super::is_reserved_key)
     {
-        return Action::Ready(super::reserved_key());
+        return Action::error(ProxyError::ReservedKey);
     }
-    let cluster = ctx.cluster();
+    let masters = ctx.masters();
+    let policy = ctx.shared.policy;
     let lease = lease_ttl(&script, &request.args, numkeys);
     let mut args = request.args;
     let mut deadline = None;
     if let Some((at, ttl_ms, unit_ms)) = lease {
-        if let Err(reply) = cluster.check_ttl(ttl_ms) {
-            return Action::Ready(reply);
+        if let Err(err) = policy.check_ttl(ttl_ms) {
+            return Action::error(err);
         }
         // Pad the masters' TTL by drift (rounded up to the script's unit).
-        let padded = backend_ttl_ms(ttl_ms, cluster.drift_factor).div_ceil(unit_ms);
+        let padded = backend_ttl_ms(ttl_ms, policy.drift_factor).div_ceil(unit_ms);
         args[at] = Bytes::from(padded.to_string());
-        let window = validity_window(ttl_ms, cluster.drift_factor).unwrap_or(Duration::ZERO);
+        let window = validity_window(ttl_ms, policy.drift_factor).unwrap_or(Duration::ZERO);
         deadline = Some(ctx.received_at + window);
     }
     // The masters always get the body (`EVAL`), never a SHA1 they may not know.
     let read_only = args[0].len() > 4 && args[0].to_ascii_uppercase().ends_with(b"_RO");
     args[0] = Bytes::from_static(if read_only { b"EVAL_RO" } else { b"EVAL" });
     args[1] = script.body;
-    let mut payload = bytes::BytesMut::from(command(&args).as_ref());
+    let mut payload = bytes::BytesMut::from(encode_command(&args).as_ref());
     let guarded = script.sets_expiry && !read_only;
     if guarded {
         // EVAL <guard> (2 + numkeys) <armed> <quarantine> <the script's keys…> <bound>
         let count = (numkeys + 2).to_string();
-        let bound = cluster.lease_bound().as_millis().to_string();
+        let bound = policy.lease_bound().as_millis().to_string();
         let mut guard: Vec<&[u8]> = vec![
             b"EVAL",
             GUARD_SCRIPT.as_bytes(),
@@ -122,15 +133,15 @@ fn run(ctx: &Ctx<'_>, request: Request, script: Script, numkeys: usize) -> Actio
         ];
         guard.extend(args[3..3 + numkeys].iter().map(|k| k.as_ref()));
         guard.push(bound.as_bytes());
-        payload.extend_from_slice(&command(&guard));
+        payload.extend_from_slice(&encode_command(&guard));
     }
     let payload = payload.freeze();
     let rule = script.merge;
     Action::Defer(Box::pin(async move {
         let reply = if guarded {
-            guarded_reply(&cluster, &payload, rule).await
+            guarded_reply(&masters, &payload, rule, policy.max_lock_ttl_ms).await
         } else {
-            quorum_reply(&cluster, &payload, rule).await
+            masters.quorum_reply(&payload, rule).await
         };
         settle(reply, deadline)
     }))
@@ -142,9 +153,9 @@ fn script_vote(vote: &Vote) -> Vote {
     match vote {
         Vote::Replied(Reply::Array(pair)) => match pair.as_slice() {
             [reply, Reply::Integer(n)] if *n >= 0 => Vote::Replied(reply.clone()),
-            _ => Vote::Missing,
+            _ => Vote::Missing(MissingReason::NotEligible),
         },
-        Vote::Replied(_) => Vote::Missing,
+        Vote::Replied(_) => Vote::Missing(MissingReason::NotEligible),
         other => other.clone(),
     }
 }
@@ -153,26 +164,23 @@ fn script_vote(vote: &Vote) -> Vote {
 /// script's replies, counting a master only if its guard vouched for it. A master whose guard
 /// found it unarmed or quarantined is re-checked by its health monitor at once; a guard that
 /// had to cap a TTL makes the reply an error.
-async fn guarded_reply(cluster: &Cluster, payload: &Bytes, rule: MergeRule) -> Reply {
+async fn guarded_reply(masters: &Masters, payload: &Bytes, rule: MergeRule, cap_ms: u64) -> Reply {
     let script_votes = |votes: &[Vote]| votes.iter().map(script_vote).collect::<Vec<_>>();
-    let votes = cluster
+    let votes = masters
         .fan_out(payload, 2, |v| merge(&script_votes(v), rule).is_some())
         .await;
     let mut capped = false;
-    for (vote, master) in votes.iter().zip(&cluster.masters) {
+    for (vote, voter) in votes.iter().zip(masters.voters()) {
         if let Vote::Replied(Reply::Array(pair)) = vote {
             match pair.get(1) {
-                Some(Reply::Integer(-1)) => master.health.recheck(),
+                Some(Reply::Integer(-1)) => voter.health.recheck(),
                 Some(Reply::Integer(n)) if *n > 0 => capped = true,
                 _ => {}
             }
         }
     }
     if capped {
-        return Reply::error(format!(
-            "ERR script set a TTL above max_lock_ttl_ms ({} ms) of redlock-proxy; the key's TTL was capped, do not rely on the longer lease",
-            cluster.max_lock_ttl_ms
-        ));
+        return ProxyError::ScriptTtlCapped(cap_ms).into();
     }
     let votes = script_votes(&votes);
     merge(&votes, rule).unwrap_or_else(|| no_quorum(votes.len()))
@@ -185,9 +193,7 @@ fn settle(reply: Reply, deadline: Option<Instant>) -> Outcome {
         Some(deadline) if !reply.is_error() => {
             let expired = match reply {
                 Reply::Integer(n) if n > 0 => Reply::Integer(0),
-                _ => Reply::error(
-                    "ERR lease validity expired before a majority answered (redlock-proxy); the lock is not held",
-                ),
+                _ => ProxyError::LeaseExpired.into(),
             };
             Outcome::Lease(Lease {
                 deadline,
@@ -203,24 +209,24 @@ fn settle(reply: Reply, deadline: Option<Instant>) -> Outcome {
 /// `SCRIPT LOAD|EXISTS|FLUSH|KILL|HELP`
 pub fn script(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     let sub = request.args[1].to_ascii_uppercase();
-    let cluster = ctx.cluster();
+    let (masters, scripts) = (ctx.masters(), &ctx.shared.scripts);
     match (sub.as_slice(), request.args.len()) {
         (b"LOAD", 3) => {
-            cluster.remember_script(request.args[2].clone());
-            super::keys::forward_request(cluster, request)
+            scripts.remember(request.args[2].clone());
+            forward_request(masters, request)
         }
         (b"EXISTS", n) if n >= 3 => {
             let known = request.args[2..]
                 .iter()
-                .map(|sha| Reply::Integer(i64::from(cluster.script_by_sha(sha).is_some())))
+                .map(|sha| Reply::Integer(i64::from(scripts.by_sha(sha).is_some())))
                 .collect();
             Action::Ready(Reply::Array(known))
         }
         (b"FLUSH", 2 | 3) => {
-            cluster.scripts.clear();
-            super::keys::forward_request(cluster, request)
+            scripts.clear();
+            forward_request(masters, request)
         }
-        (b"KILL", 2) => super::keys::forward_request(cluster, request),
+        (b"KILL", 2) => forward_request(masters, request),
         (b"HELP", 2) => Action::Ready(Reply::Array(
             [
                 "SCRIPT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
@@ -240,11 +246,8 @@ pub fn script(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action
             .collect(),
         )),
         (b"LOAD" | b"EXISTS" | b"FLUSH" | b"KILL" | b"HELP", _) => {
-            Action::Ready(Reply::error(format!(
-                "ERR wrong number of arguments for 'script|{}' command",
-                String::from_utf8_lossy(&sub).to_ascii_lowercase()
-            )))
+            Action::error(ProxyError::subcommand_arity("script", &sub))
         }
-        _ => Action::Ready(super::unknown_subcommand(&request.args[1], "SCRIPT")),
+        _ => Action::error(ProxyError::unknown_subcommand(&request.args[1], "SCRIPT")),
     }
 }

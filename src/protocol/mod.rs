@@ -1,11 +1,14 @@
-//! The client-facing wire protocol: request parsing (RESP multibulk and inline, with Redis'
-//! own limits and error texts) and reply encoding (RESP2 or RESP3, chosen per request).
+//! The wire protocol on both sides: client requests (RESP multibulk and inline, with Redis'
+//! own limits and error texts), replies to clients (RESP2 or RESP3, chosen per request), and
+//! commands to masters with their replies ([`master`]), all in one [`Reply`] type, so a reply
+//! from a master and a reply made by the proxy are the same thing.
 //!
-//! Backend replies are decoded by `redis-protocol` in [`crate::backend`] and converted into the
-//! same [`Reply`] type, so a reply from a master and a reply made by the proxy are one type.
+//! Depends on nothing else in the crate.
 
+pub mod master;
 pub mod reply;
 pub mod request;
 
+pub use master::{decode_reply, encode_command};
 pub use reply::{Protocol, Reply};
-pub use request::{ParseError, Request, RequestParser};
+pub use request::{parse_strict_i64, ParseError, Request, RequestParser};

@@ -119,13 +119,13 @@ fn line(out: &mut BytesMut, prefix: u8, text: &[u8]) {
     out.put_slice(b"\r\n");
 }
 
-fn header(out: &mut BytesMut, prefix: u8, len: usize) {
+pub(super) fn header(out: &mut BytesMut, prefix: u8, len: usize) {
     out.put_u8(prefix);
     put_int(out, len as i64);
     out.put_slice(b"\r\n");
 }
 
-fn bulk(out: &mut BytesMut, prefix: u8, data: &[u8]) {
+pub(super) fn bulk(out: &mut BytesMut, prefix: u8, data: &[u8]) {
     out.reserve(data.len() + 16);
     header(out, prefix, data.len());
     out.put_slice(data);
@@ -135,14 +135,6 @@ fn bulk(out: &mut BytesMut, prefix: u8, data: &[u8]) {
 fn put_int(out: &mut BytesMut, value: i64) {
     let mut buf = itoa::Buffer::new();
     out.put_slice(buf.format(value).as_bytes());
-}
-
-/// Encodes a command as a RESP array of bulk strings, the form every master accepts.
-pub fn encode_command<A: AsRef<[u8]>>(args: &[A], out: &mut BytesMut) {
-    header(out, b'*', args.len());
-    for arg in args {
-        bulk(out, b'$', arg.as_ref());
-    }
 }
 
 #[cfg(test)]

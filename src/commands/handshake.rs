@@ -1,0 +1,185 @@
+//! Connection and handshake commands answered by the proxy itself: `PING`, `ECHO`, `SELECT`,
+//! `HELLO`, `AUTH`, `CLIENT`, `QUIT`, `RESET`.
+//!
+//! These are what unmodified clients send before any lock command (redis-py and node-redis 6
+//! `HELLO 3`, ioredis' `INFO` ready check, `CLIENT SETINFO`, redis-cli's `COMMAND DOCS`); each
+//! gets the reply shape Redis 7 gives, so no client notices it is not talking to one Redis.
+
+use super::{Action, Ctx, Session};
+use crate::error::ProxyError;
+use crate::protocol::{Protocol, Reply, Request};
+use bytes::Bytes;
+
+/// The Redis version the proxy presents itself as (the protocol level it implements).
+pub const REDIS_VERSION: &str = "7.0.15";
+
+pub fn ping(_ctx: &Ctx<'_>, _s: &mut Session, request: Request) -> Action {
+    Action::Ready(match request.args.len() {
+        1 => Reply::simple("PONG"),
+        2 => Reply::Bulk(request.args[1].clone()),
+        _ => ProxyError::WrongArity("ping".into()).into(),
+    })
+}
+
+pub fn echo(_ctx: &Ctx<'_>, _s: &mut Session, request: Request) -> Action {
+    Action::Ready(Reply::Bulk(request.args[1].clone()))
+}
+
+/// Only DB 0 exists: locks must live in the same keyspace on every master.
+pub fn select(_ctx: &Ctx<'_>, _s: &mut Session, request: Request) -> Action {
+    Action::Ready(match super::parse_int(&request.args[1]) {
+        Err(err) => err.into(),
+        Ok(0) => Reply::ok(),
+        Ok(db) => ProxyError::SelectNonZero(db).into(),
+    })
+}
+
+/// No password is configured on the proxy, so Redis' own answer for that case.
+pub fn auth(_ctx: &Ctx<'_>, _s: &mut Session, request: Request) -> Action {
+    Action::error(if request.args.len() > 3 {
+        ProxyError::Syntax
+    } else {
+        ProxyError::NoPassword
+    })
+}
+
+/// `HELLO [protover [AUTH user pass] [SETNAME name]]`: switches the protocol and answers the
+/// server map Redis 7 gives (redis-py checks `proto` in it).
+pub fn hello(_ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
+    let args = &request.args;
+    let mut protocol = session.protocol;
+    if let Some(ver) = args.get(1) {
+        protocol = match super::parse_int(ver) {
+            Err(_) => return Action::error(ProxyError::ProtocolVersion),
+            Ok(2) => Protocol::Resp2,
+            Ok(3) => Protocol::Resp3,
+            Ok(_) => return Action::error(ProxyError::NoProto),
+        };
+    }
+    let mut name = None;
+    let mut i = 2;
+    while i < args.len() {
+        let opt = args[i].to_ascii_uppercase();
+        match opt.as_slice() {
+            // The default user has no password on the proxy: any credentials are accepted,
+            // as Redis does for a `nopass` default user.
+            b"AUTH" if i + 2 < args.len() => i += 3,
+            b"SETNAME" if i + 1 < args.len() => {
+                if let Err(err) = check_client_name(&args[i + 1]) {
+                    return Action::error(err);
+                }
+                name = Some(args[i + 1].clone());
+                i += 2;
+            }
+            _ => {
+                let option = String::from_utf8_lossy(&args[i]).into_owned();
+                return Action::error(ProxyError::HelloOption(option));
+            }
+        }
+    }
+    session.protocol = protocol;
+    if name.is_some() {
+        session.name = name;
+    }
+    let proto = match protocol {
+        Protocol::Resp2 => 2,
+        Protocol::Resp3 => 3,
+    };
+    Action::Ready(Reply::Map(vec![
+        (Reply::bulk("server"), Reply::bulk("redis")),
+        (Reply::bulk("version"), Reply::bulk(REDIS_VERSION)),
+        (Reply::bulk("proto"), Reply::Integer(proto)),
+        (Reply::bulk("id"), Reply::Integer(session.id as i64)),
+        (Reply::bulk("mode"), Reply::bulk("standalone")),
+        (Reply::bulk("role"), Reply::bulk("master")),
+        (Reply::bulk("modules"), Reply::Array(vec![])),
+    ]))
+}
+
+/// Redis allows only printable ASCII without spaces in client names and library info.
+fn printable(text: &[u8]) -> bool {
+    text.iter().all(|c| (b'!'..=b'~').contains(c))
+}
+
+fn check_client_name(name: &[u8]) -> Result<(), ProxyError> {
+    if !printable(name) {
+        return Err(ProxyError::ClientName);
+    }
+    Ok(())
+}
+
+fn client_info_line(session: &Session) -> String {
+    let text = |b: &Option<Bytes>| {
+        b.as_ref()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .unwrap_or_default()
+    };
+    let resp = match session.protocol {
+        Protocol::Resp2 => 2,
+        Protocol::Resp3 => 3,
+    };
+    format!(
+        "id={} addr={} laddr={} fd=0 name={} db=0 resp={} lib-name={} lib-ver={}\n",
+        session.id,
+        session.peer,
+        session.local,
+        text(&session.name),
+        resp,
+        text(&session.lib_name),
+        text(&session.lib_ver)
+    )
+}
+
+/// `CLIENT ID|SETNAME|GETNAME|SETINFO|INFO|LIST|HELP`; other subcommands get Redis'
+/// unknown-subcommand error (clients ignore it, e.g. `CLIENT MAINT_NOTIFICATIONS`).
+pub fn client(_ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
+    let args = &request.args;
+    let sub = args[1].to_ascii_uppercase();
+    let reply = match (sub.as_slice(), args.len()) {
+        (b"ID", 2) => Reply::Integer(session.id as i64),
+        (b"GETNAME", 2) => session.name.clone().map_or(Reply::Null, Reply::Bulk),
+        (b"SETNAME", 3) => match check_client_name(&args[2]) {
+            Ok(()) => {
+                session.name = (!args[2].is_empty()).then(|| args[2].clone());
+                Reply::ok()
+            }
+            Err(err) => err.into(),
+        },
+        (b"SETINFO", 4) => {
+            let attr = args[2].to_ascii_uppercase();
+            match attr.as_slice() {
+                b"LIB-NAME" | b"LIB-VER" if !printable(&args[3]) => {
+                    ProxyError::ClientInfo(String::from_utf8_lossy(&attr).into_owned()).into()
+                }
+                b"LIB-NAME" => {
+                    session.lib_name = Some(args[3].clone());
+                    Reply::ok()
+                }
+                b"LIB-VER" => {
+                    session.lib_ver = Some(args[3].clone());
+                    Reply::ok()
+                }
+                _ => ProxyError::UnrecognizedOption(String::from_utf8_lossy(&args[2]).into_owned())
+                    .into(),
+            }
+        }
+        (b"INFO", 2) => Reply::Verbatim(Bytes::from(client_info_line(session))),
+        (b"LIST", 2) => Reply::Verbatim(Bytes::from(client_info_line(session))),
+        (b"ID" | b"GETNAME" | b"SETNAME" | b"SETINFO" | b"INFO" | b"LIST", _) => {
+            ProxyError::subcommand_arity("client", &sub).into()
+        }
+        _ => ProxyError::unknown_subcommand(&args[1], "CLIENT").into(),
+    };
+    Action::Ready(reply)
+}
+
+pub fn quit(_ctx: &Ctx<'_>, _s: &mut Session, _request: Request) -> Action {
+    Action::Close(Reply::ok())
+}
+
+/// `RESET`: back to RESP2, no name, as a new connection.
+pub fn reset(_ctx: &Ctx<'_>, session: &mut Session, _request: Request) -> Action {
+    session.protocol = Protocol::Resp2;
+    session.name = None;
+    Action::Ready(Reply::simple("RESET"))
+}

@@ -1,0 +1,168 @@
+//! Commands that describe the proxy: `INFO` (Redis' format, with a `masters` section on the
+//! state and votes of each master) and `COMMAND` (the command table in Redis' shapes, so
+//! redis-cli's hints and clients' command discovery work).
+
+use super::handshake::REDIS_VERSION;
+use super::{Action, Ctx, Session, COMMANDS};
+use crate::error::ProxyError;
+use crate::protocol::{Reply, Request};
+use bytes::Bytes;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// `INFO [section …]`: Redis' format (`# Section` then `field:value` lines). ioredis' ready
+/// check needs a string reply with `loading:0`; the `masters` section shows each master's
+/// state and votes.
+pub fn info(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
+    let wanted: Vec<String> = request.args[1..]
+        .iter()
+        .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
+        .collect();
+    let show = |section: &str| {
+        wanted.is_empty()
+            || wanted
+                .iter()
+                .any(|w| w == section || w == "all" || w == "default" || w == "everything")
+    };
+    let shared = ctx.shared;
+    let masters = &shared.masters;
+    let policy = &shared.policy;
+    let mut out = String::new();
+    if show("server") {
+        let _ = write!(
+            out,
+            "# Server\r\nredis_version:{REDIS_VERSION}\r\nredlock_proxy_version:{}\r\nredis_mode:standalone\r\narch_bits:64\r\nprocess_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{}\r\n\r\n",
+            env!("CARGO_PKG_VERSION"),
+            std::process::id(),
+            session.local.port(),
+            shared.started.elapsed().as_secs()
+        );
+    }
+    if show("clients") {
+        let _ = write!(
+            out,
+            "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n\r\n",
+            shared.clients.load(Ordering::Relaxed),
+            shared.config.maxclients
+        );
+    }
+    if show("persistence") {
+        out.push_str("# Persistence\r\nloading:0\r\n\r\n");
+    }
+    if show("masters") {
+        let _ = write!(
+            out,
+            "# Masters\r\nmasters:{}\r\nquorum:{}\r\nnode_timeout_ms:{}\r\ndrift_factor:{}\r\nmax_lock_ttl_ms:{}\r\nquarantine_ms:{}\r\n",
+            masters.voters().len(),
+            masters.quorum(),
+            masters.node_timeout().as_millis(),
+            policy.drift_factor,
+            policy.max_lock_ttl_ms,
+            masters.lease_bound().as_millis(),
+        );
+        for (i, voter) in masters.voters().iter().enumerate() {
+            let clock = voter.health.clock_reading();
+            let (link, stats) = (&voter.link, &voter.stats);
+            let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
+            let _ = write!(
+                out,
+                "master{i}:addr={},state={},replies={},missing={},missing_not_eligible={},missing_no_link={},missing_timeout={},missing_closed={},connects={},retired_connections={},pending_cleanups={},clock_age_ms={},clock_error_ms={}\r\n",
+                link.addr,
+                voter.state(),
+                count(&stats.replies),
+                stats.missing(),
+                count(&stats.not_eligible),
+                count(&stats.no_link),
+                count(&stats.timeout),
+                count(&stats.closed),
+                link.connect_count(),
+                link.retired_count(),
+                link.pending_cleanups(),
+                clock.map_or(-1, |(age, _)| age.as_millis() as i64),
+                clock.map_or(-1, |(_, error)| error.as_millis() as i64),
+            );
+        }
+        out.push_str("\r\n");
+    }
+    if out.ends_with("\r\n\r\n") {
+        out.truncate(out.len() - 2);
+    }
+    Action::Ready(Reply::Verbatim(Bytes::from(out)))
+}
+
+fn command_entry(spec: &super::Spec) -> Reply {
+    Reply::Array(vec![
+        Reply::bulk(spec.name),
+        Reply::Integer(spec.arity.into()),
+        Reply::Array(spec.flags.iter().map(|f| Reply::simple(f)).collect()),
+        Reply::Integer(spec.first_key),
+        Reply::Integer(spec.last_key),
+        Reply::Integer(spec.step),
+    ])
+}
+
+fn served() -> impl Iterator<Item = &'static super::Spec> {
+    COMMANDS
+        .iter()
+        .filter(|s| matches!(s.kind, super::Kind::Handled(_)))
+}
+
+/// `COMMAND`, `COMMAND COUNT|INFO|DOCS|LIST`: describes the commands the proxy serves.
+pub fn describe(_ctx: &Ctx<'_>, _s: &mut Session, request: Request) -> Action {
+    let args = &request.args;
+    let Some(sub) = args.get(1).map(|a| a.to_ascii_uppercase()) else {
+        return Action::Ready(Reply::Array(served().map(command_entry).collect()));
+    };
+    let reply = match sub.as_slice() {
+        b"COUNT" => Reply::Integer(served().count() as i64),
+        b"LIST" => Reply::Array(served().map(|s| Reply::bulk(s.name)).collect()),
+        b"INFO" => Reply::Array(
+            args[2..]
+                .iter()
+                .map(|name| super::lookup(name).map_or(Reply::Null, command_entry))
+                .collect(),
+        ),
+        b"DOCS" => {
+            let names: Vec<&super::Spec> = if args.len() > 2 {
+                args[2..].iter().filter_map(|n| super::lookup(n)).collect()
+            } else {
+                served().collect()
+            };
+            Reply::Map(
+                names
+                    .into_iter()
+                    .map(|s| {
+                        (
+                            Reply::bulk(s.name),
+                            Reply::Map(vec![
+                                (Reply::bulk("summary"), Reply::bulk(summary(s))),
+                                (Reply::bulk("since"), Reply::bulk("1.0.0")),
+                                (Reply::bulk("group"), Reply::bulk("generic")),
+                            ]),
+                        )
+                    })
+                    .collect(),
+            )
+        }
+        _ => ProxyError::unknown_subcommand(&args[1], "COMMAND").into(),
+    };
+    Action::Ready(reply)
+}
+
+fn summary(spec: &super::Spec) -> &'static str {
+    match spec.kind {
+        super::Kind::Refused(_) => "Refused by redlock-proxy",
+        super::Kind::Handled(_) => match spec.name {
+            "set" => "Acquire a lock (NX with PX/EX) by Redlock majority, or write to every master",
+            "eval" | "evalsha" | "eval_ro" | "evalsha_ro" => {
+                "Run a script on every master; reply by quorum"
+            }
+            "script" => "Manage the script cache of the proxy and the masters",
+            "get" | "exists" | "pttl" | "ttl" | "type" | "strlen" => {
+                "Read from every master; reply by quorum"
+            }
+            "del" | "unlink" | "pexpire" | "expire" => "Write to every master; reply by quorum",
+            _ => "Answered by the proxy",
+        },
+    }
+}

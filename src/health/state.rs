@@ -1,0 +1,212 @@
+//! What the health monitor last concluded about one master ([`MasterHealth`]): whether its
+//! votes count on its current connection, its quarantine, and the reading of its clock that
+//! gives each acquire a deadline in the master's own time.
+
+use super::judge::{judge, Observation};
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// What the health monitor last concluded about a master. Read by [`crate::masters::Voter::eligible`].
+#[derive(Debug, Default)]
+pub struct MasterHealth {
+    state: Mutex<HealthState>,
+    /// Wakes the master's monitor for an immediate poll (an acquire saw it unarmed).
+    pub(super) check_now: Notify,
+}
+
+/// A reading of a master's clock (`TIME`), to give its acquires a deadline in its own time.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ClockReading {
+    /// Local instant halfway through the `TIME` round trip.
+    pub(super) at: Instant,
+    /// The master's clock then, in ms since the epoch.
+    pub(super) master_ms: u64,
+    /// Half the round trip: how far off `at` may be.
+    pub(super) error: Duration,
+}
+
+#[derive(Debug, Default)]
+struct HealthState {
+    clock: Option<ClockReading>,
+    last: Option<Observation>,
+    /// Connection number (see [`crate::transport::Link::connect_count`]) on which the last
+    /// poll found the master ready; 0 = not ready.
+    ready_connect: u64,
+    seen_armed: bool,
+    quarantined_until: Option<Instant>,
+    quarantine_reason: Option<String>,
+    unsafe_reason: Option<String>,
+}
+
+impl MasterHealth {
+    /// Whether votes on connection number `connect` count now.
+    pub fn eligible(&self, connect: u64) -> bool {
+        let Ok(h) = self.state.lock() else {
+            return false;
+        };
+        h.ready_connect == connect
+            && h.unsafe_reason.is_none()
+            && h.quarantined_until.is_none_or(|t| Instant::now() >= t)
+    }
+
+    /// The latest time (ms since the epoch) the master's clock can show at local instant
+    /// `when`, from its last reading, allowing the reading's error and the drift factor since.
+    /// `None` before the first reading.
+    pub fn master_clock_bound(&self, when: Instant, drift_factor: f64) -> Option<u64> {
+        let reading = self.state.lock().ok()?.clock?;
+        let since = when.saturating_duration_since(reading.at);
+        let late = since + reading.error + since.mul_f64(drift_factor);
+        Some(reading.master_ms + late.as_millis() as u64 + 1)
+    }
+
+    /// The local instant from which the master's clock surely shows more than `master_ms`.
+    pub fn surely_past(&self, master_ms: u64, drift_factor: f64) -> Option<Instant> {
+        let reading = self.state.lock().ok()?.clock?;
+        let ahead = Duration::from_millis(master_ms.saturating_sub(reading.master_ms) + 1);
+        let slowest = (1.0 - drift_factor).max(0.5);
+        Some(reading.at + (ahead + reading.error).div_f64(slowest))
+    }
+
+    /// How old the last clock reading is and how far off it may be (for `INFO`).
+    pub fn clock_reading(&self) -> Option<(Duration, Duration)> {
+        let reading = self.state.lock().ok()?.clock?;
+        Some((reading.at.elapsed(), reading.error))
+    }
+
+    pub(super) fn record_clock(&self, reading: ClockReading) {
+        if let Ok(mut h) = self.state.lock() {
+            h.clock = Some(reading);
+        }
+    }
+
+    /// Whether the master is in quarantine now (it votes for no proxy: see the module header).
+    pub fn quarantined(&self) -> bool {
+        self.state
+            .lock()
+            .is_ok_and(|h| h.quarantined_until.is_some_and(|t| Instant::now() < t))
+    }
+
+    /// The state shown by `INFO` for a connected master.
+    pub fn state(&self, connect: u64) -> String {
+        let Ok(h) = self.state.lock() else {
+            return "unknown".into();
+        };
+        let now = Instant::now();
+        if let Some(reason) = &h.unsafe_reason {
+            return format!("unsafe ({reason})");
+        }
+        if let (Some(until), Some(reason)) = (h.quarantined_until, &h.quarantine_reason) {
+            if now < until {
+                return format!(
+                    "quarantined ({reason}; {} ms left)",
+                    (until - now).as_millis()
+                );
+            }
+        }
+        if h.ready_connect != connect {
+            return "connecting".into();
+        }
+        "up".into()
+    }
+
+    /// The master answered an acquire or guard with "unarmed or quarantined": no vote until
+    /// the next poll has looked at its markers (which happens at once).
+    pub fn recheck(&self) {
+        if let Ok(mut h) = self.state.lock() {
+            h.ready_connect = 0;
+        }
+        self.check_now.notify_one();
+    }
+
+    /// Keeps the master out until `until` (a later end already set is kept).
+    pub(super) fn quarantine(&self, addr: &str, until: Instant, reason: &str) {
+        let Ok(mut h) = self.state.lock() else { return };
+        if h.quarantined_until.is_some_and(|t| t >= until) {
+            return;
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        if left >= Duration::from_millis(500) && h.quarantine_reason.as_deref() != Some(reason) {
+            tracing::warn!(master = %addr, %reason, wait_ms = left.as_millis() as u64, "master quarantined until every lease it may have held has expired");
+        }
+        // A quarantine still running keeps its reason (the first cause seen); only its end moves.
+        if h.quarantined_until.is_none_or(|t| t <= Instant::now()) {
+            h.quarantine_reason = Some(reason.to_string());
+        }
+        h.quarantined_until = Some(until);
+    }
+
+    /// Records an `INFO` observation; returns the loss it shows, if any.
+    pub(super) fn observe(&self, addr: &str, obs: Observation) -> Option<String> {
+        let Ok(mut h) = self.state.lock() else {
+            return None;
+        };
+        let verdict = judge(h.last.as_ref(), &obs);
+        if verdict.unsafe_config != h.unsafe_reason {
+            match &verdict.unsafe_config {
+                Some(reason) => {
+                    tracing::error!(master = %addr, %reason, "master refused: unsafe for locks")
+                }
+                None => tracing::info!(master = %addr, "master configuration safe again"),
+            }
+            h.unsafe_reason = verdict.unsafe_config;
+        }
+        h.last = Some(obs);
+        verdict.lost
+    }
+
+    pub(super) fn first_sight(&self) -> bool {
+        self.state.lock().is_ok_and(|h| h.last.is_none())
+    }
+
+    pub(super) fn seen_armed(&self) -> bool {
+        self.state.lock().is_ok_and(|h| h.seen_armed)
+    }
+
+    pub(super) fn set_ready(&self, connect: u64) {
+        if let Ok(mut h) = self.state.lock() {
+            h.seen_armed = true;
+            h.ready_connect = connect;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shorter_quarantine_never_overwrites_a_longer_one() {
+        let health = MasterHealth::default();
+        let now = Instant::now();
+        let long = now + Duration::from_secs(60);
+        health.quarantine("m", long, "restarted");
+        health.quarantine("m", now + Duration::from_secs(1), "shared marker");
+        assert!(health.quarantined());
+        let state = health.state.lock().unwrap();
+        assert_eq!(state.quarantined_until, Some(long));
+        assert_eq!(state.quarantine_reason.as_deref(), Some("restarted"));
+    }
+
+    #[test]
+    fn clock_bounds_bracket_the_master_clock() {
+        let health = MasterHealth::default();
+        let at = Instant::now();
+        health.record_clock(ClockReading {
+            at,
+            master_ms: 1_000_000,
+            error: Duration::from_millis(2),
+        });
+        let drift = 0.01;
+        // 100 ms later the master's clock shows at most 100 + 2 + 1 (drift) + 1 ms more.
+        let bound = health
+            .master_clock_bound(at + Duration::from_millis(100), drift)
+            .unwrap();
+        assert_eq!(bound, 1_000_104);
+        // Its clock is surely past that bound only after more time than it took to get there.
+        let past = health.surely_past(bound, drift).unwrap();
+        assert!(past > at + Duration::from_millis(100));
+        assert!(past < at + Duration::from_millis(120), "{:?}", past - at);
+    }
+}

@@ -1,0 +1,156 @@
+//! The clean-up of a refused (or ungiven) acquire on every master that may hold its write
+//! ([`RollbackPlan`]), and the scripts it runs there.
+
+use crate::masters::{LateVotes, Masters};
+use crate::redlock::{may_hold_our_value, Vote};
+use bytes::Bytes;
+use futures::StreamExt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The clean-up of one acquire attempt: deletes the lock and its attempt key only if both are
+/// still that attempt's (`KEYS` = lock key, attempt key; `ARGV` = value, attempt id).
+pub const UNDO_SCRIPT: &str = "if redis.call('get', KEYS[1]) == ARGV[1] and redis.call('get', KEYS[2]) == ARGV[2] then return redis.call('del', KEYS[1], KEYS[2]) end return 0";
+
+/// The compare-and-delete (`KEYS[1]` = key, `ARGV[1]` = value): the clean-up when quarantine
+/// is off and the acquire is a plain `SET NX PX` (no attempt id), and the release every
+/// client library sends.
+pub const COMPARE_AND_DELETE: &str =
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+
+/// What a refused acquire's clean-up does on one master.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UndoStep {
+    /// The master answered without taking the value, or was not asked: nothing to undo.
+    Skip,
+    /// It said `OK`: the write ran, undo it now (and wait for the confirmation).
+    Now,
+    /// Its answer never came: the write may still run, up to this deadline in the master's
+    /// clock (ms since the epoch); undo it once the master's clock is surely past it, so the
+    /// clean-up cannot run before the write.
+    AfterDeadline(u64),
+}
+
+impl UndoStep {
+    /// The step for a master's final vote, given the deadline its request carried (0: not
+    /// sent, when the acquire goes out as the marker script).
+    fn for_vote(vote: &Vote, deadline: u64, sent_as_script: bool) -> UndoStep {
+        match vote {
+            _ if !may_hold_our_value(vote) => UndoStep::Skip,
+            Vote::Replied(_) => UndoStep::Now,
+            _ if sent_as_script && deadline == 0 => UndoStep::Skip,
+            _ => UndoStep::AfterDeadline(deadline),
+        }
+    }
+}
+
+/// Where and how to undo a refused acquire.
+pub(super) struct RollbackPlan {
+    pub(super) masters: Arc<Masters>,
+    pub(super) drift_factor: f64,
+    /// The clean-up: deletes the lock only if this attempt wrote it ([`UNDO_SCRIPT`]).
+    pub(super) payload: Bytes,
+    /// The `PX` the acquire sent: how long a write it undoes can live.
+    pub(super) lives: Duration,
+    /// The votes at the decision, and those that were still pending then.
+    pub(super) votes: Vec<Vote>,
+    pub(super) late: LateVotes,
+    /// Each master's deadline, as sent.
+    pub(super) deadlines: Vec<u64>,
+}
+
+impl RollbackPlan {
+    /// Queues the clean-up on every master that may hold the value and waits (briefly) for the
+    /// confirmation of those that said `OK`. Safety: the clean-up deletes only what this
+    /// attempt wrote (its attempt id), so however late it runs it never deletes a later grant,
+    /// even one with the same value. Liveness (no phantom holder): votes still pending are
+    /// awaited first (each within its node timeout); where the answer never came, the clean-up
+    /// is sent again once the master's clock is past the write's deadline, after which the
+    /// write can no longer take effect. Each is kept across reconnects until a master confirms
+    /// it ([`crate::transport::Link::send_cleanup`]).
+    pub(super) async fn run(mut self) {
+        while let Some((i, vote)) = self.late.next().await {
+            self.votes[i] = vote;
+        }
+        let script = self.masters.quarantine();
+        let steps: Vec<UndoStep> = self
+            .votes
+            .iter()
+            .zip(&self.deadlines)
+            .map(|(vote, deadline)| UndoStep::for_vote(vote, *deadline, script))
+            .collect();
+        let node_timeout = self.masters.node_timeout();
+        // Where the answer never came, the write may still run until its deadline: the clean-up
+        // goes out now (it deletes only this attempt's write, so it is harmless if it runs
+        // first) and once more when the master's clock is surely past the deadline, when it is
+        // final. The second one runs on its own, bounded by the deadline: the refusal does not
+        // wait for it.
+        for (voter, step) in self.masters.voters().iter().zip(&steps) {
+            let UndoStep::AfterDeadline(deadline) = *step else {
+                continue;
+            };
+            let Some(at) = voter.health.surely_past(deadline, self.drift_factor) else {
+                continue;
+            };
+            let at = at.min(Instant::now() + 2 * node_timeout);
+            let (link, payload, lives) = (voter.link.clone(), self.payload.clone(), self.lives);
+            tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                drop(link.send_cleanup(payload, lives));
+            });
+        }
+        // The null waits for the confirmations (so a read right after it sees the value gone),
+        // but at most half a node timeout: a master that stalls right after its `OK` must not
+        // delay the refusal by another node timeout. Its clean-up stays queued regardless, and
+        // is kept until confirmed.
+        let confirm_for = node_timeout / 2;
+        let waits: Vec<_> = self
+            .masters
+            .voters()
+            .iter()
+            .zip(&steps)
+            .filter(|(_, step)| **step != UndoStep::Skip)
+            .map(|(voter, step)| {
+                let sent = voter.link.send_cleanup(self.payload.clone(), self.lives);
+                let wait = *step == UndoStep::Now;
+                async move {
+                    if wait {
+                        let _ = sent.wait_at_most(confirm_for).await;
+                    }
+                }
+            })
+            .collect();
+        futures::future::join_all(waits).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::Reply;
+    use crate::redlock::MissingReason;
+
+    #[test]
+    fn undo_steps_per_vote() {
+        let missing = Vote::Missing(MissingReason::Timeout);
+        let cases = [
+            (Vote::Replied(Reply::ok()), 7, true, UndoStep::Now),
+            (Vote::Replied(Reply::Null), 7, true, UndoStep::Skip),
+            (Vote::Replied(Reply::Integer(-1)), 7, true, UndoStep::Skip),
+            (missing.clone(), 7, true, UndoStep::AfterDeadline(7)),
+            // Not sent (ineligible): nothing can have been written.
+            (missing.clone(), 0, true, UndoStep::Skip),
+            // A plain SET carries no deadline: undone after the node timeout bound.
+            (missing, 0, false, UndoStep::AfterDeadline(0)),
+            (Vote::Pending, 9, true, UndoStep::AfterDeadline(9)),
+        ];
+        for (vote, deadline, script, step) in cases {
+            assert_eq!(
+                UndoStep::for_vote(&vote, deadline, script),
+                step,
+                "{vote:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! The set of voting masters ([`Masters`]): one [`Voter`] per master (its transport link and
+//! its health record), and the fan-out that asks every master at once and collects the
+//! answers into a slot vector of [`Vote`]s.
+//!
+//! Invariants:
+//! - Every fan-out sends the *same* request to every master at once (or a payload of its own
+//!   to each, for the acquire) and records each master's answer in that master's slot; the
+//!   caller's decision rule (pure, in [`crate::redlock`]) says when enough is known. Masters
+//!   still pending at that point keep their place in their connection's FIFO, so a later
+//!   command of the same client to that master is never overtaken by it.
+//! - A master's answer counts only while its health record says it may vote on its current
+//!   connection ([`Voter::eligible`]). An ineligible master still gets the request (a release
+//!   must reach it too), but its vote is missing at once, or [`Vote::Fenced`] while it is
+//!   quarantined.
+//! - Every missing vote carries its reason, counted per master ([`VoteStats`], `INFO`).
+
+use crate::config::Config;
+use crate::health::{self, MasterHealth};
+use crate::protocol::Reply;
+use crate::redlock::{merge, no_quorum, quorum, MergeRule, MissingReason, Vote};
+use crate::transport::{Link, NoReply};
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::stream::{FuturesUnordered, StreamExt};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{watch, Semaphore};
+
+/// Most fan-outs in progress at once. Enough to keep every master's connection busy (a fan-out
+/// is one pipelined request per master), small enough that a backlog of this many is worked
+/// off well within a node timeout.
+pub const MAX_FANOUTS: usize = 256;
+
+/// Votes of a fan-out still pending when it was decided, as `(master index, vote)`.
+pub type LateVotes = FuturesUnordered<BoxFuture<'static, (usize, Vote)>>;
+
+/// A request for one master in [`Masters::fan_out_each`]: the payload, and the payload to send
+/// instead if the master answers `NOSCRIPT` (the same call as `EVAL`).
+pub type Ask = (Bytes, Option<Bytes>);
+
+/// How a master's votes went, for `INFO`.
+#[derive(Debug, Default)]
+pub struct VoteStats {
+    pub replies: AtomicU64,
+    pub not_eligible: AtomicU64,
+    pub no_link: AtomicU64,
+    pub timeout: AtomicU64,
+    pub closed: AtomicU64,
+}
+
+impl VoteStats {
+    fn count(&self, vote: &Vote) {
+        let counter = match vote {
+            Vote::Replied(_) => &self.replies,
+            Vote::Missing(MissingReason::NotEligible) | Vote::Fenced => &self.not_eligible,
+            Vote::Missing(MissingReason::NoLink) => &self.no_link,
+            Vote::Missing(MissingReason::Timeout) => &self.timeout,
+            Vote::Missing(MissingReason::Closed) => &self.closed,
+            Vote::Pending => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Missing votes of every reason.
+    pub fn missing(&self) -> u64 {
+        [
+            &self.not_eligible,
+            &self.no_link,
+            &self.timeout,
+            &self.closed,
+        ]
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed))
+        .sum()
+    }
+}
+
+/// One master as a voter: its link, and the health record that says whether its answers count.
+#[derive(Debug)]
+pub struct Voter {
+    pub link: Arc<Link>,
+    pub health: Arc<MasterHealth>,
+    pub stats: VoteStats,
+}
+
+impl Voter {
+    /// May this master's votes count right now? Only on a connection the health monitor has
+    /// judged, outside quarantine, and in a safe configuration.
+    pub fn eligible(&self) -> bool {
+        self.link.is_connected() && self.health.eligible(self.link.connect_count())
+    }
+
+    /// `up`, `down`, `connecting`, `quarantined (…)` or `unsafe (…)`, for `INFO`.
+    pub fn state(&self) -> String {
+        if !self.link.is_connected() {
+            return "down".into();
+        }
+        self.health.state(self.link.connect_count())
+    }
+
+    /// Sends one request and waits at most the node timeout for its answer. An ineligible
+    /// master still gets the request, but its vote is [`Voter::absent_vote`] at once.
+    pub async fn ask(&self, payload: Bytes, replies: usize) -> Vote {
+        if !self.eligible() {
+            drop(self.link.send(payload, replies));
+            return self.absent_vote();
+        }
+        let vote = match self.link.send(payload, replies).wait().await {
+            Ok(reply) => Vote::Replied(reply),
+            Err(why) => Vote::Missing(match why {
+                NoReply::NoLink => MissingReason::NoLink,
+                NoReply::Timeout => MissingReason::Timeout,
+                NoReply::Closed => MissingReason::Closed,
+            }),
+        };
+        self.stats.count(&vote);
+        vote
+    }
+
+    /// The vote of a master that is not asked, or whose answer cannot count: [`Vote::Fenced`]
+    /// while quarantined, else missing (not eligible).
+    pub fn absent_vote(&self) -> Vote {
+        let vote = if self.health.quarantined() {
+            Vote::Fenced
+        } else {
+            Vote::Missing(MissingReason::NotEligible)
+        };
+        self.stats.count(&vote);
+        vote
+    }
+
+    /// Asks `first`; if the master lost the script it calls (restart, `SCRIPT FLUSH`), asks
+    /// `retry` (the same call as `EVAL`).
+    async fn ask_with_retry(&self, (first, retry): Ask, replies: usize) -> Vote {
+        match (self.ask(first, replies).await, retry) {
+            (Vote::Replied(r), Some(eval)) if r.is_error_code("NOSCRIPT") => {
+                self.ask(eval, replies).await
+            }
+            (vote, _) => vote,
+        }
+    }
+}
+
+/// How the masters are reached and trusted.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How long one master may take to answer before its vote is missing.
+    pub node_timeout: Duration,
+    /// What the health monitors need (quarantine on or off, the lease bound, …).
+    pub health: health::Policy,
+}
+
+/// All masters, voting as one body.
+pub struct Masters {
+    voters: Vec<Arc<Voter>>,
+    settings: Settings,
+    /// Bounds the fan-outs in progress (see [`MAX_FANOUTS`]).
+    fanouts: Semaphore,
+    stop: watch::Sender<bool>,
+}
+
+impl Masters {
+    /// Connects to, and watches, every master of `config.backends` over TCP.
+    pub fn connect(config: &Config, health: health::Policy) -> Arc<Masters> {
+        let node_timeout = config.node_timeout();
+        let links = config
+            .backends
+            .iter()
+            .map(|addr| Link::new(addr.clone(), node_timeout))
+            .collect();
+        Masters::start(
+            links,
+            Settings {
+                node_timeout,
+                health,
+            },
+        )
+    }
+
+    /// Starts every link and its health monitor.
+    pub fn start(links: Vec<Arc<Link>>, settings: Settings) -> Arc<Masters> {
+        let (stop, stop_rx) = watch::channel(false);
+        let voters: Vec<Arc<Voter>> = links
+            .into_iter()
+            .map(|link| {
+                link.spawn(stop_rx.clone());
+                Arc::new(Voter {
+                    link,
+                    health: Arc::default(),
+                    stats: VoteStats::default(),
+                })
+            })
+            .collect();
+        let watched: Vec<_> = voters
+            .iter()
+            .map(|v| (v.link.clone(), v.health.clone()))
+            .collect();
+        health::spawn_monitors(&watched, settings.health.clone(), stop_rx);
+        Arc::new(Masters {
+            voters,
+            settings,
+            fanouts: Semaphore::new(MAX_FANOUTS),
+            stop,
+        })
+    }
+
+    /// The voters, in the order of the configuration.
+    pub fn voters(&self) -> &[Arc<Voter>] {
+        &self.voters
+    }
+
+    /// How long one master may take to answer.
+    pub fn node_timeout(&self) -> Duration {
+        self.settings.node_timeout
+    }
+
+    /// Whether masters that lost data are quarantined (and acquires check the markers).
+    pub fn quarantine(&self) -> bool {
+        self.settings.health.quarantine
+    }
+
+    /// The lease bound the health monitors quarantine for.
+    pub fn lease_bound(&self) -> Duration {
+        self.settings.health.lease_bound
+    }
+
+    pub fn quorum(&self) -> usize {
+        quorum(self.voters.len())
+    }
+
+    /// Stops every connection and monitor task.
+    pub fn stop(&self) {
+        self.stop.send_replace(true);
+    }
+
+    /// Sends `payload` (which produces `replies` replies per master) to every master at once
+    /// and collects the votes until `decided` says the outcome is known or every master has
+    /// answered or timed out.
+    pub async fn fan_out(
+        &self,
+        payload: &Bytes,
+        replies: usize,
+        decided: impl Fn(&[Vote]) -> bool,
+    ) -> Vec<Vote> {
+        let (votes, _late) = self
+            .fan_out_each(|_| Some((payload.clone(), None)), replies, decided)
+            .await;
+        votes
+    }
+
+    /// [`Masters::fan_out`] with a request of its own for each master (`ask(i)`; `None`:
+    /// nothing is sent there and its vote is [absent](Voter::absent_vote) at once). Only the
+    /// acquire uses these; its `EVAL` retry goes out later than the client's next command
+    /// may, which can only leave the value on that master until its clean-up (never a grant).
+    /// Also returns the votes still pending at the decision, which arrive later (each within
+    /// the node timeout), for the acquire's clean-up.
+    pub async fn fan_out_each(
+        &self,
+        ask: impl Fn(usize) -> Option<Ask>,
+        replies: usize,
+        decided: impl Fn(&[Vote]) -> bool,
+    ) -> (Vec<Vote>, LateVotes) {
+        // Waiting here, before any master is asked, keeps the proxy's own backlog out of the
+        // node timeout: under overload requests queue for a permit (and, beyond the per-client
+        // bound, in the clients' sockets) instead of timing out on the masters' connections.
+        // The semaphore is fair, so a client's requests still leave in its order.
+        let _permit = self.fanouts.acquire().await;
+        let mut votes = vec![Vote::Pending; self.voters.len()];
+        let mut pending: LateVotes = self
+            .voters
+            .iter()
+            .enumerate()
+            .map(|(i, voter)| {
+                let request = ask(i);
+                let voter = voter.clone();
+                let vote: BoxFuture<'static, (usize, Vote)> = Box::pin(async move {
+                    match request {
+                        None => (i, voter.absent_vote()),
+                        Some(request) => (i, voter.ask_with_retry(request, replies).await),
+                    }
+                });
+                vote
+            })
+            .collect();
+        while let Some((i, vote)) = pending.next().await {
+            votes[i] = vote;
+            if decided(&votes) {
+                break;
+            }
+        }
+        (votes, pending)
+    }
+
+    /// One reply for all masters by the quorum rule `rule`, waiting only as long as needed.
+    pub async fn quorum_reply(&self, payload: &Bytes, rule: MergeRule) -> Reply {
+        let votes = self.fan_out(payload, 1, |v| merge(v, rule).is_some()).await;
+        merge(&votes, rule).unwrap_or_else(|| no_quorum(votes.len()))
+    }
+}
+
+impl Drop for Masters {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

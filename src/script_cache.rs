@@ -1,0 +1,107 @@
+//! The proxy's script cache: every script body seen (`EVAL`, `SCRIPT LOAD`) under its real
+//! SHA1, with what the proxy understood of it ([`crate::lease_script`]), so `EVALSHA` can send
+//! the masters the body (a master that never saw a script, or lost its cache, runs it like
+//! the others) and so a script is analysed once, not on every call.
+//!
+//! Bounded: at most [`MAX_SCRIPTS`] scripts; an evicted script's `EVALSHA` gets `NOSCRIPT`,
+//! and every client library then sends the body again (`EVAL`).
+
+use crate::lease_script::{is_compare_and_delete, may_set_expiry, recognise, LeaseShape};
+use crate::redlock::MergeRule;
+use bytes::Bytes;
+use dashmap::DashMap;
+
+/// Most scripts remembered. Clients that interpolate values into script bodies would
+/// otherwise grow the cache without end.
+pub const MAX_SCRIPTS: usize = 10_000;
+
+/// A script the proxy has seen, and what it knows of its meaning.
+#[derive(Debug, Clone)]
+pub struct Script {
+    pub body: Bytes,
+    /// Where it takes a lease TTL from, if it sets one from an argument.
+    pub lease: Option<LeaseShape>,
+    /// How its replies merge: only a recognised compare-and-delete has a known meaning.
+    pub merge: MergeRule,
+    /// It may set or extend expiries: followed by a guard on every master
+    /// ([`crate::commands::scripts`]).
+    pub sets_expiry: bool,
+}
+
+impl Script {
+    /// Analyses `body`.
+    fn new(body: Bytes) -> Script {
+        Script {
+            lease: recognise(&body),
+            merge: if is_compare_and_delete(&body) {
+                MergeRule::Release
+            } else {
+                MergeRule::Strict
+            },
+            sets_expiry: may_set_expiry(&body),
+            body,
+        }
+    }
+}
+
+/// SHA1 (lower-case hex) → script.
+#[derive(Debug, Default)]
+pub struct ScriptCache {
+    scripts: DashMap<String, Script>,
+}
+
+impl ScriptCache {
+    /// The cached script for `body`, analysed once and remembered under its SHA1.
+    pub fn remember(&self, body: Bytes) -> Script {
+        let sha = script_sha(&body);
+        if let Some(known) = self.scripts.get(&sha) {
+            return known.clone();
+        }
+        if self.scripts.len() >= MAX_SCRIPTS {
+            let victim = self.scripts.iter().next().map(|e| e.key().clone());
+            if let Some(victim) = victim {
+                self.scripts.remove(&victim);
+            }
+        }
+        let script = Script::new(body);
+        self.scripts.insert(sha, script.clone());
+        script
+    }
+
+    /// The cached script with this SHA1 (any case), if known.
+    pub fn by_sha(&self, sha: &[u8]) -> Option<Script> {
+        let sha = String::from_utf8_lossy(sha).to_ascii_lowercase();
+        self.scripts.get(&sha).map(|s| s.clone())
+    }
+
+    /// Forgets every script (`SCRIPT FLUSH`).
+    pub fn clear(&self) {
+        self.scripts.clear();
+    }
+}
+
+/// Lower-case hex SHA1 of a script body, as Redis computes it for `EVALSHA`.
+pub fn script_sha(body: &[u8]) -> String {
+    sha1_smol::Sha1::from(body).digest().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remembers_by_sha_in_any_case_and_stays_bounded() {
+        let cache = ScriptCache::default();
+        let body = Bytes::from_static(b"return 1");
+        cache.remember(body.clone());
+        let sha = script_sha(&body);
+        assert_eq!(sha, "e0e1f9fabfc9d4800c877a703b823ac0578ff8db");
+        assert!(cache.by_sha(sha.to_ascii_uppercase().as_bytes()).is_some());
+        for i in 0..MAX_SCRIPTS + 5 {
+            cache.remember(Bytes::from(format!("return {i}")));
+        }
+        assert_eq!(cache.scripts.len(), MAX_SCRIPTS);
+        cache.clear();
+        assert!(cache.by_sha(sha.as_bytes()).is_none());
+    }
+}

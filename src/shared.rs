@@ -1,0 +1,61 @@
+//! The state every connection shares ([`Shared`]): the configuration, the voting masters, the
+//! acquire service, the script cache and the client counters. Depends only on the layers
+//! below it (config, masters, lock, script cache), never on commands or connections.
+
+use crate::config::Config;
+use crate::health;
+use crate::lock::Acquirer;
+use crate::masters::Masters;
+use crate::redlock::Policy;
+use crate::script_cache::ScriptCache;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// State shared by every connection.
+pub struct Shared {
+    pub config: Config,
+    pub policy: Policy,
+    pub masters: Arc<Masters>,
+    pub acquirer: Arc<Acquirer>,
+    pub scripts: ScriptCache,
+    pub started: Instant,
+    /// Connections being served now.
+    pub clients: AtomicUsize,
+    next_client_id: AtomicU64,
+}
+
+impl Shared {
+    /// Connects to the masters of `config` and starts watching them.
+    pub fn start(config: Config) -> Arc<Shared> {
+        let policy = Policy {
+            drift_factor: config.drift_factor,
+            max_lock_ttl_ms: config.max_lock_ttl_ms,
+        };
+        let masters = Masters::connect(
+            &config,
+            health::Policy {
+                interval: Duration::from_millis(config.health_interval_ms),
+                quarantine: config.quarantine,
+                lease_bound: policy.lease_bound(),
+                preload: Acquirer::preload(),
+            },
+        );
+        Arc::new(Shared {
+            acquirer: Acquirer::new(masters.clone(), policy),
+            masters,
+            policy,
+            config,
+            scripts: ScriptCache::default(),
+            started: Instant::now(),
+            clients: AtomicUsize::new(0),
+            next_client_id: AtomicU64::new(0),
+        })
+    }
+
+    /// A new client id (`CLIENT ID`), from 1.
+    pub fn next_client_id(&self) -> u64 {
+        self.next_client_id.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
