@@ -1,4 +1,4 @@
-//! Configuration: defaults of the product contract (§1), a TOML file, and flags on top.
+//! Configuration: the defaults of docs/PROTOCOL.md §2, a TOML file, and flags on top.
 
 use serde::Deserialize;
 use std::path::Path;

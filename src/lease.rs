@@ -1,6 +1,6 @@
 //! What a request produces once its work is done ([`Outcome`]): a reply, or a [`Lease`], a
 //! reply that promises a lock only until a deadline. The connection writes a lease's grant
-//! only while its deadline has not passed (docs/SAFETY.md, validity), and rolls it back
+//! only while its deadline has not passed (docs/SAFETY.md, "Why it holds"), and rolls it back
 //! otherwise.
 
 use crate::protocol::Reply;

@@ -1,4 +1,4 @@
-//! The `redlock-proxy` binary: flags (contract §1), logging, `--local` masters, then
+//! The `redlock-proxy` binary: flags (docs/PROTOCOL.md §2), logging, `--local` masters, then
 //! [`redlock_proxy::run`] until SIGINT/SIGTERM.
 
 use clap::Parser;

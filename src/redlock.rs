@@ -61,7 +61,7 @@ pub fn drift_ms(ttl_ms: u64, drift_factor: f64) -> u64 {
     ((ttl_ms as f64) * drift_factor).ceil() as u64 + 2
 }
 
-/// The `PX` each master is asked for: `TTL + drift` (docs/SAFETY.md, validity).
+/// The `PX` each master is asked for: `TTL + drift` (docs/SAFETY.md, "Why it holds").
 pub fn backend_ttl_ms(ttl_ms: u64, drift_factor: f64) -> u64 {
     ttl_ms.saturating_add(drift_ms(ttl_ms, drift_factor))
 }
@@ -183,11 +183,11 @@ pub enum MergeRule {
     Known,
     /// The compare-and-delete release (`1` deleted our value, `0` it was not there): as
     /// [`MergeRule::Known`], and `1` as soon as the masters that answered `1` plus the
-    /// [fenced](Vote::Fenced) ones reach Q. Safety argument (docs/SAFETY.md, releases): another
-    /// grant during the caller's tenure would need a master of the caller's majority to say
-    /// `OK`; such a master either still held the caller's value (it answers `1`), or lost it in
-    /// a data loss and has voted for nobody since (unarmed, then quarantined for longer than any
-    /// lease: it is fenced now). So when the masters answering `1` and the fenced ones make a
+    /// [fenced](Vote::Fenced) ones reach Q. Safety argument (docs/SAFETY.md, "Releases and
+    /// extends while masters restart"): another grant during the caller's tenure would need a
+    /// master of the caller's majority to say `OK`; such a master either still held the
+    /// caller's value (it answers `1`), or lost it in a data loss and has voted for nobody
+    /// since (unarmed, then quarantined for longer than any lease: it is fenced now). So when the masters answering `1` and the fenced ones make a
     /// majority, the proxy can vouch that the caller held the lock until its release, even
     /// while masters of its grant restart one after the other.
     Release,

@@ -2,7 +2,7 @@
 //! interval, and on every new connection before it may vote.
 //!
 //! Every key any proxy writes to a master lives at most `B = max_lock_ttl_ms + drift`
-//! ([`crate::cluster::Cluster::lease_bound`]): every TTL the proxy forwards is capped, and
+//! ([`crate::redlock::Policy::lease_bound`]): every TTL the proxy forwards is capped, and
 //! scripts that may set expiries are followed by a guard that caps what they set. So a master
 //! that lost its data at time L held no lease that outlives L + B.
 //!
@@ -11,8 +11,8 @@
 //!   - `redlock-proxy:armed` (no expiry): "this master has been part of a lock deployment". A
 //!     master that lacks it lost its data (restart without persistence, `FLUSHALL`) or is
 //!     brand new. Every acquire checks it **in the same script** that sets the lock
-//!     ([`crate::cluster::ACQUIRE_SCRIPT`]), and scripts are followed by a guard that checks it
-//!     ([`crate::cluster::GUARD_SCRIPT`]): a master wiped since its last poll answers `-1`
+//!     ([`crate::lock::ACQUIRE_SCRIPT`]), and scripts are followed by a guard that checks it
+//!     ([`crate::commands::scripts::GUARD_SCRIPT`]): a master wiped since its last poll answers `-1`
 //!     instead of voting.
 //!   - `redlock-proxy:quarantine` (`PX` = B, only ever lengthened): set, *in the same script
 //!     that re-arms the master*, by whichever proxy first sees the loss. While it exists the

@@ -103,7 +103,7 @@ impl Decided {
 /// - The grant deadline is `received_at + TTL − drift`; `received_at` is when the request was
 ///   read off the client's socket, which is after the client sent it, so a client counting its
 ///   TTL from its send time is covered by the masters' `PX = TTL + drift` (docs/SAFETY.md,
-///   validity).
+///   "Why it holds").
 /// - `OK` is returned only with Q `OK` votes; the connection writes it only if the deadline has
 ///   not passed at write time ([`Lease`]).
 /// - On refusal, every master that may hold our value (said `OK`, or its answer is unknown) gets
