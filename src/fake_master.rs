@@ -1,1 +1,380 @@
+//! A scripted in-process master for the deterministic timing tests (tokio's paused clock):
+//! it speaks RESP over in-memory pipes instead of TCP, so no real I/O lets time slip, and
+//! answers what the proxy sends (the health monitor's `TIME`, marker script, `INFO`, `SET` and
+//! `SCRIPT LOAD`; the acquire, its clean-ups, plain key commands) from a small keyspace kept
+//! on the paused clock. A test can stall it (it reads requests but answers none until resumed,
+//! like a SIGSTOPped Redis, which then still runs what it had read) or take it down (refuse
+//! connections, drop the open ones).
+//!
+//! The real-process suites (`tests/`) keep everything that needs a real `redis-server`.
 
+use crate::health::{QUARANTINE_SCRIPT, STATUS_SCRIPT};
+use crate::lock::{ACQUIRE_SCRIPT, COMPARE_AND_DELETE, UNDO_SCRIPT};
+use crate::masters::{Masters, Settings};
+use crate::protocol::{Protocol, Reply, RequestParser};
+use crate::script_cache::script_sha;
+use crate::transport::{Connect, Link, ReadHalf, WriteHalf};
+use bytes::{Bytes, BytesMut};
+use futures::future::BoxFuture;
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// The fake master's clock at its creation, in ms since the epoch.
+const EPOCH_MS: u64 = 1_800_000_000_000;
+
+/// One fake master.
+pub struct FakeMaster {
+    born: Instant,
+    state: Mutex<State>,
+    connections: AtomicU64,
+    /// `true` while stalled; serving tasks wait for `false` before answering.
+    stalled: watch::Sender<bool>,
+    /// `true` while down: connects are refused and open connections end.
+    down: watch::Sender<bool>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Key → value and expiry (on the paused clock).
+    keys: HashMap<Bytes, (Bytes, Option<Instant>)>,
+    scripts: HashSet<String>,
+    /// Every command run: (connection number, arguments).
+    log: Vec<(u64, Vec<Bytes>)>,
+}
+
+impl FakeMaster {
+    pub fn new() -> Arc<FakeMaster> {
+        Arc::new(FakeMaster {
+            born: Instant::now(),
+            state: Mutex::default(),
+            connections: AtomicU64::new(0),
+            stalled: watch::Sender::new(false),
+            down: watch::Sender::new(false),
+        })
+    }
+
+    /// A link to this master with the proxy's transport.
+    pub fn link(self: &Arc<Self>, name: &str, node_timeout: Duration) -> Arc<Link> {
+        Link::with_connector(
+            name.into(),
+            Box::new(FakeConnector(self.clone())),
+            node_timeout,
+        )
+    }
+
+    /// Stops answering (requests are read and kept) until [`FakeMaster::resume`].
+    pub fn stall(&self) {
+        self.stalled.send_replace(true);
+    }
+
+    /// Runs what it kept, and answers again.
+    pub fn resume(&self) {
+        self.stalled.send_replace(false);
+    }
+
+    /// Refuses connections and ends the open ones while `down`.
+    pub fn set_down(&self, down: bool) {
+        self.down.send_replace(down);
+    }
+
+    /// The commands run so far, as (connection number, command name and first argument).
+    pub fn log(&self) -> Vec<(u64, String)> {
+        let state = self.state.lock().unwrap();
+        state
+            .log
+            .iter()
+            .map(|(conn, args)| {
+                let shown: Vec<String> = args
+                    .iter()
+                    .take(2)
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect();
+                (*conn, shown.join(" "))
+            })
+            .collect()
+    }
+
+    /// How many acquire scripts it ran.
+    pub fn acquires(&self) -> usize {
+        let sha = script_sha(ACQUIRE_SCRIPT.as_bytes());
+        let state = self.state.lock().unwrap();
+        state
+            .log
+            .iter()
+            .filter(|(_, args)| {
+                args.get(1).is_some_and(|a| {
+                    a.as_ref() == sha.as_bytes() || a.as_ref() == ACQUIRE_SCRIPT.as_bytes()
+                })
+            })
+            .count()
+    }
+
+    /// The value of `key`, if set and not expired.
+    pub fn get(&self, key: &str) -> Option<Bytes> {
+        let state = self.state.lock().unwrap();
+        live(&state.keys, key.as_bytes()).cloned()
+    }
+
+    /// Runs one command.
+    fn run(&self, conn: u64, args: Vec<Bytes>) -> Reply {
+        let mut state = self.state.lock().unwrap();
+        state.log.push((conn, args.clone()));
+        let name = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
+        let arg = |i: usize| args.get(i).cloned().unwrap_or_default();
+        match name.as_str() {
+            "PING" => Reply::simple("PONG"),
+            "TIME" => {
+                let ms = self.clock_ms();
+                Reply::Array(vec![
+                    Reply::bulk((ms / 1000).to_string()),
+                    Reply::bulk((ms % 1000 * 1000).to_string()),
+                ])
+            }
+            "INFO" => Reply::bulk(format!(
+                "run_id:fake0000fake0000\r\nuptime_in_seconds:{}\r\nrole:master\r\nmaxmemory_policy:noeviction\r\nloading:0\r\nevicted_keys:0\r\naof_enabled:0\r\n",
+                self.born.elapsed().as_secs()
+            )),
+            "GET" => live(&state.keys, &arg(1)).cloned().map_or(Reply::Null, Reply::Bulk),
+            "SET" => {
+                let nx = args[3..].iter().any(|a| a.eq_ignore_ascii_case(b"NX"));
+                let px = args
+                    .iter()
+                    .position(|a| a.eq_ignore_ascii_case(b"PX"))
+                    .and_then(|i| number(&arg(i + 1)));
+                set(&mut state.keys, arg(1), arg(2), nx, px)
+            }
+            "DEL" => Reply::Integer(args[1..].iter().filter(|k| state.keys.remove(*k).is_some()).count() as i64),
+            "SCRIPT" => {
+                let sha = script_sha(&arg(2));
+                state.scripts.insert(sha.clone());
+                Reply::bulk(sha)
+            }
+            "EVAL" | "EVALSHA" => {
+                let body = if name == "EVAL" {
+                    state.scripts.insert(script_sha(&arg(1)));
+                    String::from_utf8_lossy(&arg(1)).into_owned()
+                } else {
+                    let sha = String::from_utf8_lossy(&arg(1)).to_ascii_lowercase();
+                    if !state.scripts.contains(&sha) {
+                        return Reply::error("NOSCRIPT No matching script. Please use EVAL.");
+                    }
+                    known_script(&sha).unwrap_or_default().to_string()
+                };
+                let numkeys = number(&arg(2)).unwrap_or(0) as usize;
+                let keys: Vec<Bytes> = args[3..3 + numkeys].to_vec();
+                let argv: Vec<Bytes> = args[3 + numkeys..].to_vec();
+                self.script(&mut state.keys, &body, &keys, &argv)
+            }
+            _ => Reply::error(format!("ERR fake master does not know '{name}'")),
+        }
+    }
+
+    /// The scripts the proxy sends, as Redis would run them.
+    fn script(&self, keys_db: &mut Db, body: &str, keys: &[Bytes], argv: &[Bytes]) -> Reply {
+        let exists = |db: &Db, k: &Bytes| live(db, k).is_some();
+        let n = |i: usize| number(&argv[i]).unwrap_or(0);
+        if body == STATUS_SCRIPT {
+            let pttl = pttl(keys_db, &keys[1]);
+            Reply::Array(vec![
+                Reply::Integer(exists(keys_db, &keys[0]) as i64),
+                Reply::Integer(pttl),
+            ])
+        } else if body == QUARANTINE_SCRIPT {
+            let ms = n(0);
+            if pttl(keys_db, &keys[1]) < ms as i64 {
+                set(
+                    keys_db,
+                    keys[1].clone(),
+                    Bytes::from_static(b"1"),
+                    false,
+                    Some(ms),
+                );
+            }
+            set(
+                keys_db,
+                keys[0].clone(),
+                Bytes::from_static(b"1"),
+                false,
+                None,
+            );
+            Reply::Integer(pttl(keys_db, &keys[1]))
+        } else if body == ACQUIRE_SCRIPT {
+            if self.clock_ms() > n(3) {
+                return Reply::Integer(-2);
+            }
+            if !exists(keys_db, &keys[1]) || exists(keys_db, &keys[2]) {
+                return Reply::Integer(-1);
+            }
+            let ok = set(keys_db, keys[0].clone(), argv[0].clone(), true, Some(n(1)));
+            if ok == Reply::ok() {
+                set(keys_db, keys[3].clone(), argv[2].clone(), false, Some(n(1)));
+            }
+            ok
+        } else if body == UNDO_SCRIPT {
+            let ours = live(keys_db, &keys[0]) == Some(&argv[0])
+                && live(keys_db, &keys[1]) == Some(&argv[1]);
+            if ours {
+                keys_db.remove(&keys[0]);
+                keys_db.remove(&keys[1]);
+            }
+            Reply::Integer(if ours { 2 } else { 0 })
+        } else if body == COMPARE_AND_DELETE {
+            let ours = live(keys_db, &keys[0]) == Some(&argv[0]);
+            if ours {
+                keys_db.remove(&keys[0]);
+            }
+            Reply::Integer(ours as i64)
+        } else {
+            Reply::error("ERR fake master does not know this script")
+        }
+    }
+
+    fn clock_ms(&self) -> u64 {
+        EPOCH_MS + self.born.elapsed().as_millis() as u64
+    }
+}
+
+type Db = HashMap<Bytes, (Bytes, Option<Instant>)>;
+
+fn live<'a>(db: &'a Db, key: &[u8]) -> Option<&'a Bytes> {
+    match db.get(key) {
+        Some((value, expiry)) if expiry.is_none_or(|t| Instant::now() < t) => Some(value),
+        _ => None,
+    }
+}
+
+fn pttl(db: &Db, key: &[u8]) -> i64 {
+    match db.get(key) {
+        Some((_, None)) if live(db, key).is_some() => -1,
+        Some((_, Some(t))) if live(db, key).is_some() => {
+            t.saturating_duration_since(Instant::now()).as_millis() as i64
+        }
+        _ => -2,
+    }
+}
+
+fn set(db: &mut Db, key: Bytes, value: Bytes, nx: bool, px: Option<u64>) -> Reply {
+    if nx && live(db, &key).is_some() {
+        return Reply::Null;
+    }
+    let expiry = px.map(|ms| Instant::now() + Duration::from_millis(ms));
+    db.insert(key, (value, expiry));
+    Reply::ok()
+}
+
+fn number(arg: &[u8]) -> Option<u64> {
+    std::str::from_utf8(arg).ok()?.parse().ok()
+}
+
+fn known_script(sha: &str) -> Option<&'static str> {
+    [
+        STATUS_SCRIPT,
+        QUARANTINE_SCRIPT,
+        ACQUIRE_SCRIPT,
+        UNDO_SCRIPT,
+        COMPARE_AND_DELETE,
+    ]
+    .into_iter()
+    .find(|body| script_sha(body.as_bytes()) == sha)
+}
+
+struct FakeConnector(Arc<FakeMaster>);
+
+impl Connect for FakeConnector {
+    fn connect(&self) -> BoxFuture<'static, io::Result<(ReadHalf, WriteHalf)>> {
+        let master = self.0.clone();
+        Box::pin(async move {
+            if *master.down.borrow() {
+                return Err(io::ErrorKind::ConnectionRefused.into());
+            }
+            let conn = master.connections.fetch_add(1, Ordering::Relaxed) + 1;
+            let (ours, theirs) = tokio::io::duplex(64 * 1024);
+            tokio::spawn(serve(master, theirs, conn));
+            let (rd, wr) = tokio::io::split(ours);
+            Ok((Box::new(rd) as ReadHalf, Box::new(wr) as WriteHalf))
+        })
+    }
+}
+
+/// Serves one connection: requests in order; while stalled, it keeps reading but answers
+/// nothing; once resumed it runs what it read, even if the proxy has gone (as Redis runs the
+/// bytes left in its socket buffer).
+async fn serve(master: Arc<FakeMaster>, stream: tokio::io::DuplexStream, conn: u64) {
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let mut parser = RequestParser::new(1 << 20);
+    let mut buf = BytesMut::new();
+    let mut down = master.down.subscribe();
+    let mut stalled = master.stalled.subscribe();
+    let mut peer_gone = false;
+    loop {
+        if !peer_gone {
+            tokio::select! {
+                read = rd.read_buf(&mut buf) => peer_gone = !matches!(read, Ok(n) if n > 0),
+                _ = down.wait_for(|d| *d) => return,
+            }
+        }
+        while let Ok(Some(request)) = parser.next(&mut buf) {
+            if stalled.wait_for(|s| !*s).await.is_err() {
+                return;
+            }
+            if *down.borrow() {
+                return;
+            }
+            let mut out = BytesMut::new();
+            master
+                .run(conn, request.args)
+                .encode(Protocol::Resp2, &mut out);
+            if wr.write_all(&out).await.is_err() {
+                peer_gone = true;
+            }
+        }
+        if peer_gone {
+            return;
+        }
+    }
+}
+
+/// Masters over `fakes`, watched by the health monitor as in production (quarantine on, a
+/// 100 ms poll interval, the default lease bound).
+pub fn masters(fakes: &[Arc<FakeMaster>], node_timeout: Duration) -> Arc<Masters> {
+    let links = fakes
+        .iter()
+        .enumerate()
+        .map(|(i, fake)| fake.link(&format!("fake{i}"), node_timeout))
+        .collect();
+    Masters::start(
+        links,
+        Settings {
+            node_timeout,
+            health: crate::health::Policy {
+                interval: Duration::from_millis(100),
+                quarantine: true,
+                lease_bound: Duration::from_secs(61),
+                preload: vec![ACQUIRE_SCRIPT],
+            },
+        },
+    )
+}
+
+/// Waits (on the paused clock, so instantly in real time) until `ready`, at most `limit`.
+pub async fn until(limit: Duration, ready: impl Fn() -> bool) {
+    let end = Instant::now() + limit;
+    while !ready() {
+        assert!(
+            Instant::now() < end,
+            "condition not reached within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// A command for a master.
+pub fn command(list: &[&str]) -> Bytes {
+    crate::protocol::encode_command(list)
+}

@@ -42,3 +42,40 @@ impl From<Reply> for Outcome {
         Outcome::Reply(reply)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn lease(deadline: Instant, rolled_back: &Arc<AtomicBool>) -> Lease {
+        let flag = rolled_back.clone();
+        Lease {
+            deadline,
+            granted: Reply::ok(),
+            expired: Reply::Null,
+            rollback: Some(Box::pin(async move {
+                // A rollback takes time (its clean-ups' confirmations): the refusal waits.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                flag.store(true, Ordering::SeqCst);
+            })),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_is_granted_until_its_deadline_and_rolled_back_from_it() {
+        let deadline = Instant::now() + Duration::from_millis(100);
+        let rolled_back = Arc::new(AtomicBool::new(false));
+        tokio::time::sleep(Duration::from_millis(99)).await;
+        assert_eq!(lease(deadline, &rolled_back).settle().await, Reply::ok());
+        assert!(!rolled_back.load(Ordering::SeqCst));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(lease(deadline, &rolled_back).settle().await, Reply::Null);
+        assert!(
+            rolled_back.load(Ordering::SeqCst),
+            "refused before its rollback ran"
+        );
+    }
+}

@@ -94,12 +94,15 @@ struct PendingCleanup {
     expires: Instant,
 }
 
+/// Where a request's replies go: the reply, or why none will come.
+type ReplyTo = oneshot::Sender<Result<Reply, NoReply>>;
+
 /// A request handed to a connection.
 struct Outgoing {
     payload: Bytes,
     /// Replies this payload produces (one per command in it).
     replies: usize,
-    reply: Option<oneshot::Sender<Reply>>,
+    reply: Option<ReplyTo>,
     /// Set for a clean-up: kept until a reply confirms it ran, or until this instant.
     cleanup_expires: Option<Instant>,
     /// When the caller handed it over (and started its own node timeout).
@@ -128,7 +131,7 @@ impl Connection {
 #[must_use = "a request's reply is waited for with `wait`; drop it to send without waiting"]
 pub struct Pending {
     /// `None`: there was no connection to send it on.
-    sent: Option<(oneshot::Receiver<Reply>, Arc<Connection>)>,
+    sent: Option<(oneshot::Receiver<Result<Reply, NoReply>>, Arc<Connection>)>,
     node_timeout: Duration,
 }
 
@@ -153,7 +156,7 @@ impl Pending {
             return Err(NoReply::NoLink);
         };
         match timeout(limit, rx).await {
-            Ok(Ok(reply)) => Ok(reply),
+            Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(NoReply::Closed),
             Err(_) => Err(NoReply::Timeout),
         }
@@ -303,7 +306,7 @@ impl Link {
     }
 
     /// Keeps an unconfirmed clean-up for the next connection (other requests are dropped:
-    /// their callers see their channel close).
+    /// their callers see their channel close, unless told why first).
     fn keep_cleanup(&self, out: Outgoing) {
         let Some(expires) = out.cleanup_expires else {
             return;
@@ -482,6 +485,7 @@ async fn read_loop(
     let node_timeout = link.node_timeout;
     let mut buf = BytesMut::with_capacity(16 * 1024);
     let mut aborted_rx = conn.aborted.subscribe();
+    let mut why = NoReply::Closed;
     loop {
         if *aborted_rx.borrow() {
             break;
@@ -516,17 +520,24 @@ async fn read_loop(
             }
             _ = pushed.notified() => {}
             _ = aborted_rx.changed() => {}
-            _ = sleep_until(watchdog.unwrap_or_else(Instant::now)), if watchdog.is_some() => break,
+            _ = sleep_until(watchdog.unwrap_or_else(Instant::now)), if watchdog.is_some() => {
+                why = NoReply::Timeout;
+                break;
+            }
         }
     }
     conn.abort();
-    // Whatever is still in flight gets no reply (dropping the senders tells the callers);
-    // unconfirmed clean-ups are kept for the next connection.
+    // Whatever is still in flight gets no reply: a timeout if the watchdog retired the
+    // connection (every request on it waited behind the stalled one), closed otherwise.
+    // Unconfirmed clean-ups are kept for the next connection.
     let left: Vec<InFlight> = in_flight
         .lock()
         .map(|mut q| q.drain(..).collect())
         .unwrap_or_default();
-    for entry in left {
+    for mut entry in left {
+        if let Some(tx) = entry.out.reply.take() {
+            let _ = tx.send(Err(why));
+        }
         link.keep_cleanup(entry.out);
     }
 }
@@ -564,7 +575,125 @@ fn deliver(buf: &mut BytesMut, in_flight: &Mutex<VecDeque<InFlight>>, addr: &str
             Reply::Array(done.got)
         };
         if let Some(tx) = done.out.reply.take() {
-            let _ = tx.send(reply);
+            let _ = tx.send(Ok(reply));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Deterministic: in-memory pipes to a scripted master, and tokio's paused clock.
+    use super::*;
+    use crate::fake_master::{command, until, FakeMaster};
+
+    const NODE_TIMEOUT: Duration = Duration::from_millis(500);
+    /// Long enough for any number of reconnects on the paused clock.
+    const LIMIT: Duration = Duration::from_secs(10);
+
+    /// A link to `fake`, connected; it runs until the returned sender is dropped.
+    async fn connected(fake: &Arc<FakeMaster>) -> (Arc<Link>, watch::Sender<bool>) {
+        let link = fake.link("fake", NODE_TIMEOUT);
+        let (stop, stopped) = watch::channel(false);
+        link.spawn(stopped);
+        until(LIMIT, || link.is_connected()).await;
+        (link, stop)
+    }
+
+    fn ping() -> Bytes {
+        command(&["PING"])
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_master_costs_one_node_timeout_then_a_fresh_connection_answers() {
+        let fake = FakeMaster::new();
+        let (link, _stop) = connected(&fake).await;
+        assert_eq!(link.send(ping(), 1).wait().await, Ok(Reply::simple("PONG")));
+        fake.stall();
+        let asked = Instant::now();
+        assert_eq!(link.send(ping(), 1).wait().await, Err(NoReply::Timeout));
+        // The watchdog retires the connection a millisecond before the caller's own timeout.
+        let waited = asked.elapsed();
+        assert!(
+            waited >= NODE_TIMEOUT - Duration::from_millis(1) && waited <= NODE_TIMEOUT,
+            "{waited:?}"
+        );
+        assert_eq!(link.retired_count(), 1);
+        fake.resume();
+        until(LIMIT, || link.connect_count() == 2 && link.is_connected()).await;
+        assert_eq!(link.send(ping(), 1).wait().await, Ok(Reply::simple("PONG")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_watchdog_retires_a_stalled_connection_even_if_nobody_waits() {
+        let fake = FakeMaster::new();
+        let (link, _stop) = connected(&fake).await;
+        fake.stall();
+        drop(link.send(ping(), 1));
+        tokio::time::sleep(NODE_TIMEOUT - Duration::from_millis(2)).await;
+        assert_eq!(link.retired_count(), 0, "retired before the node timeout");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert_eq!(link.retired_count(), 1, "not retired at the node timeout");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_behind_a_stalled_one_fail_with_it_and_none_is_answered_out_of_order() {
+        let fake = FakeMaster::new();
+        let (link, _stop) = connected(&fake).await;
+        fake.stall();
+        let first = link.send(command(&["SET", "a", "1"]), 1);
+        tokio::time::sleep(NODE_TIMEOUT / 2).await;
+        let second = link.send(command(&["GET", "a"]), 1);
+        let (first, second) = tokio::join!(first.wait(), second.wait());
+        assert_eq!(
+            (first, second),
+            (Err(NoReply::Timeout), Err(NoReply::Timeout))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_clean_up_cut_off_by_a_retirement_goes_first_on_the_next_connection() {
+        let fake = FakeMaster::new();
+        let (link, _stop) = connected(&fake).await;
+        fake.stall();
+        let cleanup = link.send_cleanup(command(&["DEL", "k"]), Duration::from_secs(30));
+        assert_eq!(cleanup.wait().await, Err(NoReply::Timeout));
+        assert_eq!(link.pending_cleanups(), 1);
+        fake.resume();
+        until(LIMIT, || {
+            link.connect_count() == 2 && link.pending_cleanups() == 0
+        })
+        .await;
+        assert_eq!(link.send(ping(), 1).wait().await, Ok(Reply::simple("PONG")));
+        let second: Vec<String> = fake
+            .log()
+            .into_iter()
+            .filter(|(conn, _)| *conn == 2)
+            .map(|(_, cmd)| cmd)
+            .collect();
+        assert_eq!(
+            second.first().map(String::as_str),
+            Some("DEL k"),
+            "{second:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_clean_up_is_dropped_once_the_write_it_undoes_has_expired() {
+        let fake = FakeMaster::new();
+        let (link, _stop) = connected(&fake).await;
+        fake.set_down(true);
+        until(LIMIT, || !link.is_connected()).await;
+        drop(link.send_cleanup(command(&["DEL", "k"]), Duration::from_secs(1)));
+        assert_eq!(link.pending_cleanups(), 1);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        fake.set_down(false);
+        until(LIMIT, || link.is_connected()).await;
+        assert_eq!(link.send(ping(), 1).wait().await, Ok(Reply::simple("PONG")));
+        assert_eq!(link.pending_cleanups(), 0);
+        assert!(
+            fake.log().iter().all(|(_, cmd)| cmd != "DEL k"),
+            "an expired clean-up was sent: {:?}",
+            fake.log()
+        );
     }
 }

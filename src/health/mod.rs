@@ -68,10 +68,11 @@ pub const ARMED_KEY: &str = "redlock-proxy:armed";
 pub const QUARANTINE_KEY: &str = "redlock-proxy:quarantine";
 
 /// `{exists(armed), pttl(quarantine)}`.
-const STATUS_SCRIPT: &str = "return {redis.call('exists', KEYS[1]), redis.call('pttl', KEYS[2])}";
+pub(crate) const STATUS_SCRIPT: &str =
+    "return {redis.call('exists', KEYS[1]), redis.call('pttl', KEYS[2])}";
 /// Quarantines for `ARGV[1]` ms (keeping a later end) and re-arms, in one step: no acquire can
 /// pass the marker check in between. Returns the quarantine's remaining ms.
-const QUARANTINE_SCRIPT: &str = "redis.call('set', KEYS[2], '1', 'NX', 'PX', ARGV[1]) redis.call('pexpire', KEYS[2], ARGV[1], 'GT') redis.call('set', KEYS[1], '1') return redis.call('pttl', KEYS[2])";
+pub(crate) const QUARANTINE_SCRIPT: &str = "redis.call('set', KEYS[2], '1', 'NX', 'PX', ARGV[1]) redis.call('pexpire', KEYS[2], ARGV[1], 'GT') redis.call('set', KEYS[1], '1') return redis.call('pttl', KEYS[2])";
 
 /// The `INFO` sections the monitor needs (Redis 7 accepts several sections at once).
 fn info_command() -> Bytes {

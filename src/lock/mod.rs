@@ -44,3 +44,119 @@ impl Acquirer {
         vec![ACQUIRE_SCRIPT]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Deterministic: scripted in-process masters and tokio's paused clock.
+    use super::*;
+    use crate::fake_master::{self, until, FakeMaster};
+    use crate::lease::Outcome;
+    use crate::protocol::Reply;
+    use bytes::Bytes;
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    const NODE_TIMEOUT: Duration = Duration::from_millis(500);
+    const LIMIT: Duration = Duration::from_secs(10);
+    const POLICY: Policy = Policy {
+        drift_factor: 0.01,
+        max_lock_ttl_ms: 60_000,
+    };
+
+    /// An acquirer over `n` fake masters, once every master may vote.
+    async fn ready(n: usize) -> (Vec<Arc<FakeMaster>>, Arc<Masters>, Arc<Acquirer>) {
+        let fakes: Vec<_> = (0..n).map(|_| FakeMaster::new()).collect();
+        let masters = fake_master::masters(&fakes, NODE_TIMEOUT);
+        until(LIMIT, || masters.voters().iter().all(|v| v.eligible())).await;
+        let acquirer = Acquirer::new(masters.clone(), POLICY);
+        (fakes, masters, acquirer)
+    }
+
+    fn attempt(value: &str) -> Attempt {
+        Attempt {
+            key: Bytes::from_static(b"k"),
+            value: Bytes::copy_from_slice(value.as_bytes()),
+            ttl_ms: 10_000,
+            received_at: Instant::now(),
+        }
+    }
+
+    /// The reply the client would be written now.
+    async fn reply(outcome: Outcome) -> Reply {
+        match outcome {
+            Outcome::Reply(reply) => reply,
+            Outcome::Lease(lease) => lease.settle().await,
+        }
+    }
+
+    async fn run(started: Started) -> Reply {
+        match started {
+            Started::Leading(acquire) | Started::Queued(acquire) => reply(acquire.await).await,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_acquires_of_one_key_cost_two_fan_outs_and_one_grant() {
+        let (fakes, _masters, acquirer) = ready(3).await;
+        let started: Vec<Started> = (0..10)
+            .map(|i| acquirer.acquire(attempt(&format!("v{i}"))))
+            .collect();
+        assert!(matches!(started[0], Started::Leading(_)));
+        assert!(started[1..].iter().all(|s| matches!(s, Started::Queued(_))));
+        let replies = futures::future::join_all(started.into_iter().map(run)).await;
+        assert_eq!(replies[0], Reply::ok());
+        assert!(
+            replies[1..].iter().all(|r| *r == Reply::Null),
+            "{replies:?}"
+        );
+        for fake in &fakes {
+            // The leader's acquire, then one batch for the nine queued behind it.
+            assert_eq!(fake.acquires(), 2);
+            assert_eq!(fake.get("k").as_deref(), Some(&b"v0"[..]));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_majority_refuses_after_one_node_timeout_and_leaves_nothing() {
+        let (fakes, masters, acquirer) = ready(3).await;
+        fakes[1].stall();
+        fakes[2].stall();
+        let asked = Instant::now();
+        assert_eq!(run(acquirer.acquire(attempt("v"))).await, Reply::Null);
+        let waited = asked.elapsed();
+        // One node timeout for the votes, then at most half of one for the confirmation of
+        // the clean-up on the master that said OK.
+        assert!(
+            waited >= NODE_TIMEOUT - Duration::from_millis(1),
+            "{waited:?}"
+        );
+        assert!(waited <= NODE_TIMEOUT * 3 / 2, "{waited:?}");
+        assert_eq!(
+            fakes[0].get("k"),
+            None,
+            "the partial grant was not rolled back"
+        );
+        for voter in &masters.voters()[1..] {
+            assert_eq!(voter.stats.timeout.load(Ordering::Relaxed), 1);
+        }
+        // The stalled masters run the acquire they had read once they resume: too late, it
+        // writes nothing (its deadline passed), and the clean-up after the deadline removes
+        // whatever could have been written.
+        fakes[1].resume();
+        fakes[2].resume();
+        tokio::time::sleep(NODE_TIMEOUT * 4).await;
+        for fake in &fakes {
+            assert_eq!(fake.get("k"), None);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_minority_does_not_delay_a_grant() {
+        let (fakes, _masters, acquirer) = ready(3).await;
+        fakes[2].stall();
+        let asked = Instant::now();
+        assert_eq!(run(acquirer.acquire(attempt("v"))).await, Reply::ok());
+        assert!(asked.elapsed() < NODE_TIMEOUT, "{:?}", asked.elapsed());
+    }
+}
