@@ -78,6 +78,12 @@ impl FakeMaster {
         self.stalled.send_replace(false);
     }
 
+    /// Loses every key (a `FLUSHALL`, or a restart without persistence seen only by its
+    /// markers).
+    pub fn wipe(&self) {
+        self.state.lock().unwrap().keys.clear();
+    }
+
     /// Refuses connections and ends the open ones while `down`.
     pub fn set_down(&self, down: bool) {
         self.down.send_replace(down);

@@ -288,3 +288,43 @@ impl Monitor {
         health.set_ready(connect);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Deterministic: scripted in-process masters and tokio's paused clock.
+    use crate::fake_master::{masters, until, FakeMaster};
+    use std::time::Duration;
+
+    const NODE_TIMEOUT: Duration = Duration::from_millis(500);
+    const LIMIT: Duration = Duration::from_secs(10);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wiped_master_is_quarantined_for_the_lease_bound_for_every_proxy() {
+        let fakes: Vec<_> = (0..3).map(|_| FakeMaster::new()).collect();
+        let first = masters(&fakes, NODE_TIMEOUT);
+        until(LIMIT, || first.voters().iter().all(|v| v.eligible())).await;
+        // A brand-new deployment is armed without a quarantine.
+        assert!(fakes.iter().all(|f| f.get(super::ARMED_KEY).is_some()));
+        fakes[0].wipe();
+        let wiped = &first.voters()[0];
+        until(LIMIT, || !wiped.eligible()).await;
+        assert!(
+            wiped.state().starts_with("quarantined (lock marker gone"),
+            "{}",
+            wiped.state()
+        );
+        // A proxy started now learns the quarantine from the master itself.
+        let second = masters(&fakes, NODE_TIMEOUT);
+        until(LIMIT, || second.voters()[1..].iter().all(|v| v.eligible())).await;
+        assert!(!second.voters()[0].eligible());
+        assert!(second.voters()[0].state().starts_with("quarantined ("));
+        // Both let it vote again only once every lease it may have held has expired.
+        let bound = first.lease_bound();
+        tokio::time::sleep(bound - Duration::from_secs(1)).await;
+        assert!(!wiped.eligible() && !second.voters()[0].eligible());
+        until(Duration::from_secs(2), || {
+            wiped.eligible() && second.voters()[0].eligible()
+        })
+        .await;
+    }
+}
