@@ -94,8 +94,10 @@ struct PendingCleanup {
     expires: Instant,
 }
 
-/// Where a request's replies go: the reply, or why none will come.
-type ReplyTo = oneshot::Sender<Result<Reply, NoReply>>;
+/// A request's reply, or why none will come.
+type Answer = Result<Reply, NoReply>;
+/// Where a request's answer goes.
+type ReplyTo = oneshot::Sender<Answer>;
 
 /// A request handed to a connection.
 struct Outgoing {
@@ -131,7 +133,7 @@ impl Connection {
 #[must_use = "a request's reply is waited for with `wait`; drop it to send without waiting"]
 pub struct Pending {
     /// `None`: there was no connection to send it on.
-    sent: Option<(oneshot::Receiver<Result<Reply, NoReply>>, Arc<Connection>)>,
+    sent: Option<(oneshot::Receiver<Answer>, Arc<Connection>)>,
     node_timeout: Duration,
 }
 
