@@ -50,13 +50,13 @@ use redlock_testkit::launcher::Proxy;
 use redlock_testkit::masters::{master_cmd, master_get};
 use redlock_testkit::nemesis::{
     quarantine_ms, step_amnesia, step_links, step_mixed, step_mixed_no_flush,
-    step_partition_then_flush, step_partition_then_restart, step_pause, Nemesis,
-    NODE_TIMEOUT_MS, TTL_MS,
+    step_partition_then_flush, step_partition_then_restart, step_pause, Nemesis, NODE_TIMEOUT_MS,
+    TTL_MS,
 };
 use redlock_testkit::resp::{encode_str, Client, Silent};
 use redlock_testkit::rig::{
-    logged_at, render, run, scaled, scenario, scenario_allowing, verdict, with_quarantine,
-    faults_before_violations, late_holds, Rig,
+    faults_before_violations, late_holds, logged_at, render, run, scaled, scenario,
+    scenario_allowing, verdict, with_quarantine, Rig,
 };
 use redlock_testkit::workload::{now_ns, seed, wait_grantable, History, PortTable, Workload};
 use std::sync::atomic::AtomicBool;
@@ -779,7 +779,6 @@ fn assert_mixed(name: &str, h: &History) {
         h.summary()
     );
 }
-
 
 /// The default configuration (no TTL cap given) under a mixed workload, TTL 500 ms: 30 % of the
 /// acquires by node-redlock's script, 30 % of the holders extend, 50 % of the refusals retried

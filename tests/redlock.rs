@@ -45,9 +45,17 @@ async fn acquire_contend_release_over_five_masters() {
     assert!((29_000..=30_000).contains(&pttl), "{pttl}");
     assert_eq!(c.cmd(&["GET", &k]).await, "$tok-a");
     // Release by a non-owner does nothing; by the owner removes it everywhere.
-    assert_eq!(other.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "tok-b"]).await, ":0");
+    assert_eq!(
+        other
+            .cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "tok-b"])
+            .await,
+        ":0"
+    );
     assert!(env.holders(&k, "tok-a").await >= 3);
-    assert_eq!(c.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "tok-a"]).await, ":1");
+    assert_eq!(
+        c.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "tok-a"]).await,
+        ":1"
+    );
     env.assert_gone(&k).await;
     // Now free for the other client.
     assert_eq!(
@@ -106,7 +114,10 @@ async fn minority_down_still_grants_majority_down_refuses_fast() {
     // 1 s leases: a master that comes back empty is quarantined for about that long.
     assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "1000"]).await, "+OK");
     assert_eq!(c.cmd(&["GET", &k]).await, "$v");
-    assert_eq!(c.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "v"]).await, ":1");
+    assert_eq!(
+        c.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "v"]).await,
+        ":1"
+    );
 
     env.masters.masters[2].kill();
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -222,7 +233,10 @@ async fn evalsha_noscript_load_and_healing() {
     );
     // EVAL remembers the body for later EVALSHA.
     let release_sha = sha1_hex(COMPARE_AND_DELETE);
-    assert_eq!(c.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "nope"]).await, ":0");
+    assert_eq!(
+        c.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "nope"]).await,
+        ":0"
+    );
     for port in env.ports() {
         master_cmd(port, &["SCRIPT", "FLUSH"]).await;
     }

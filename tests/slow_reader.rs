@@ -13,7 +13,6 @@ use tokio::time::{sleep, timeout, Instant};
 /// How long another client may wait for an answer (CI machines are noisy).
 const ANSWER: Duration = Duration::from_secs(5);
 
-
 /// The event of a keyspace notification (`*[$message,$__keyspace@0__:key,$set]` → `set`).
 fn event(message: &str) -> Option<&str> {
     let body = message.strip_prefix("*[$message,")?.strip_suffix(']')?;

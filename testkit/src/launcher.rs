@@ -194,7 +194,11 @@ pub struct ProxyProcess {
 impl ProxyProcess {
     /// Starts `bin --bind 127.0.0.1 --port 0 --log-format json --backend …` plus `extra_args`,
     /// and waits (10 s) for the port of its "listening on" log line.
-    pub fn start(bin: &Path, backends: &[String], extra_args: &[String]) -> io::Result<ProxyProcess> {
+    pub fn start(
+        bin: &Path,
+        backends: &[String],
+        extra_args: &[String],
+    ) -> io::Result<ProxyProcess> {
         let mut cmd = Command::new(bin);
         cmd.args(["--bind", "127.0.0.1", "--port", "0", "--log-format", "json"]);
         for backend in backends {

@@ -334,4 +334,3 @@ pub fn step_mixed_no_flush(nem: &mut Nemesis) {
         _ => step_links(nem),
     }
 }
-

@@ -155,7 +155,8 @@ impl fmt::Display for Reply {
 
 /// Appends one command (an array of bulk strings) to `out`, encoded by `redis-protocol`.
 pub fn encode_into(out: &mut BytesMut, args: &[&[u8]]) {
-    let frames: Vec<BorrowedFrame<'_>> = args.iter().map(|a| BorrowedFrame::BulkString(a)).collect();
+    let frames: Vec<BorrowedFrame<'_>> =
+        args.iter().map(|a| BorrowedFrame::BulkString(a)).collect();
     extend_encode_borrowed(out, &BorrowedFrame::Array(&frames), false)
         .expect("a command of bulk strings always encodes");
 }
@@ -362,9 +363,10 @@ impl Client {
                 return Ok(reply);
             }
             self.buf.reserve(READ_CHUNK);
-            let read = tokio::time::timeout_at(deadline.into(), self.stream.read_buf(&mut self.buf))
-                .await
-                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "reply timed out"))??;
+            let read =
+                tokio::time::timeout_at(deadline.into(), self.stream.read_buf(&mut self.buf))
+                    .await
+                    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "reply timed out"))??;
             if read == 0 {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
@@ -384,7 +386,10 @@ impl Client {
         match self.read_reply(Instant::now() + limit).await {
             Ok(reply) => Some(reply.to_string()),
             Err(err) if err.kind() == io::ErrorKind::InvalidData => {
-                panic!("the server at port {:?} sent {err}", self.stream.peer_addr())
+                panic!(
+                    "the server at port {:?} sent {err}",
+                    self.stream.peer_addr()
+                )
             }
             Err(_) => None,
         }
@@ -465,7 +470,9 @@ impl Silent {
     /// Connects and sends `bytes` in one write on its own task (the server may stop reading;
     /// the write gives up after 30 s), then reads nothing.
     pub async fn start(port: u16, bytes: Vec<u8>) -> Silent {
-        let stream = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+        let stream = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
         stream.set_nodelay(true).unwrap();
         let (rd, mut wr) = stream.into_split();
         let writer = tokio::spawn(async move {

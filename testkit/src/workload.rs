@@ -477,7 +477,10 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
             h.holds.push(hold);
             let in_validity = t_release - lease_start < validity_ns;
             let released = c
-                .try_cmd(&["EVAL", COMPARE_AND_DELETE, "1", key, &token], cfg.reply_timeout)
+                .try_cmd(
+                    &["EVAL", COMPARE_AND_DELETE, "1", key, &token],
+                    cfg.reply_timeout,
+                )
                 .await;
             let text = released.unwrap_or_else(|| {
                 conn = None;
@@ -550,8 +553,11 @@ pub async fn wait_grantable(
             {
                 Some("+OK") => {
                     let took = started.elapsed();
-                    c.try_cmd(&["EVAL", COMPARE_AND_DELETE, "1", key, &token], Duration::from_secs(2))
-                        .await;
+                    c.try_cmd(
+                        &["EVAL", COMPARE_AND_DELETE, "1", key, &token],
+                        Duration::from_secs(2),
+                    )
+                    .await;
                     return Some(took);
                 }
                 None => conn = None,
