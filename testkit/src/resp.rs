@@ -13,7 +13,7 @@
 //! Also here: [`blocking_cmd`] (one command on a blocking socket, for threads outside the
 //! runtime), [`Silent`] (a client that sends and never reads) and [`redis_cli`].
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use redis_protocol::error::RedisProtocolError;
 use redis_protocol::resp2::decode::decode_range as decode_resp2;
 use redis_protocol::resp2::encode::extend_encode_borrowed;
@@ -183,13 +183,15 @@ pub fn decode(buf: &mut BytesMut) -> Result<Option<Reply>, RedisProtocolError> {
     match decode_resp2(buf) {
         Ok(None) => Ok(None),
         Ok(Some((frame, used))) => {
-            let nil_array = matches!(frame, Frame2::Null) && buf[0] == b'*';
-            let bytes = buf.split_to(used).freeze();
-            Ok(Some(if nil_array {
-                Reply::NilArray
-            } else {
-                from_resp2(&bytes, frame)
-            }))
+            let reply = match frame {
+                // Nothing to keep from the buffer.
+                Frame2::Integer(n) => Reply::Int(n),
+                Frame2::Null if buf[0] == b'*' => Reply::NilArray,
+                Frame2::Null => Reply::Nil,
+                frame => return Ok(Some(from_resp2(&buf.split_to(used).freeze(), frame))),
+            };
+            buf.advance(used);
+            Ok(Some(reply))
         }
         // Not RESP2: a type only RESP3 has, somewhere in the reply.
         Err(not_resp2) => match decode_resp3(buf) {
@@ -525,4 +527,66 @@ pub fn redis_cli(port: u16, args: &[&str]) -> String {
         .expect("redis-cli is installed with redis-server (Debian redis-tools)");
     assert!(out.status.success(), "{out:?}");
     String::from_utf8(out.stdout).unwrap()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every reply in `wire`, rendered, and what was left undecoded.
+    fn render_all(wire: &[u8]) -> (Vec<String>, usize) {
+        let mut buf = BytesMut::from(wire);
+        let mut out = Vec::new();
+        while let Some(reply) = decode(&mut buf).unwrap() {
+            out.push(reply.to_string());
+        }
+        (out, buf.len())
+    }
+
+    #[test]
+    fn resp2_replies_render_compactly() {
+        let wire = b"+OK\r\n-ERR no\r\n:-3\r\n$3\r\nabc\r\n$-1\r\n*-1\r\n*2\r\n$1\r\na\r\n:1\r\n$0\r\n\r\n";
+        let (out, left) = render_all(wire);
+        assert_eq!(
+            out,
+            ["+OK", "-ERR no", ":-3", "$abc", "$nil", "*nil", "*[$a,:1]", "$"]
+        );
+        assert_eq!(left, 0);
+    }
+
+    #[test]
+    fn resp3_replies_keep_wire_order() {
+        let wire = b"%3\r\n$6\r\nserver\r\n$5\r\nredis\r\n$7\r\nversion\r\n$5\r\n7.0.0\r\n$5\r\nproto\r\n:3\r\n\
+_\r\n=8\r\ntxt:# Se\r\n~2\r\n+b\r\n+a\r\n*2\r\n%1\r\n+k\r\n#t\r\n,1.5\r\n";
+        let (out, left) = render_all(wire);
+        assert_eq!(
+            out,
+            [
+                "%{$server:$redis,$version:$7.0.0,$proto::3}",
+                "_",
+                "=txt:# Se",
+                "*[+b,+a]",
+                "*[%{+k:#t},,1.5]"
+            ]
+        );
+        assert_eq!(left, 0);
+    }
+
+    #[test]
+    fn incomplete_replies_wait_and_garbage_is_an_error() {
+        let mut buf = BytesMut::from(&b"$5\r\nab"[..]);
+        assert_eq!(decode(&mut buf).unwrap(), None);
+        buf.extend_from_slice(b"cde\r\n");
+        assert_eq!(decode(&mut buf).unwrap(), Some(Reply::Bulk("abcde".into())));
+        let mut garbage = BytesMut::from(&b"?what\r\n"[..]);
+        assert!(decode(&mut garbage).is_err());
+    }
+
+    #[test]
+    fn commands_encode_as_arrays_of_bulk_strings() {
+        assert_eq!(
+            encode_str(&["SET", "k", ""]),
+            b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n"
+        );
+    }
 }
