@@ -55,8 +55,8 @@ use redlock_testkit::nemesis::{
 };
 use redlock_testkit::resp::{encode_str, Client, Silent};
 use redlock_testkit::rig::{
-    faults_before_violations, late_holds, logged_at, render, run, scaled, scenario,
-    scenario_allowing, verdict, with_quarantine, Rig,
+    faults_before_violations, late_holds, logged_at, render, run, scaled, scenario, verdict,
+    with_quarantine, Rig,
 };
 use redlock_testkit::workload::{now_ns, seed, wait_grantable, History, PortTable, Workload};
 use std::sync::atomic::AtomicBool;
@@ -235,7 +235,7 @@ fn minority_scenario(
         let mut rig = Rig::start(5, relays, proxies, seed, with_quarantine(TTL_MS)).await;
         let mut w = Workload::new(rig.ports(), name, seed);
         w.duration = scaled(fault_secs + 2.0);
-        let r = scenario(name, &mut rig, seed, w, scaled(fault_secs), step, 300).await;
+        let r = scenario(name, &mut rig, seed, w, scaled(fault_secs), step, 300, 0).await;
         assert!(r.grants > 0);
     });
 }
@@ -253,7 +253,17 @@ fn baseline_without_faults() {
         fn no_faults(nem: &mut Nemesis) {
             nem.sleep(100, 100);
         }
-        scenario("baseline", &mut rig, seed, w, scaled(6.0), no_faults, 600).await;
+        scenario(
+            "baseline",
+            &mut rig,
+            seed,
+            w,
+            scaled(6.0),
+            no_faults,
+            600,
+            0,
+        )
+        .await;
     });
 }
 
@@ -322,7 +332,7 @@ fn rolling_restarts_releases_by_holders_tell_the_truth() {
         let h = rig
             .run_with_faults(&w, scaled(20.0), 10_000, step_rolling)
             .await;
-        verdict("rolling", seed, started, &h, &rig.nemesis.log, 300);
+        verdict("rolling", seed, started, &h, &rig.nemesis.log, 300, 0);
         let released: u64 = h.releases.values().sum();
         assert!(
             released >= 100,
@@ -392,7 +402,7 @@ fn slow_links_near_the_ttl() {
         // grants arrive up to TTL − drift after the proxy read them, by design, so the client's
         // own scheduling may read a few just past send + TTL: a little slack for that (checked
         // below, relative to the grants).
-        let r = scenario_allowing(
+        let r = scenario(
             "slow-links",
             &mut rig,
             seed,
@@ -493,6 +503,7 @@ fn two_proxies_share_the_masters_under_faults() {
             scaled(18.0),
             step_mixed_no_flush,
             300,
+            0,
         )
         .await;
         for p in 0..2 {
@@ -833,7 +844,7 @@ fn default_config_mixed_workload_under_amnesia() {
         let started = Instant::now();
         rig.wait_ready(w.ttl_ms, Duration::from_secs(5)).await;
         let h = rig.run_with_faults(&w, scaled(12.0), 1, schedule).await;
-        let r = verdict(name, seed, started, &h, &rig.nemesis.log, 150);
+        let r = verdict(name, seed, started, &h, &rig.nemesis.log, 150, 0);
         assert_mixed(name, &h);
         // Grants go on over the three healthy masters after the second data loss.
         let flushed = logged_at(&rig.nemesis.log, "FLUSHALL");
@@ -893,7 +904,7 @@ fn proxy_restarts_mid_run_default_config() {
             .await
             .expect("the workload ends")
             .expect("workload task");
-        let r = verdict(name, seed, started, &h, &rig.nemesis.log, 150);
+        let r = verdict(name, seed, started, &h, &rig.nemesis.log, 150, 0);
         assert_mixed(name, &h);
         for (proxy, since) in [(1, fresh1), (0, fresh0)] {
             let n = r
@@ -942,7 +953,7 @@ fn a_client_that_stops_reading_does_not_stall_the_workload() {
             .expect("workload task");
         let t_end = now_ns();
         let written = silent.write_done(Duration::from_secs(30)).await;
-        let r = verdict(name, seed, started, &h, &[], 150);
+        let r = verdict(name, seed, started, &h, &[], 150, 0);
         let rate = |from: u64, to: u64| {
             let n = r
                 .holds
@@ -1029,6 +1040,6 @@ fn soak_mixed_faults() {
             );
         }
         let min = (100_000 * secs / 600) as usize;
-        verdict("soak", seed, started, &all, &rig.nemesis.log, min);
+        verdict("soak", seed, started, &all, &rig.nemesis.log, min, 0);
     });
 }

@@ -6,8 +6,9 @@ use crate::settings::{ReleaseKind, Settings, Target};
 use crate::stats::{CycleResult, Tally, Window, STALL_LIMIT};
 use futures::stream::{self, StreamExt};
 use redlock_proxy::on_master::COMPARE_AND_DELETE;
-use redlock_proxy::{LocalCluster, LocalMaster};
+use redlock_proxy::LocalCluster;
 use redlock_testkit::launcher::{ready_for_load, ProxyProcess};
+use redlock_testkit::masters::pids;
 use redlock_testkit::resp::{encode, Client, Reply};
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -233,12 +234,7 @@ impl Endpoint {
         masters: &LocalCluster,
         target: Target,
     ) -> std::io::Result<Self> {
-        let master_pids = |n: usize| -> Vec<u32> {
-            masters.masters[..n]
-                .iter()
-                .filter_map(LocalMaster::pid)
-                .collect()
-        };
+        let master_pids = |n: usize| pids(&masters.masters[..n]);
         match target {
             Target::Direct => Ok(Endpoint {
                 port: masters.masters[0].port,
@@ -450,12 +446,9 @@ pub async fn run_clientside_cell(
             ))
         })
         .collect();
-    let pids: Vec<u32> = masters
-        .masters
-        .iter()
-        .filter_map(LocalMaster::pid)
-        .collect();
-    let cpu = CpuProbe::new(None, &pids, hz).over(window).await;
+    let cpu = CpuProbe::new(None, &pids(&masters.masters), hz)
+        .over(window)
+        .await;
     let tallies = join_tallies(tasks).await;
     CycleResult::from_tally(
         scenario,

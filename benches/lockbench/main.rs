@@ -32,6 +32,7 @@ mod stats;
 use procs::CpuProbe;
 use redlock_proxy::{LocalCluster, LocalMaster};
 use redlock_testkit::launcher::{ready_for_load, ProxyProcess};
+use redlock_testkit::masters::pids;
 use redlock_testkit::resp::blocking_cmd;
 use report::{fmt_kib, fmt_lat, fmt_mib, fmt_rate, fmt_us, Results};
 use settings::{Settings, Target, SECTIONS};
@@ -106,12 +107,7 @@ impl Bench {
             return self.skip(format!("node: {why}"));
         }
         let s = self.settings.clone();
-        let master_pids: Vec<u32> = self
-            .masters
-            .masters
-            .iter()
-            .filter_map(LocalMaster::pid)
-            .collect();
+        let master_pids = pids(&self.masters.masters);
         // The largest worker count is the target comparison: repeated, interleaved.
         let target_workers = s.node_workers.iter().copied().max();
         for &workers in &s.node_workers {
@@ -289,12 +285,7 @@ impl Bench {
     fn contention(&mut self) {
         let s = self.settings.clone();
         let ports = self.master_ports.clone();
-        let master_pids: Vec<u32> = self
-            .masters
-            .masters
-            .iter()
-            .filter_map(LocalMaster::pid)
-            .collect();
+        let master_pids = pids(&self.masters.masters);
         match s.start_proxy(&self.masters.addrs()) {
             Ok(mut proxy) => {
                 self.prepare(proxy.port);

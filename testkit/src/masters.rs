@@ -3,6 +3,7 @@
 //! resume). The masters themselves are `redlock_proxy::{LocalCluster, LocalMaster}`.
 
 use crate::resp::{Client, Reply};
+use redlock_proxy::LocalMaster;
 use std::collections::BTreeMap;
 use std::io;
 
@@ -50,6 +51,11 @@ pub async fn command_stats(port: u16) -> io::Result<BTreeMap<String, u64>> {
         stats.insert(name.to_string(), calls);
     }
     Ok(stats)
+}
+
+/// The process ids of the running masters among `masters`.
+pub fn pids(masters: &[LocalMaster]) -> Vec<u32> {
+    masters.iter().filter_map(LocalMaster::pid).collect()
 }
 
 /// Sends `SIG<sig>` (`STOP`, `CONT`, …) to a process; panics if `kill` fails.

@@ -191,6 +191,16 @@ pub fn quarantine_ms(ttl_ms: u64) -> u64 {
 /// restarts empty. Without quarantine the healed minority plus the amnesiac master form a new
 /// majority for a lock that is still held.
 pub fn step_partition_then_restart(nem: &mut Nemesis) {
+    partition_then_lose(nem, |nem, victim| {
+        nem.kill(victim);
+        nem.sleep(0, 60);
+        nem.restart(victim);
+    });
+}
+
+/// A minority partitioned for 150–400 ms while locks are granted, healed; then `lose` makes
+/// one master of the majority that held those locks lose its data; then a quarantine passes.
+fn partition_then_lose(nem: &mut Nemesis, lose: fn(&mut Nemesis, usize)) {
     let n = nem.n();
     let f = (n - 1) / 2;
     let pick = nem.rng.pick(n, f + 1);
@@ -202,19 +212,26 @@ pub fn step_partition_then_restart(nem: &mut Nemesis) {
         nem.heal(i);
     }
     nem.sleep(0, 40);
-    let victim = pick[f];
-    nem.kill(victim);
-    nem.sleep(0, 60);
-    nem.restart(victim);
+    lose(nem, pick[f]);
+    sleep_past_quarantine(nem);
+}
+
+/// 1..=f distinct masters (f = ⌊(N−1)/2⌋), at random.
+fn minority_victims(nem: &mut Nemesis) -> Vec<usize> {
+    let n = nem.n();
+    let k = 1 + nem.rng.below((n - 1) / 2);
+    nem.rng.pick(n, k)
+}
+
+/// Sleeps until a master that just lost data is out of quarantine (plus 100–500 ms).
+fn sleep_past_quarantine(nem: &mut Nemesis) {
     let q = quarantine_ms(TTL_MS);
     nem.sleep(q + 100, q + 500);
 }
 
 /// Crash churn: 1..=f masters killed, restarted empty after 0–200 ms.
 pub fn step_crash_restart(nem: &mut Nemesis) {
-    let n = nem.n();
-    let k = 1 + nem.rng.below((n - 1) / 2);
-    let victims = nem.rng.pick(n, k);
+    let victims = minority_victims(nem);
     for &i in &victims {
         nem.kill(i);
     }
@@ -222,8 +239,7 @@ pub fn step_crash_restart(nem: &mut Nemesis) {
     for &i in &victims {
         nem.restart(i);
     }
-    let q = quarantine_ms(TTL_MS);
-    nem.sleep(q + 100, q + 500);
+    sleep_past_quarantine(nem);
 }
 
 /// Amnesia churn: Kleppmann's step (60 %) or crash churn.
@@ -237,27 +253,12 @@ pub fn step_amnesia(nem: &mut Nemesis) {
 
 /// Like Kleppmann's scenario, with `FLUSHALL` as the data loss (no restart, same `run_id`).
 pub fn step_partition_then_flush(nem: &mut Nemesis) {
-    let n = nem.n();
-    let f = (n - 1) / 2;
-    let pick = nem.rng.pick(n, f + 1);
-    for &i in &pick[..f] {
-        nem.partition(i);
-    }
-    nem.sleep(150, 400);
-    for &i in &pick[..f] {
-        nem.heal(i);
-    }
-    nem.sleep(0, 40);
-    nem.flush(pick[f]);
-    let q = quarantine_ms(TTL_MS);
-    nem.sleep(q + 100, q + 500);
+    partition_then_lose(nem, Nemesis::flush);
 }
 
 /// SIGSTOP of 1..=f masters for 1.2–2 × TTL, then SIGCONT.
 pub fn step_pause(nem: &mut Nemesis) {
-    let n = nem.n();
-    let k = 1 + nem.rng.below((n - 1) / 2);
-    let victims = nem.rng.pick(n, k);
+    let victims = minority_victims(nem);
     for &i in &victims {
         nem.pause(i);
     }
@@ -272,8 +273,7 @@ pub fn step_pause(nem: &mut Nemesis) {
 /// over it, a blackhole, or resets; sometimes every link also gets a small delay.
 pub fn step_links(nem: &mut Nemesis) {
     let n = nem.n();
-    let k = 1 + nem.rng.below((n - 1) / 2);
-    let victims = nem.rng.pick(n, k);
+    let victims = minority_victims(nem);
     let everyone_slow = nem.rng.chance(0.3);
     if everyone_slow {
         for i in 0..n {

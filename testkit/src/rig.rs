@@ -160,24 +160,14 @@ impl Rig {
 }
 
 /// Checks a history: prints the report, asserts no overlap, no two live grants with one token,
-/// no late `OK` and a minimum of grants.
+/// at most `late_oks_allowed` late `OK`s and at least `min_grants` grants.
+///
+/// Late `OK`s are read after send + TTL. Only a scenario whose masters answer near the TTL *by
+/// design* may allow any: there the proxy writes `OK`s up to TTL − drift after it read the
+/// request, and the client's own scheduling on a shared machine can take more than the drift
+/// to read them. Everywhere else (`late_oks_allowed` = 0) an `OK` comes back far inside its
+/// lease, and a late one means the proxy's validity re-check failed.
 pub fn verdict(
-    name: &str,
-    seed: u64,
-    started: Instant,
-    h: &History,
-    faults: &[(u64, String)],
-    min_grants: usize,
-) -> Report {
-    verdict_allowing(name, seed, started, h, faults, min_grants, 0)
-}
-
-/// [`verdict`] allowing `late_oks_allowed` late `OK`s (read after send + TTL). Only a scenario
-/// whose masters answer near the TTL *by design* may allow any: there the proxy writes `OK`s up
-/// to TTL − drift after it read the request, and the client's own scheduling on a shared
-/// machine can take more than the drift to read them. Everywhere else an `OK` comes back far
-/// inside its lease, and a late one means the proxy's validity re-check failed.
-pub fn verdict_allowing(
     name: &str,
     seed: u64,
     started: Instant,
@@ -312,22 +302,10 @@ pub fn with_quarantine(ttl_ms: u64) -> impl Fn(&mut Config) {
 }
 
 /// The common shape: rig, wait until grantable, workload under faults, heal, liveness check,
-/// verdict.
-pub async fn scenario(
-    name: &str,
-    rig: &mut Rig,
-    seed: u64,
-    workload: Workload,
-    faults_for: Duration,
-    step: fn(&mut Nemesis),
-    min_grants: usize,
-) -> Report {
-    scenario_allowing(name, rig, seed, workload, faults_for, step, min_grants, 0).await
-}
-
-/// [`scenario`] allowing `late_oks_allowed` late `OK`s (see [`verdict_allowing`]).
+/// verdict ([`verdict`] with `min_grants` and `late_oks_allowed`, which is 0 except where
+/// masters answer near the TTL by design).
 #[allow(clippy::too_many_arguments)]
-pub async fn scenario_allowing(
+pub async fn scenario(
     name: &str,
     rig: &mut Rig,
     seed: u64,
@@ -343,7 +321,7 @@ pub async fn scenario_allowing(
     let history = rig
         .run_with_faults(&workload, faults_for, 10_000, step)
         .await;
-    let report = verdict_allowing(
+    let report = verdict(
         name,
         seed,
         started,
