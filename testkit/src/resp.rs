@@ -183,11 +183,14 @@ pub fn decode(buf: &mut BytesMut) -> Result<Option<Reply>, RedisProtocolError> {
     match decode_resp2(buf) {
         Ok(None) => Ok(None),
         Ok(Some((frame, used))) => {
+            // Nothing to keep from the buffer for these (the load generator's replies).
             let reply = match frame {
-                // Nothing to keep from the buffer.
                 Frame2::Integer(n) => Reply::Int(n),
                 Frame2::Null if buf[0] == b'*' => Reply::NilArray,
                 Frame2::Null => Reply::Nil,
+                Frame2::SimpleString((s, e)) if &buf[s..e] == b"OK" => {
+                    Reply::Status(Bytes::from_static(b"OK"))
+                }
                 frame => return Ok(Some(from_resp2(&buf.split_to(used).freeze(), frame))),
             };
             buf.advance(used);
