@@ -68,11 +68,6 @@ impl Proxy {
         proxy
     }
 
-    /// What it runs with (to start another one like it).
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
     /// Waits (bounded) until the proxy answers and has tried its masters once.
     async fn wait_connected(&self) {
         let mut client = Client::connect(self.port).await;

@@ -83,18 +83,6 @@ impl Reply {
         matches!(self, Reply::Nil | Reply::NilArray | Reply::Null)
     }
 
-    pub fn is_error(&self) -> bool {
-        matches!(self, Reply::Error(_))
-    }
-
-    /// The value of an integer reply.
-    pub fn int(&self) -> Option<i64> {
-        match self {
-            Reply::Int(n) => Some(*n),
-            _ => None,
-        }
-    }
-
     /// The text of a bulk, status or verbatim reply (lossy UTF-8).
     pub fn text(&self) -> Option<String> {
         match self {
