@@ -166,7 +166,8 @@ fn as_bytes<'a>(args: &[&'a str]) -> Vec<&'a [u8]> {
 }
 
 /// Decodes the reply at the front of `buf` and removes its bytes from `buf`; `Ok(None)` while
-/// it is incomplete. The reply's strings are views into `buf`'s memory, not copies.
+/// it is incomplete. The reply's strings are views into `buf`'s memory, not copies (and `+OK`,
+/// integers and nulls take nothing from it).
 pub fn decode(buf: &mut BytesMut) -> Result<Option<Reply>, RedisProtocolError> {
     match decode_resp2(buf) {
         Ok(None) => Ok(None),
@@ -379,10 +380,8 @@ impl Client {
         match self.read_reply(Instant::now() + limit).await {
             Ok(reply) => Some(reply.to_string()),
             Err(err) if err.kind() == io::ErrorKind::InvalidData => {
-                panic!(
-                    "the server at port {:?} sent {err}",
-                    self.stream.peer_addr()
-                )
+                let at = self.stream.peer_addr().map(|a| a.to_string());
+                panic!("the server at {} sent {err}", at.unwrap_or_default())
             }
             Err(_) => None,
         }
