@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Quick start, command 2: install what the tests need (redis-server, the real lock clients of
-# tests/clients), then run every test: unit, integration, client compatibility, fault injection.
+# tests/clients), then run every test of the workspace (the proxy and its test kit): unit,
+# integration, client compatibility, fault injection.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -8,4 +9,4 @@ ensure_redis
 if [ -x tests/clients/install.sh ]; then
   tests/clients/install.sh
 fi
-cargo test --release "$@"
+cargo test --release --workspace "$@"

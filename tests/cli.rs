@@ -1,9 +1,7 @@
 //! The binary as a user runs it: `--local N`, the listening log line, SIGTERM, and the errors
 //! a user can act on.
 
-mod common;
-
-use common::redis_cli;
+use redlock_testkit::resp::redis_cli;
 use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};

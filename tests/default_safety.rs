@@ -16,20 +16,16 @@
 //! A second client then tries for 3 s (the first holder's lease runs 30 s) and must never be
 //! granted. Timing bounds here are generous (seconds): these tests are about behaviour.
 
-mod common;
-
-use common::relay::Relay;
-use common::workload::wait_grantable;
-use common::{key, master_cmd, master_get, Client, Proxy, RELEASE};
-use redlock_proxy::local::LocalCluster;
-use redlock_proxy::Config;
+use redlock_proxy::on_master::COMPARE_AND_DELETE;
+use redlock_proxy::{Config, LocalCluster};
+use redlock_testkit::key;
+use redlock_testkit::launcher::{Env, Proxy};
+use redlock_testkit::masters::{master_cmd, master_get, signal};
+use redlock_testkit::scripts::script;
+use redlock_testkit::workload::wait_grantable;
 use std::time::{Duration, Instant};
 
 const NODE_TIMEOUT_MS: u64 = 300;
-
-fn script(name: &str) -> String {
-    std::fs::read_to_string(format!("tests/scripts/{name}.lua")).unwrap()
-}
 
 /// The default configuration, with a node timeout no scheduler hiccup reaches.
 fn defaults(c: &mut Config) {
@@ -58,16 +54,6 @@ enum Acquire {
 enum Loss {
     RestartEmpty,
     FlushAll,
-}
-
-fn signal(pid: u32, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(pid.to_string())
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill -{sig} {pid}");
 }
 
 /// A takes a 30 s lease on masters 0 and 1 (master 2 missed it); `proxy_restart` replaces the
@@ -137,7 +123,7 @@ async fn second_holder_refused(acquire: Acquire, loss: Loss, proxy_restart: bool
     let released = proxy
         .client()
         .await
-        .cmd(&["EVAL", RELEASE, "1", &k, "tok-a"])
+        .cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "tok-a"])
         .await;
     assert!(!released.starts_with("-ERR"), "{released}");
 }
@@ -166,17 +152,16 @@ async fn script_acquire_after_a_flushall_between_polls_is_not_granted_twice() {
 /// marker check inside the script acquire's guard can notice it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wipe_between_polls_is_seen_by_the_script_guard() {
-    let masters = LocalCluster::start(3).expect("redis-server must be installed");
-    let proxy = Proxy::start(masters.addrs(), |c| {
+    let env = Env::start_with(3, |c| {
         defaults(c);
         c.health_interval_ms = 60_000;
     })
     .await;
     let k = key("guard");
-    ready(&proxy, &k).await;
-    let m = |i: usize| masters.masters[i].port;
+    ready(&env.proxy, &k).await;
+    let m = |i: usize| env.masters.masters[i].port;
     master_cmd(m(2), &["SET", &k, "foreign", "PX", "60000"]).await;
-    let mut a = proxy.client().await;
+    let mut a = env.proxy.client().await;
     assert_eq!(
         a.cmd(&["SET", &k, "tok-a", "NX", "PX", "30000"]).await,
         "+OK"
@@ -192,19 +177,18 @@ async fn a_wipe_between_polls_is_seen_by_the_script_guard() {
 /// null from one master of three (the others: one says held, one is silent) is no grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_script_whose_success_is_null_is_not_granted_by_a_minority() {
-    let masters = LocalCluster::start(3).expect("redis-server must be installed");
-    let proxy = Proxy::start(masters.addrs(), defaults).await;
+    let env = Env::start_with(3, defaults).await;
     let k = key("redisson");
-    ready(&proxy, &k).await;
+    ready(&env.proxy, &k).await;
     let redisson = "if (redis.call('exists', KEYS[1]) == 0) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; return redis.call('pttl', KEYS[1]);";
-    let m = |i: usize| masters.masters[i].port;
+    let m = |i: usize| env.masters.masters[i].port;
     for i in [1, 2] {
         master_cmd(m(i), &["HSET", &k, "other:1", "1"]).await;
         master_cmd(m(i), &["PEXPIRE", &k, "30000"]).await;
     }
-    let pid = masters.masters[2].pid().unwrap();
+    let pid = env.masters.masters[2].pid().unwrap();
     signal(pid, "STOP");
-    let mut c = proxy.client().await;
+    let mut c = env.proxy.client().await;
     let reply = c.cmd(&["EVAL", redisson, "1", &k, "30000", "me:1"]).await;
     signal(pid, "CONT");
     assert_ne!(reply, "$nil", "one master's null reported as a grant");
@@ -215,16 +199,15 @@ async fn a_script_whose_success_is_null_is_not_granted_by_a_minority() {
 /// earlier run) is not forwarded: its meaning was never checked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_evalsha_gets_noscript_and_eval_works() {
-    let masters = LocalCluster::start(3).expect("redis-server must be installed");
-    let proxy = Proxy::start(masters.addrs(), defaults).await;
+    let env = Env::start_with(3, defaults).await;
     let k = key("unknown-sha");
-    ready(&proxy, &k).await;
+    ready(&env.proxy, &k).await;
     let extend = script("redis-cli-extend");
     let mut sha = String::new();
-    for m in &masters.masters {
+    for m in &env.masters.masters {
         sha = master_cmd(m.port, &["SCRIPT", "LOAD", &extend]).await;
     }
-    let mut c = proxy.client().await;
+    let mut c = env.proxy.client().await;
     assert_eq!(c.cmd(&["SET", &k, "tok", "NX", "PX", "30000"]).await, "+OK");
     assert_eq!(
         c.cmd(&["EVALSHA", &sha[1..], "1", &k, "tok", "20000"])
@@ -246,11 +229,10 @@ async fn an_unknown_evalsha_gets_noscript_and_eval_works() {
 /// script that computes a longer one is capped on the masters and answered with an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_ttl_is_capped_whatever_sets_it() {
-    let masters = LocalCluster::start(3).expect("redis-server must be installed");
-    let proxy = Proxy::start(masters.addrs(), defaults).await;
+    let env = Env::start_with(3, defaults).await;
     let k = key("cap");
-    ready(&proxy, &k).await;
-    let mut c = proxy.client().await;
+    ready(&env.proxy, &k).await;
+    let mut c = env.proxy.client().await;
     let above = "-ERR lock TTL 60001 ms is above max_lock_ttl_ms (60000 ms) of redlock-proxy";
     for cmd in [
         vec!["SET", &k, "tok", "NX", "PX", "60001"],
@@ -278,8 +260,8 @@ async fn every_ttl_is_capped_whatever_sets_it() {
         reply.starts_with("-ERR script set a TTL above max_lock_ttl_ms"),
         "{reply}"
     );
-    let bound = redlock_proxy::redlock::backend_ttl_ms(60_000, 0.01) as i64;
-    for m in &masters.masters {
+    let bound = redlock_proxy::backend_ttl_ms(60_000, 0.01) as i64;
+    for m in &env.masters.masters {
         let pttl = master_cmd(m.port, &["PTTL", &k]).await;
         let pttl: i64 = pttl[1..].parse().unwrap();
         assert!(pttl > 0 && pttl <= bound, "PTTL {pttl} above {bound}");
@@ -291,15 +273,14 @@ async fn every_ttl_is_capped_whatever_sets_it() {
 /// the master resumed, is not deleted by the refused attempt's clean-up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_same_token_retry_survives_the_clean_up_of_the_refused_attempt() {
-    let masters = LocalCluster::start(3).expect("redis-server must be installed");
-    let proxy = Proxy::start(masters.addrs(), defaults).await;
+    let env = Env::start_with(3, defaults).await;
     let k = key("retry");
-    ready(&proxy, &k).await;
-    let m = |i: usize| masters.masters[i].port;
+    ready(&env.proxy, &k).await;
+    let m = |i: usize| env.masters.masters[i].port;
     // Master 2 holds a foreign value: master 0 (paused) decides every attempt.
     master_cmd(m(2), &["SET", &k, "foreign", "PX", "60000"]).await;
-    let pid = masters.masters[0].pid().unwrap();
-    let mut c = proxy.client().await;
+    let pid = env.masters.masters[0].pid().unwrap();
+    let mut c = env.proxy.client().await;
     signal(pid, "STOP");
     let first = c.cmd(&["SET", &k, "tok", "NX", "PX", "20000"]).await;
     assert_eq!(first, "$nil");
@@ -338,19 +319,14 @@ async fn nothing_left_after_stalled_masters_recover(
     how: Stall,
     stall_for: Duration,
 ) {
-    let masters = LocalCluster::start(5).expect("redis-server must be installed");
-    let mut relays = Vec::new();
-    for m in &masters.masters {
-        relays.push(Relay::start(m.port).await);
-    }
-    let proxy = Proxy::start(relays.iter().map(Relay::addr).collect(), defaults).await;
+    let (env, relays) = Env::start_behind_relays(5, defaults).await;
     let k = key(&format!("phantom-{stalled}-{how:?}"));
-    ready(&proxy, &k).await;
+    ready(&env.proxy, &k).await;
     let victims = 5 - stalled..5;
-    let mut c = proxy.client().await;
+    let mut c = env.proxy.client().await;
     for i in victims.clone() {
         match how {
-            Stall::Pause => signal(masters.masters[i].pid().unwrap(), "STOP"),
+            Stall::Pause => signal(env.masters.masters[i].pid().unwrap(), "STOP"),
             Stall::SlowLink => relays[i].set_delay(stall_for),
         }
     }
@@ -358,7 +334,7 @@ async fn nothing_left_after_stalled_masters_recover(
     tokio::time::sleep(stall_for).await;
     for i in victims {
         match how {
-            Stall::Pause => signal(masters.masters[i].pid().unwrap(), "CONT"),
+            Stall::Pause => signal(env.masters.masters[i].pid().unwrap(), "CONT"),
             Stall::SlowLink => relays[i].set_delay(Duration::ZERO),
         }
     }
@@ -366,14 +342,14 @@ async fn nothing_left_after_stalled_masters_recover(
         assert_eq!(reply, "$nil");
     } else {
         assert_eq!(reply, "+OK");
-        let released = c.cmd(&["EVAL", RELEASE, "1", &k, "v"]).await;
+        let released = c.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "v"]).await;
         assert_eq!(released, ":1");
     }
     // Long enough for every held-up byte to arrive (a slow link holds them `stall_for`).
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let mut values = Vec::new();
-        for m in &masters.masters {
+        for m in &env.masters.masters {
             values.push(master_get(m.port, &k).await);
         }
         let settled = Instant::now() > deadline - Duration::from_secs(7);
@@ -387,7 +363,7 @@ async fn nothing_left_after_stalled_masters_recover(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // And the key is free.
-    let mut other = Client::connect(proxy.port).await;
+    let mut other = env.proxy.client().await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while other.cmd(&["SET", &k, "w", "NX", "PX", "30000"]).await != "+OK" {
         assert!(Instant::now() < deadline, "key never free again");
@@ -422,9 +398,10 @@ async fn slow_links_that_recover_deliver_no_phantom() {
 /// wrote, never a later attempt's grant with the same value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
-    use redlock_proxy::cluster::{attempt_key, ACQUIRE_SCRIPT, UNDO_SCRIPT};
-    use redlock_proxy::health::{ARMED_KEY, QUARANTINE_KEY};
-    let master = redlock_proxy::local::LocalMaster::start(None, &[]).unwrap();
+    use redlock_proxy::on_master::{
+        attempt_key, ACQUIRE_SCRIPT, ARMED_KEY, QUARANTINE_KEY, UNDO_SCRIPT,
+    };
+    let master = redlock_proxy::LocalMaster::start(None, &[]).unwrap();
     let port = master.port;
     master_cmd(port, &["SET", ARMED_KEY, "1"]).await;
     let k = key("attempts");
@@ -506,10 +483,9 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
 /// would make every master look wiped, deleting the quarantine marker would end a quarantine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxys_own_keys_are_reserved() {
-    let masters = LocalCluster::start(3).expect("redis-server must be installed");
-    let proxy = Proxy::start(masters.addrs(), defaults).await;
-    ready(&proxy, &key("reserved")).await;
-    let mut c = proxy.client().await;
+    let env = Env::start_with(3, defaults).await;
+    ready(&env.proxy, &key("reserved")).await;
+    let mut c = env.proxy.client().await;
     let refused = "-ERR keys starting with 'redlock-proxy:' are reserved by redlock-proxy";
     for cmd in [
         vec!["DEL", "redlock-proxy:armed"],
@@ -525,7 +501,7 @@ async fn the_proxys_own_keys_are_reserved() {
     ] {
         assert_eq!(c.cmd(&cmd).await, refused, "{cmd:?}");
     }
-    for m in &masters.masters {
+    for m in &env.masters.masters {
         assert_eq!(
             master_cmd(m.port, &["EXISTS", "redlock-proxy:armed"]).await,
             ":1"

@@ -1,7 +1,7 @@
 //! Fault injection: a lock workload through the proxy while masters crash, restart empty, lose
 //! their data, pause, and their links are delayed, blackholed or reset; two proxies over the same
 //! masters; a majority down. Every scenario checks the history for overlapping hold windows
-//! (`common::checker`) and demands a minimum number of grants, so it cannot pass vacuously.
+//! (`redlock_testkit::checker`) and demands a minimum number of grants, so it cannot pass vacuously.
 //! Negative controls (quarantine off) must show overlaps: proof that the checker bites.
 //!
 //! Scenarios (TTL 500 ms, node timeout 50 ms unless said otherwise):
@@ -31,673 +31,37 @@
 //! useless grant through), except where masters answer near the TTL by design (`slow_links_*`).
 //!
 //! A fault relay's blackhole discards bytes, so a partition always ends with reset connections
-//! (see [`Nemesis::heal`]). Fault steps keep at most ⌊(N−1)/2⌋ masters crashed, partitioned or
+//! (see `Nemesis::heal`). Fault steps keep at most ⌊(N−1)/2⌋ masters crashed, partitioned or
 //! freshly restarted at a time.
 //!
 //! Scenarios run one at a time (they measure latencies on a 2-core machine). Durations scale
 //! with `FAULTS_SCALE` (default 1.0); `SEED` replays a fault schedule. `soak_mixed_faults` is
 //! `#[ignore]`d: `SOAK_SECS=600 cargo test --release --test faults soak -- --ignored --nocapture`
 //! (`SOAK_NO_FLUSH=1` leaves `FLUSHALL` out).
+//!
+//! The rig, the nemesis and its fault steps, the workload and the checker are in the test kit
+//! (`testkit/src/{rig,nemesis,workload,checker}.rs`); the scenarios are here.
 
-mod common;
-
-use common::checker::{Hold, Overlap, Report};
-use common::relay::{Mode, Relay};
-use common::workload::{now_ns, seed, wait_grantable, History, PortTable, Rng, Workload};
-use common::{master_cmd, master_get, Proxy, RELEASE};
-use redlock_proxy::local::LocalCluster;
-use redlock_proxy::Config;
-use std::future::Future;
-use std::io::{Read, Write};
+use redlock_proxy::on_master::COMPARE_AND_DELETE;
+use redlock_proxy::{Config, LocalCluster};
+use redlock_testkit::checker::{self, Hold, Overlap, Report};
+use redlock_testkit::key;
+use redlock_testkit::launcher::Proxy;
+use redlock_testkit::masters::{master_cmd, master_get};
+use redlock_testkit::nemesis::{
+    quarantine_ms, step_amnesia, step_links, step_mixed, step_mixed_no_flush,
+    step_partition_then_flush, step_partition_then_restart, step_pause, Nemesis, NODE_TIMEOUT_MS,
+    TTL_MS,
+};
+use redlock_testkit::resp::{encode_str, Client, Silent};
+use redlock_testkit::rig::{
+    faults_before_violations, late_holds, logged_at, render, run, scaled, scenario, verdict,
+    with_quarantine, Rig,
+};
+use redlock_testkit::workload::{now_ns, seed, wait_grantable, History, PortTable, Workload};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-// ---------------------------------------------------------------------------------------------
-// Running scenarios
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Runs one scenario on its own 2-thread runtime, never two at once.
-fn run(body: impl Future<Output = ()>) {
-    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
-    let started = Instant::now();
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(body);
-    println!(
-        "[{}] passed in {:.1} s",
-        std::thread::current().name().unwrap_or("scenario"),
-        started.elapsed().as_secs_f64()
-    );
-}
-
-fn scale() -> f64 {
-    std::env::var("FAULTS_SCALE")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| *s > 0.0)
-        .unwrap_or(1.0)
-}
-
-/// `secs` scaled by `FAULTS_SCALE`.
-fn scaled(secs: f64) -> Duration {
-    Duration::from_secs_f64(secs * scale())
-}
-
-fn ms(ns: u64) -> f64 {
-    ns as f64 / 1e6
-}
-
-const NODE_TIMEOUT_MS: u64 = 50;
-
-/// Masters (optionally each behind a fault relay) and proxies over them.
-struct Rig {
-    nemesis: Nemesis,
-    proxies: Vec<Proxy>,
-}
-
-impl Rig {
-    async fn start(
-        n: usize,
-        relays: bool,
-        proxies: usize,
-        seed: u64,
-        tweak: impl Fn(&mut Config),
-    ) -> Rig {
-        let masters = LocalCluster::start(n).expect("redis-server must be installed");
-        let mut config = Config::default();
-        tweak(&mut config);
-        let mut list = Vec::new();
-        if relays {
-            for m in &masters.masters {
-                list.push(Relay::start(m.port).await);
-            }
-        }
-        let addrs: Vec<String> = if relays {
-            list.iter().map(Relay::addr).collect()
-        } else {
-            masters.addrs()
-        };
-        let mut started = Vec::new();
-        for _ in 0..proxies {
-            started.push(Proxy::start(addrs.clone(), &tweak).await);
-        }
-        Rig {
-            nemesis: Nemesis {
-                stopped: vec![false; n],
-                faulty_link: vec![false; list.len()],
-                masters,
-                relays: Arc::new(list),
-                node_timeout: config.node_timeout(),
-                rng: Rng::new(seed),
-                log: Vec::new(),
-            },
-            proxies: started,
-        }
-    }
-
-    fn ports(&self) -> Vec<u16> {
-        self.proxies.iter().map(|p| p.port).collect()
-    }
-
-    /// Waits until every proxy grants a probe lock (masters may start quarantined).
-    async fn wait_ready(&self, ttl_ms: u64, limit: Duration) {
-        for p in &self.proxies {
-            let probe = format!("faults:probe:{}:{}", std::process::id(), p.port);
-            let took = wait_grantable(p.port, &probe, ttl_ms, limit).await;
-            assert!(
-                took.is_some(),
-                "proxy {} grants nothing within {limit:?}",
-                p.port
-            );
-        }
-    }
-
-    /// Runs the workload while `step` is applied in a loop (for `faults_for`, at most
-    /// `max_steps` times) on a blocking thread; then heals everything.
-    async fn run_with_faults(
-        &mut self,
-        workload: &Workload,
-        faults_for: Duration,
-        max_steps: usize,
-        step: fn(&mut Nemesis),
-    ) -> History {
-        let mut nemesis = std::mem::replace(&mut self.nemesis, Nemesis::placeholder());
-        let stop = Arc::new(AtomicBool::new(false));
-        let faults = tokio::task::spawn_blocking(move || {
-            let deadline = Instant::now() + faults_for;
-            for _ in 0..max_steps {
-                if Instant::now() >= deadline {
-                    break;
-                }
-                step(&mut nemesis);
-            }
-            nemesis.heal_all();
-            nemesis
-        });
-        let history = workload.run(stop).await;
-        self.nemesis = faults.await.expect("nemesis thread");
-        history
-    }
-}
-
-/// Checks a history: prints the report, asserts no overlap, no two live grants with one token,
-/// no late `OK` and a minimum of grants.
-fn verdict(
-    name: &str,
-    seed: u64,
-    started: Instant,
-    h: &History,
-    faults: &[(u64, String)],
-    min_grants: usize,
-) -> Report {
-    verdict_allowing(name, seed, started, h, faults, min_grants, 0)
-}
-
-/// [`verdict`] allowing `late_oks_allowed` late `OK`s (read after send + TTL). Only a scenario
-/// whose masters answer near the TTL *by design* may allow any: there the proxy writes `OK`s up
-/// to TTL − drift after it read the request, and the client's own scheduling on a shared
-/// machine can take more than the drift to read them. Everywhere else an `OK` comes back far
-/// inside its lease, and a late one means the proxy's validity re-check failed.
-fn verdict_allowing(
-    name: &str,
-    seed: u64,
-    started: Instant,
-    h: &History,
-    faults: &[(u64, String)],
-    min_grants: usize,
-    late_oks_allowed: usize,
-) -> Report {
-    let report = h.report();
-    println!(
-        "[{name}] seed={seed} {:.1}s {report} {}; {} fault actions",
-        started.elapsed().as_secs_f64(),
-        h.summary(),
-        faults.len()
-    );
-    if let Some((t_send, _, _)) = h.slow_replies.iter().max_by_key(|s| s.1) {
-        let recent: Vec<(u64, String)> = faults
-            .iter()
-            .filter(|(t, _)| *t + 2_000_000_000 >= *t_send && *t <= *t_send + 3_000_000_000)
-            .cloned()
-            .collect();
-        println!(
-            "[{name}] {} acquires answered after more than {:?}:\n{}\nfaults from 2 s before the slowest was sent to 3 s after:\n{}",
-            h.slow_replies.len(),
-            common::workload::SLOW_REPLY,
-            h.slowest(5),
-            render(&recent)
-        );
-    }
-    let log = || render(faults);
-    assert!(
-        report.violations.is_empty(),
-        "[{name}] MUTUAL EXCLUSION VIOLATED (SEED={seed}): {report}\n{}\nfault log (ms):\n{}",
-        faults_before_violations(&report, faults),
-        log()
-    );
-    assert_eq!(
-        report.duplicate_tokens, 0,
-        "[{name}] two live grants carried one token"
-    );
-    assert!(
-        report.late_oks <= late_oks_allowed,
-        "[{name}] {} OKs read after their lease ended (send + TTL; {late_oks_allowed} allowed): the validity re-check let useless grants through (SEED={seed}): {report}\n{}",
-        report.late_oks,
-        late_holds(&report)
-    );
-    assert!(
-        report.grants >= min_grants,
-        "[{name}] only {} grants (< {min_grants}): the run proves little (SEED={seed}): {report}\nfault log (ms):\n{}",
-        report.grants,
-        log()
-    );
-    report
-}
-
-/// The late `OK`s of a report (at most 10), for a failure message.
-fn late_holds(report: &Report) -> String {
-    report
-        .holds
-        .iter()
-        .filter(|h| h.late())
-        .take(10)
-        .map(|h| {
-            format!(
-                "  late OK {} on {}: send={:.3} ok={:.3} ({:.1} ms after send, TTL {} ms)",
-                h.token,
-                h.key,
-                ms(h.t_send),
-                ms(h.t_ok),
-                ms(h.t_ok - h.t_send),
-                h.ttl_ms
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-fn render(log: &[(u64, String)]) -> String {
-    log.iter()
-        .map(|(t, what)| format!("{:>10.3} {what}", ms(*t)))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// For each reported overlap, the faults of the 2 s before the second `OK`.
-fn faults_before_violations(report: &Report, log: &[(u64, String)]) -> String {
-    // Which fault came last before each second OK, for all of them.
-    let mut last: std::collections::BTreeMap<String, (usize, u64)> = Default::default();
-    for v in &report.violations {
-        let t_ok = report.holds[v.second].t_ok;
-        let (kind, gap) = log.iter().rev().find(|(t, _)| *t <= t_ok).map_or(
-            ("none".to_string(), 0),
-            |(t, what)| {
-                let kind = what.split(' ').next().unwrap_or("").trim_end_matches(':');
-                (kind.to_string(), t_ok - t)
-            },
-        );
-        let entry = last.entry(kind).or_default();
-        entry.0 += 1;
-        entry.1 = entry.1.max(gap);
-    }
-    let mut out = String::from("last fault before the second OK of each overlap:");
-    for (kind, (n, gap)) in &last {
-        out.push_str(&format!(" {kind} ×{n} (≤ {:.1} ms before);", ms(*gap)));
-    }
-    out.push('\n');
-    for v in report.violations.iter().take(10) {
-        let b = &report.holds[v.second];
-        let recent: Vec<(u64, String)> = log
-            .iter()
-            .filter(|(t, _)| *t <= b.t_ok && b.t_ok - *t <= 2_000_000_000)
-            .cloned()
-            .collect();
-        out.push_str(&format!(
-            "faults in the 2 s before the OK at {:.3} ({}):\n{}\n",
-            ms(b.t_ok),
-            b.token,
-            render(&recent)
-        ));
-    }
-    out
-}
-
-// ---------------------------------------------------------------------------------------------
-// The nemesis: process faults on the masters and link faults on the relays, run on a blocking
-// thread (killing and restarting a redis-server blocks).
-
-struct Nemesis {
-    masters: LocalCluster,
-    /// `relays[i]` sits in front of master `i` (empty when the rig has no relays).
-    relays: Arc<Vec<Relay>>,
-    node_timeout: Duration,
-    rng: Rng,
-    /// What was done, when (ns on the workload clock).
-    log: Vec<(u64, String)>,
-    /// Masters currently SIGSTOPped, links currently faulty.
-    stopped: Vec<bool>,
-    faulty_link: Vec<bool>,
-}
-
-impl Nemesis {
-    fn placeholder() -> Nemesis {
-        Nemesis {
-            masters: LocalCluster {
-                masters: Vec::new(),
-            },
-            relays: Arc::new(Vec::new()),
-            node_timeout: Duration::ZERO,
-            rng: Rng::new(0),
-            log: Vec::new(),
-            stopped: Vec::new(),
-            faulty_link: Vec::new(),
-        }
-    }
-
-    fn n(&self) -> usize {
-        self.masters.masters.len()
-    }
-
-    fn note(&mut self, what: String) {
-        self.log.push((now_ns(), what));
-    }
-
-    fn sleep(&mut self, lo_ms: u64, hi_ms: u64) {
-        std::thread::sleep(Duration::from_millis(self.rng.range(lo_ms, hi_ms)));
-    }
-
-    /// SIGKILL (the master forgets everything).
-    fn kill(&mut self, i: usize) {
-        self.masters.masters[i].kill();
-        self.stopped[i] = false;
-        self.note(format!("kill m{i}"));
-    }
-
-    /// Start a killed master again, empty, on its port (a new `run_id`).
-    fn restart(&mut self, i: usize) {
-        self.masters.masters[i]
-            .restart(&[])
-            .expect("restart redis-server");
-        self.note(format!("restart m{i} empty"));
-    }
-
-    fn signal(&mut self, i: usize, sig: &str) {
-        if let Some(pid) = self.masters.masters[i].pid() {
-            let status = std::process::Command::new("kill")
-                .arg(format!("-{sig}"))
-                .arg(pid.to_string())
-                .status()
-                .expect("run kill");
-            assert!(status.success(), "kill -{sig} {pid}");
-            self.note(format!("SIG{sig} m{i}"));
-        }
-    }
-
-    /// SIGSTOP: the master stops answering; its sockets stay open and fill up.
-    fn pause(&mut self, i: usize) {
-        self.signal(i, "STOP");
-        self.stopped[i] = true;
-    }
-
-    fn resume(&mut self, i: usize) {
-        self.signal(i, "CONT");
-        self.stopped[i] = false;
-    }
-
-    /// `FLUSHALL` directly on the master (data loss without a restart).
-    fn flush(&mut self, i: usize) {
-        let reply = sync_cmd(self.masters.masters[i].port, &["FLUSHALL"]);
-        self.note(format!("FLUSHALL m{i}: {reply:?}"));
-    }
-
-    /// Blackhole the link to master `i`: nothing passes either way.
-    fn partition(&mut self, i: usize) {
-        self.relays[i].set_mode(Mode::Blackhole);
-        self.faulty_link[i] = true;
-        self.note(format!("partition m{i}"));
-    }
-
-    /// Ends a partition. The relay's blackhole *discards* bytes, which a real partition does not
-    /// (TCP retransmits); forwarding again on a connection that lost bytes mid-stream would
-    /// desynchronise RESP and fabricate replies. So a partition ends like a real long one: the
-    /// connections are reset (held long enough for every link with lost bytes to time out and be
-    /// retired by the proxy), and only new connections pass.
-    fn heal(&mut self, i: usize) {
-        self.relays[i].set_mode(Mode::Reset);
-        std::thread::sleep(self.node_timeout * 3 + Duration::from_millis(20));
-        self.relays[i].set_delay(Duration::ZERO);
-        self.relays[i].set_mode(Mode::Pass);
-        self.faulty_link[i] = false;
-        self.note(format!("heal m{i}"));
-    }
-
-    fn delay(&mut self, i: usize, ms: u64) {
-        self.relays[i].set_delay(Duration::from_millis(ms));
-        self.faulty_link[i] |= ms > 0;
-        self.note(format!("delay m{i} {ms} ms"));
-    }
-
-    fn reset(&mut self, i: usize) {
-        self.relays[i].set_mode(Mode::Reset);
-        self.faulty_link[i] = true;
-        self.note(format!("reset m{i}"));
-    }
-
-    /// Everything back to normal: stopped masters continued, killed ones restarted, links
-    /// passing.
-    fn heal_all(&mut self) {
-        for i in 0..self.n() {
-            if self.stopped[i] {
-                self.resume(i);
-            }
-            if self.masters.masters[i].pid().is_none() {
-                self.restart(i);
-            }
-        }
-        for i in 0..self.relays.len() {
-            if self.faulty_link[i] {
-                self.heal(i);
-            }
-        }
-        self.note("all healed".into());
-    }
-}
-
-/// One command on a master over a blocking socket (for the nemesis thread).
-fn sync_cmd(port: u16, args: &[&str]) -> Option<String> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(&common::encode(args)).ok()?;
-    let mut buf = [0u8; 512];
-    let n = s.read(&mut buf).ok()?;
-    Some(String::from_utf8_lossy(&buf[..n]).trim_end().to_string())
-}
-
-/// How long a master that lost data must stay out for `ttl_ms` leases (TTL + drift), with a
-/// margin for detection.
-fn quarantine_ms(ttl_ms: u64) -> u64 {
-    redlock_proxy::redlock::backend_ttl_ms(ttl_ms, 0.01) + 150
-}
-
-// Fault steps. Each keeps at most ⌊(N−1)/2⌋ masters crashed, partitioned or freshly restarted
-// at a time (a restarted or flushed master counts until a full lease has passed), and sleeps
-// between faults. TTL_MS is the lease of the workloads they run against.
-
-const TTL_MS: u64 = 500;
-
-/// Kleppmann's crash-restart: a minority is partitioned while locks are granted (so those
-/// locks sit on exactly a majority), the partition heals, then one master of that majority
-/// restarts empty. Without quarantine the healed minority plus the amnesiac master form a new
-/// majority for a lock that is still held.
-fn step_partition_then_restart(nem: &mut Nemesis) {
-    let n = nem.n();
-    let f = (n - 1) / 2;
-    let pick = nem.rng.pick(n, f + 1);
-    for &i in &pick[..f] {
-        nem.partition(i);
-    }
-    nem.sleep(150, 400);
-    for &i in &pick[..f] {
-        nem.heal(i);
-    }
-    nem.sleep(0, 40);
-    let victim = pick[f];
-    nem.kill(victim);
-    nem.sleep(0, 60);
-    nem.restart(victim);
-    let q = quarantine_ms(TTL_MS);
-    nem.sleep(q + 100, q + 500);
-}
-
-/// Crash churn: 1..=f masters killed, restarted empty after 0–200 ms.
-fn step_crash_restart(nem: &mut Nemesis) {
-    let n = nem.n();
-    let k = 1 + nem.rng.below((n - 1) / 2);
-    let victims = nem.rng.pick(n, k);
-    for &i in &victims {
-        nem.kill(i);
-    }
-    nem.sleep(0, 200);
-    for &i in &victims {
-        nem.restart(i);
-    }
-    let q = quarantine_ms(TTL_MS);
-    nem.sleep(q + 100, q + 500);
-}
-
-fn step_amnesia(nem: &mut Nemesis) {
-    if nem.rng.chance(0.6) {
-        step_partition_then_restart(nem)
-    } else {
-        step_crash_restart(nem)
-    }
-}
-
-/// Like Kleppmann's scenario, with `FLUSHALL` as the data loss (no restart, same `run_id`).
-fn step_partition_then_flush(nem: &mut Nemesis) {
-    let n = nem.n();
-    let f = (n - 1) / 2;
-    let pick = nem.rng.pick(n, f + 1);
-    for &i in &pick[..f] {
-        nem.partition(i);
-    }
-    nem.sleep(150, 400);
-    for &i in &pick[..f] {
-        nem.heal(i);
-    }
-    nem.sleep(0, 40);
-    nem.flush(pick[f]);
-    let q = quarantine_ms(TTL_MS);
-    nem.sleep(q + 100, q + 500);
-}
-
-/// SIGSTOP of 1..=f masters for 1.2–2 × TTL, then SIGCONT.
-fn step_pause(nem: &mut Nemesis) {
-    let n = nem.n();
-    let k = 1 + nem.rng.below((n - 1) / 2);
-    let victims = nem.rng.pick(n, k);
-    for &i in &victims {
-        nem.pause(i);
-    }
-    nem.sleep(TTL_MS * 6 / 5, TTL_MS * 2);
-    for &i in &victims {
-        nem.resume(i);
-    }
-    nem.sleep(100, 600);
-}
-
-/// Link faults on 1..=f links, changing over time: a delay under the node timeout, a delay
-/// over it, a blackhole, or resets; sometimes every link also gets a small delay.
-fn step_links(nem: &mut Nemesis) {
-    let n = nem.n();
-    let k = 1 + nem.rng.below((n - 1) / 2);
-    let victims = nem.rng.pick(n, k);
-    let everyone_slow = nem.rng.chance(0.3);
-    if everyone_slow {
-        for i in 0..n {
-            let d = nem.rng.range(1, NODE_TIMEOUT_MS / 5);
-            nem.delay(i, d);
-        }
-    }
-    let mut kinds = Vec::new();
-    for &i in &victims {
-        let kind = nem.rng.below(4);
-        match kind {
-            0 => {
-                let d = nem.rng.range(5, NODE_TIMEOUT_MS * 4 / 5);
-                nem.delay(i, d)
-            }
-            1 => {
-                let d = nem.rng.range(NODE_TIMEOUT_MS + 10, TTL_MS);
-                nem.delay(i, d)
-            }
-            2 => nem.partition(i),
-            _ => nem.reset(i),
-        }
-        kinds.push((i, kind));
-    }
-    nem.sleep(200, 900);
-    for (i, kind) in kinds {
-        if kind >= 2 {
-            nem.heal(i);
-        } else {
-            nem.delay(i, 0);
-        }
-    }
-    if everyone_slow {
-        for i in 0..n {
-            nem.delay(i, 0);
-        }
-    }
-    nem.sleep(50, 300);
-}
-
-/// Every kind of fault.
-fn step_mixed(nem: &mut Nemesis) {
-    match nem.rng.below(6) {
-        0 | 1 => step_partition_then_restart(nem),
-        2 => step_crash_restart(nem),
-        3 => step_pause(nem),
-        4 => step_links(nem),
-        _ => step_partition_then_flush(nem),
-    }
-}
-
-/// Every kind of fault but `FLUSHALL` (which has its own scenario).
-fn step_mixed_no_flush(nem: &mut Nemesis) {
-    match nem.rng.below(5) {
-        0 | 1 => step_partition_then_restart(nem),
-        2 => step_crash_restart(nem),
-        3 => step_pause(nem),
-        _ => step_links(nem),
-    }
-}
-
-fn with_quarantine(ttl_ms: u64) -> impl Fn(&mut Config) {
-    move |c: &mut Config| {
-        c.node_timeout_ms = NODE_TIMEOUT_MS;
-        c.max_lock_ttl_ms = ttl_ms;
-    }
-}
-
-/// The common shape: rig, wait until grantable, workload under faults, heal, liveness check,
-/// verdict.
-async fn scenario(
-    name: &str,
-    rig: &mut Rig,
-    seed: u64,
-    workload: Workload,
-    faults_for: Duration,
-    step: fn(&mut Nemesis),
-    min_grants: usize,
-) -> Report {
-    scenario_allowing(name, rig, seed, workload, faults_for, step, min_grants, 0).await
-}
-
-/// [`scenario`] allowing `late_oks_allowed` late `OK`s (see [`verdict_allowing`]).
-#[allow(clippy::too_many_arguments)]
-async fn scenario_allowing(
-    name: &str,
-    rig: &mut Rig,
-    seed: u64,
-    workload: Workload,
-    faults_for: Duration,
-    step: fn(&mut Nemesis),
-    min_grants: usize,
-    late_oks_allowed: usize,
-) -> Report {
-    let started = Instant::now();
-    rig.wait_ready(workload.ttl_ms, Duration::from_secs(5))
-        .await;
-    let history = rig
-        .run_with_faults(&workload, faults_for, 10_000, step)
-        .await;
-    let report = verdict_allowing(
-        name,
-        seed,
-        started,
-        &history,
-        &rig.nemesis.log,
-        min_grants,
-        late_oks_allowed,
-    );
-    // Liveness: once healed, a fresh key is granted within a quarantine plus a margin.
-    let limit = Duration::from_millis(quarantine_ms(workload.ttl_ms) + 3000);
-    for port in rig.ports() {
-        let probe = format!("faults:{name}:after:{}", std::process::id());
-        let took = wait_grantable(port, &probe, workload.ttl_ms, limit).await;
-        assert!(
-            took.is_some(),
-            "[{name}] no grant within {limit:?} after healing"
-        );
-    }
-    report
-}
 
 // ---------------------------------------------------------------------------------------------
 // Checker self-tests
@@ -723,7 +87,7 @@ fn checker_catches_an_overlap() {
         hold("k", 40, 45, Some(90), 100), // starts before the first released
         hold("other", 40, 45, Some(90), 100),
     ];
-    let found = common::checker::overlaps(&holds);
+    let found = checker::overlaps(&holds);
     assert_eq!(
         found,
         vec![Overlap {
@@ -745,7 +109,7 @@ fn checker_accepts_adjacent_and_expired_windows() {
         // An OK that arrived after its own lease ended: no window, never an overlap.
         hold("k", 100, 250, Some(260), 100),
     ];
-    assert!(common::checker::overlaps(&holds).is_empty());
+    assert!(checker::overlaps(&holds).is_empty());
     let report = Report::new(holds, 3, Default::default(), 0, 1.0);
     assert_eq!(report.grants, 5);
     assert_eq!(report.late_oks, 1);
@@ -762,12 +126,12 @@ fn checker_caps_windows_at_the_lease_and_reports_every_pair() {
         hold("k", 100, 110, None, 100),
         hold("k", 105, 115, None, 100),
     ];
-    let found = common::checker::overlaps(&holds);
+    let found = checker::overlaps(&holds);
     let pairs: Vec<(usize, usize)> = found.iter().map(|o| (o.first, o.second)).collect();
     assert_eq!(pairs, vec![(1, 2), (1, 3), (2, 3)]);
     let mut dup = holds.clone();
     dup[1].token = dup[0].token.clone();
-    assert_eq!(common::checker::duplicate_tokens(&dup), 1);
+    assert_eq!(checker::duplicate_tokens(&dup), 1);
 }
 
 /// A successful extend moves the lease end to its send time + TTL; a refused one records
@@ -784,7 +148,7 @@ fn checker_extends_move_the_lease_end_and_only_successful_ones_count() {
     let b = hold("k", 590, 600, Some(650), 500);
     // C: OK at 700, exactly when A released: fine.
     let c = hold("k", 695, 700, Some(720), 500);
-    let found = common::checker::overlaps(&[a.clone(), b.clone(), c.clone()]);
+    let found = checker::overlaps(&[a.clone(), b.clone(), c.clone()]);
     assert_eq!(
         found,
         vec![Overlap {
@@ -795,12 +159,12 @@ fn checker_extends_move_the_lease_end_and_only_successful_ones_count() {
     );
     // A's extend refused: nothing recorded, A's lease ends at 500, before B's OK.
     a.t_extend_sent = None;
-    assert!(common::checker::overlaps(&[a.clone(), b, c]).is_empty());
+    assert!(checker::overlaps(&[a.clone(), b, c]).is_empty());
     // Abandoned after an extend: the window runs to the extended lease end.
     let mut d = hold("j", 0, 1, None, 500);
     d.t_extend_sent = Some(400 * 1_000_000);
     let e = hold("j", 850, 890, Some(899), 500);
-    let found = common::checker::overlaps(&[d, e]);
+    let found = checker::overlaps(&[d, e]);
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].overlap_ns, 9_000_000);
     let report = Report::new(vec![a], 0, Default::default(), 0, 1.0);
@@ -842,16 +206,16 @@ fn checker_duplicate_tokens_are_overlapping_grants_of_one_token() {
     for h in &mut holds {
         h.token = "same".into();
     }
-    assert_eq!(common::checker::duplicate_tokens(&holds), 0);
+    assert_eq!(checker::duplicate_tokens(&holds), 0);
     // A third grant of "same" on k while the second's lease (200..300) runs.
     let mut third = hold("k", 290, 291, Some(295), 100);
     third.token = "same".into();
     holds.push(third);
-    assert_eq!(common::checker::duplicate_tokens(&holds), 1);
+    assert_eq!(checker::duplicate_tokens(&holds), 1);
     // An extend of the first lease to 150 + 100 reaches the second grant too.
     holds.pop();
     holds[0].t_extend_sent = Some(150 * 1_000_000);
-    assert_eq!(common::checker::duplicate_tokens(&holds), 1);
+    assert_eq!(checker::duplicate_tokens(&holds), 1);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -871,7 +235,7 @@ fn minority_scenario(
         let mut rig = Rig::start(5, relays, proxies, seed, with_quarantine(TTL_MS)).await;
         let mut w = Workload::new(rig.ports(), name, seed);
         w.duration = scaled(fault_secs + 2.0);
-        let r = scenario(name, &mut rig, seed, w, scaled(fault_secs), step, 300).await;
+        let r = scenario(name, &mut rig, seed, w, scaled(fault_secs), step, 300, 0).await;
         assert!(r.grants > 0);
     });
 }
@@ -889,7 +253,17 @@ fn baseline_without_faults() {
         fn no_faults(nem: &mut Nemesis) {
             nem.sleep(100, 100);
         }
-        scenario("baseline", &mut rig, seed, w, scaled(6.0), no_faults, 600).await;
+        scenario(
+            "baseline",
+            &mut rig,
+            seed,
+            w,
+            scaled(6.0),
+            no_faults,
+            600,
+            0,
+        )
+        .await;
     });
 }
 
@@ -958,7 +332,7 @@ fn rolling_restarts_releases_by_holders_tell_the_truth() {
         let h = rig
             .run_with_faults(&w, scaled(20.0), 10_000, step_rolling)
             .await;
-        verdict("rolling", seed, started, &h, &rig.nemesis.log, 300);
+        verdict("rolling", seed, started, &h, &rig.nemesis.log, 300, 0);
         let released: u64 = h.releases.values().sum();
         assert!(
             released >= 100,
@@ -1028,7 +402,7 @@ fn slow_links_near_the_ttl() {
         // grants arrive up to TTL − drift after the proxy read them, by design, so the client's
         // own scheduling may read a few just past send + TTL: a little slack for that (checked
         // below, relative to the grants).
-        let r = scenario_allowing(
+        let r = scenario(
             "slow-links",
             &mut rig,
             seed,
@@ -1071,7 +445,7 @@ fn hot_key_pollers_over_slow_masters_answered_promptly() {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         let port = rig.proxies[0].port;
-        let k = common::key("hot-slow");
+        let k = key("hot-slow");
         let limit = Duration::from_millis(2 * node_timeout + 250);
         let mut all = Vec::new();
         for round in 0..3 {
@@ -1079,7 +453,7 @@ fn hot_key_pollers_over_slow_masters_answered_promptly() {
             for i in 0..10 {
                 let k = k.clone();
                 tasks.push(tokio::spawn(async move {
-                    let mut c = common::Client::connect(port).await;
+                    let mut c = Client::connect(port).await;
                     let token = format!("r{round}-c{i}");
                     let t = Instant::now();
                     let reply = c
@@ -1129,6 +503,7 @@ fn two_proxies_share_the_masters_under_faults() {
             scaled(18.0),
             step_mixed_no_flush,
             300,
+            0,
         )
         .await;
         for p in 0..2 {
@@ -1236,7 +611,7 @@ async fn kleppmann_restart(
     };
     let proxy = Proxy::start(masters.addrs(), tweak).await;
     let port = proxy.port;
-    let k = common::key(&format!("kleppmann-{quarantine}-{data_loss}-{late_proxy}"));
+    let k = key(&format!("kleppmann-{quarantine}-{data_loss}-{late_proxy}"));
     assert!(
         wait_grantable(port, &format!("{k}:probe"), 1000, Duration::from_secs(5))
             .await
@@ -1281,7 +656,7 @@ async fn kleppmann_restart(
     };
     let port = late.as_ref().map_or(port, |p| p.port);
     // B tries for 1.5 s (A's lease runs 3 s).
-    let mut b = common::Client::connect(port).await;
+    let mut b = Client::connect(port).await;
     let mut holds = Vec::new();
     let mut replies = Vec::new();
     let until = Instant::now() + Duration::from_millis(1500);
@@ -1311,13 +686,13 @@ async fn kleppmann_restart(
                 t_release_sent: Some(now_ns()),
                 t_extend_sent: None,
             });
-            b.cmd(&["EVAL", RELEASE, "1", &k, &token]).await;
+            b.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, &token]).await;
         }
         replies.push(reply);
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     hold_a.t_release_sent = Some(now_ns());
-    a.cmd(&["EVAL", RELEASE, "1", &k, "tok-a"]).await;
+    a.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "tok-a"]).await;
     holds.insert(0, hold_a);
     if quarantine {
         // Liveness: once the quarantine (A's TTL + drift from detection) is over, B gets it.
@@ -1331,7 +706,7 @@ async fn kleppmann_restart(
 fn kleppmann_restart_without_quarantine_overlaps() {
     run(async {
         let (holds, replies) = kleppmann_restart(false, "restart", false).await;
-        let found = common::checker::overlaps(&holds);
+        let found = checker::overlaps(&holds);
         println!(
             "[kleppmann NO quarantine] B got {} OK of {} attempts; overlaps={}",
             holds.len() - 1,
@@ -1351,7 +726,7 @@ fn kleppmann_restart_without_quarantine_overlaps() {
 fn kleppmann_refused(label: &str, data_loss: &str, new_proxy: bool) {
     run(async {
         let (holds, replies) = kleppmann_restart(true, data_loss, new_proxy).await;
-        let found = common::checker::overlaps(&holds);
+        let found = checker::overlaps(&holds);
         println!(
             "[kleppmann {label}] B got {} OK of {} attempts; overlaps={}; first replies {:?}",
             holds.len() - 1,
@@ -1416,14 +791,6 @@ fn assert_mixed(name: &str, h: &History) {
     );
 }
 
-/// The time of the first fault-log entry starting with `what`.
-fn logged_at(log: &[(u64, String)], what: &str) -> u64 {
-    log.iter()
-        .find(|(_, w)| w.starts_with(what))
-        .map(|(t, _)| *t)
-        .unwrap_or_else(|| panic!("no {what:?} in the fault log:\n{}", render(log)))
-}
-
 /// The default configuration (no TTL cap given) under a mixed workload, TTL 500 ms: 30 % of the
 /// acquires by node-redlock's script, 30 % of the holders extend, 50 % of the refusals retried
 /// with the same token. A master that lost data stays out ~60.6 s, so the whole run may lose
@@ -1477,7 +844,7 @@ fn default_config_mixed_workload_under_amnesia() {
         let started = Instant::now();
         rig.wait_ready(w.ttl_ms, Duration::from_secs(5)).await;
         let h = rig.run_with_faults(&w, scaled(12.0), 1, schedule).await;
-        let r = verdict(name, seed, started, &h, &rig.nemesis.log, 150);
+        let r = verdict(name, seed, started, &h, &rig.nemesis.log, 150, 0);
         assert_mixed(name, &h);
         // Grants go on over the three healthy masters after the second data loss.
         let flushed = logged_at(&rig.nemesis.log, "FLUSHALL");
@@ -1493,33 +860,6 @@ fn default_config_mixed_workload_under_amnesia() {
     });
 }
 
-/// Stops proxy `index` of the rig and starts a fresh one on the same masters (a new port, no
-/// memory of anything), after `before_start` (on a blocking thread) has acted on the nemesis;
-/// the workload's workers of that proxy follow through `table`.
-async fn restart_proxy(
-    rig: &mut Rig,
-    index: usize,
-    table: &PortTable,
-    before_start: impl FnOnce(&mut Nemesis),
-) {
-    let old = rig.proxies.remove(index);
-    let old_port = old.port;
-    old.stop().await;
-    rig.nemesis
-        .note(format!("proxy {index} (port {old_port}) stopped"));
-    tokio::task::block_in_place(|| before_start(&mut rig.nemesis));
-    let fresh = Proxy::start(rig.nemesis.masters.addrs(), default_config).await;
-    rig.nemesis
-        .note(format!("fresh proxy {index} on port {}", fresh.port));
-    table.lock().unwrap_or_else(PoisonError::into_inner)[index] = fresh.port;
-    rig.proxies.insert(index, fresh);
-}
-
-/// Two proxies in the default configuration, the mixed workload split between them. Mid-run
-/// proxy 1 stops; while it is down two masters are paused past the TTL (proxy 0's grants then
-/// sit on exactly the other three); they resume, one master of that majority is flushed, and
-/// only then a fresh proxy 1 starts: its first sight of the flushed master is after the loss
-/// (the shared markers must tell it). Later proxy 0 is replaced too (no more data loss: its
 /// successor must still see the quarantine). Workers follow their proxy to its new port.
 #[test]
 fn proxy_restarts_mid_run_default_config() {
@@ -1546,7 +886,7 @@ fn proxy_restarts_mid_run_default_config() {
         let order = rig.nemesis.rng.pick(rig.nemesis.n(), 3);
         let (lost, p1, p2) = (order[0], order[1], order[2]);
         tokio::time::sleep(scaled(2.5)).await;
-        restart_proxy(&mut rig, 1, &table, |nem| {
+        rig.restart_proxy(1, &table, |nem| {
             nem.pause(p1);
             nem.pause(p2);
             nem.sleep(TTL_MS * 6 / 5, TTL_MS * 3 / 2);
@@ -1558,13 +898,13 @@ fn proxy_restarts_mid_run_default_config() {
         .await;
         let fresh1 = now_ns();
         tokio::time::sleep(scaled(3.5)).await;
-        restart_proxy(&mut rig, 0, &table, |_| {}).await;
+        rig.restart_proxy(0, &table, |_| {}).await;
         let fresh0 = now_ns();
         let h = tokio::time::timeout(w.duration + Duration::from_secs(30), running)
             .await
             .expect("the workload ends")
             .expect("workload task");
-        let r = verdict(name, seed, started, &h, &rig.nemesis.log, 150);
+        let r = verdict(name, seed, started, &h, &rig.nemesis.log, 150, 0);
         assert_mixed(name, &h);
         for (proxy, since) in [(1, fresh1), (0, fresh0)] {
             let n = r
@@ -1603,31 +943,17 @@ fn a_client_that_stops_reading_does_not_stall_the_workload() {
         };
         tokio::time::sleep(half).await;
         let t_silent = now_ns();
-        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .expect("connect");
-        let (silent_rd, mut silent_wr) = stream.into_split();
-        let mut bytes = common::encode(&["ECHO", &"x".repeat(8 << 20)]);
-        bytes.extend(common::encode(&["SET", &w.keys[0], "x", "NX", "PX", "500"]));
+        let mut bytes = encode_str(&["ECHO", &"x".repeat(8 << 20)]);
+        bytes.extend(encode_str(&["SET", &w.keys[0], "x", "NX", "PX", "500"]));
         // Written on its own task (the proxy may stop reading), bounded; never read.
-        let writer = tokio::spawn(async move {
-            use tokio::io::AsyncWriteExt;
-            let written =
-                tokio::time::timeout(Duration::from_secs(30), silent_wr.write_all(&bytes))
-                    .await
-                    .map(|r| r.is_ok());
-            (written, silent_wr)
-        });
+        let mut silent = Silent::start(port, bytes).await;
         let h = tokio::time::timeout(w.duration + Duration::from_secs(30), running)
             .await
             .expect("the workload ends")
             .expect("workload task");
         let t_end = now_ns();
-        let (written, silent_wr) = tokio::time::timeout(Duration::from_secs(30), writer)
-            .await
-            .expect("the silent client's write ends")
-            .expect("writer task");
-        let r = verdict(name, seed, started, &h, &[], 150);
+        let written = silent.write_done(Duration::from_secs(30)).await;
+        let r = verdict(name, seed, started, &h, &[], 150, 0);
         let rate = |from: u64, to: u64| {
             let n = r
                 .holds
@@ -1651,7 +977,7 @@ fn a_client_that_stops_reading_does_not_stall_the_workload() {
             after >= 0.5 * before,
             "[{name}] a client that stops reading stalled the workload: {before:.0} grants/s before, {after:.0}/s after (SEED={seed}); per second {per_second:?}: {r}"
         );
-        drop((silent_rd, silent_wr));
+        drop(silent);
     });
 }
 
@@ -1714,6 +1040,6 @@ fn soak_mixed_faults() {
             );
         }
         let min = (100_000 * secs / 600) as usize;
-        verdict("soak", seed, started, &all, &rig.nemesis.log, min);
+        verdict("soak", seed, started, &all, &rig.nemesis.log, min, 0);
     });
 }

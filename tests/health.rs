@@ -1,9 +1,10 @@
 //! Master health: quarantine after data loss, refusal of unsafe configurations.
 
-mod common;
-
-use common::{key, master_cmd, Client, Proxy};
-use redlock_proxy::local::{LocalCluster, LocalMaster};
+use redlock_proxy::{LocalCluster, LocalMaster};
+use redlock_testkit::key;
+use redlock_testkit::launcher::Proxy;
+use redlock_testkit::masters::{master_cmd, master_get};
+use redlock_testkit::resp::Client;
 use std::time::{Duration, Instant};
 
 async fn wait_for_info(c: &mut Client, needle: &str, count: usize) -> String {
@@ -82,7 +83,7 @@ async fn unsafe_masters_are_refused_and_shown() {
     assert_eq!(c.cmd(&["SET", &k2, "v", "NX", "PX", "30000"]).await, "+OK");
     let m2 = masters.masters[2].port;
     let deadline = Instant::now() + Duration::from_secs(2);
-    while common::master_get(m2, &k2).await.as_deref() != Some("v") {
+    while master_get(m2, &k2).await.as_deref() != Some("v") {
         assert!(
             Instant::now() < deadline,
             "the fixed master did not take part"

@@ -1,10 +1,11 @@
 //! Being a Redis to clients: redis-cli, RESP3, pipelining order, inline commands, handshakes,
 //! and protocol errors compared byte for byte with a real redis-server.
 
-mod common;
-
-use common::{encode, key, redis_cli, Client, Env};
-use redlock_proxy::local::LocalMaster;
+use redlock_proxy::on_master::COMPARE_AND_DELETE;
+use redlock_proxy::LocalMaster;
+use redlock_testkit::key;
+use redlock_testkit::launcher::Env;
+use redlock_testkit::resp::{encode_str, redis_cli, Client};
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -24,7 +25,7 @@ async fn redis_cli_one_shot_session() {
             run(s(&["SET", &k2, "tok", "NX", "PX", "30000"])),
             run(s(&["SET", &k2, "other", "NX", "PX", "30000"])),
             run(s(&["GET", &k2])),
-            run(s(&["EVAL", common::RELEASE, "1", &k2, "tok"])),
+            run(s(&["EVAL", COMPARE_AND_DELETE, "1", &k2, "tok"])),
             run(s(&["GET", &k2])),
             run(s(&["-3", "SET", &k2, "x", "NX", "PX", "30000"])),
             run(s(&["-3", "SET", &k2, "y", "NX", "PX", "30000"])),
@@ -66,7 +67,7 @@ async fn resp3_through_the_redis_crate() {
     assert_eq!(granted, redis::Value::Okay);
     let contended: redis::Value = acquire("w").query_async(&mut con).await.unwrap();
     assert_eq!(contended, redis::Value::Nil);
-    let released: i64 = redis::Script::new(common::RELEASE)
+    let released: i64 = redis::Script::new(COMPARE_AND_DELETE)
         .key(&k)
         .arg("v")
         .invoke_async(&mut con)
@@ -116,7 +117,7 @@ async fn a_thousand_pipelined_mixed_commands_come_back_in_order() {
             _ => (vec!["PING".into()], "+PONG".into()),
         };
         let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
-        bytes.extend(encode(&args));
+        bytes.extend(encode_str(&args));
         expected.push((i, cmd, want));
     }
     bytes.extend_from_slice(b"PING\r\n");
@@ -194,7 +195,7 @@ async fn protocol_errors_match_redis_and_the_proxy_keeps_serving() {
     futures::future::join_all(checks).await;
     // Truncated frames: a half request then a close must not disturb anything.
     for cut in [1usize, 5, 9, 14] {
-        let full = encode(&["SET", "k", "v", "NX", "PX", "1000"]);
+        let full = encode_str(&["SET", "k", "v", "NX", "PX", "1000"]);
         let mut c = env.proxy.client().await;
         c.send_raw(&full[..cut]).await;
         drop(c);
@@ -208,28 +209,31 @@ async fn handshake_commands_answer_like_redis() {
     let env = Env::start(3).await;
     let mut c = env.proxy.client().await;
     // What redis-py, node-redis and ioredis send on connect, pipelined.
-    let mut bytes = encode(&["CLIENT", "SETINFO", "LIB-NAME", "redis-py"]);
-    bytes.extend(encode(&["CLIENT", "SETINFO", "LIB-VER", "8.1.0"]));
-    bytes.extend(encode(&[
-        "CLIENT",
-        "MAINT_NOTIFICATIONS",
-        "ON",
-        "moving-endpoint-type",
-        "internal-ip",
-    ]));
-    bytes.extend(encode(&["SELECT", "0"]));
-    bytes.extend(encode(&["CLIENT", "SETNAME", "worker-1"]));
-    bytes.extend(encode(&["CLIENT", "GETNAME"]));
-    c.send_raw(&bytes).await;
-    assert_eq!(c.read().await, "+OK");
-    assert_eq!(c.read().await, "+OK");
+    let replies = c
+        .pipeline(&[
+            vec!["CLIENT", "SETINFO", "LIB-NAME", "redis-py"],
+            vec!["CLIENT", "SETINFO", "LIB-VER", "8.1.0"],
+            vec![
+                "CLIENT",
+                "MAINT_NOTIFICATIONS",
+                "ON",
+                "moving-endpoint-type",
+                "internal-ip",
+            ],
+            vec!["SELECT", "0"],
+            vec!["CLIENT", "SETNAME", "worker-1"],
+            vec!["CLIENT", "GETNAME"],
+        ])
+        .await;
+    assert_eq!(replies[0], "+OK");
+    assert_eq!(replies[1], "+OK");
     assert_eq!(
-        c.read().await,
+        replies[2],
         "-ERR unknown subcommand 'MAINT_NOTIFICATIONS'. Try CLIENT HELP."
     );
-    assert_eq!(c.read().await, "+OK");
-    assert_eq!(c.read().await, "+OK");
-    assert_eq!(c.read().await, "$worker-1");
+    assert_eq!(replies[3], "+OK");
+    assert_eq!(replies[4], "+OK");
+    assert_eq!(replies[5], "$worker-1");
     let info = c.cmd(&["INFO"]).await;
     assert!(info.contains("loading:0"), "{info}");
     assert!(info.contains("redis_version:"), "{info}");

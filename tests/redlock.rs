@@ -1,11 +1,12 @@
 //! End-to-end Redlock behaviour through the proxy over real redis-server masters, checked on
 //! the masters directly.
 
-mod common;
-
-use common::relay::Relay;
-use common::{key, master_cmd, Env, Proxy, RELEASE};
-use redlock_proxy::local::LocalCluster;
+use redlock_proxy::on_master::{script_sha, COMPARE_AND_DELETE};
+use redlock_testkit::key;
+use redlock_testkit::launcher::Env;
+use redlock_testkit::masters::{command_stats, master_cmd, master_get};
+use redlock_testkit::relay::Relay;
+use redlock_testkit::scripts::script;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -19,7 +20,7 @@ async fn acquire_contend_release_over_five_masters() {
     );
     assert!(env.holders(&k, "tok-a").await >= 3);
     for port in env.ports() {
-        if common::master_get(port, &k).await.as_deref() == Some("tok-a") {
+        if master_get(port, &k).await.as_deref() == Some("tok-a") {
             let pttl: i64 = master_cmd(port, &["PTTL", &k]).await[1..].parse().unwrap();
             assert!(
                 pttl >= 30_000,
@@ -44,9 +45,17 @@ async fn acquire_contend_release_over_five_masters() {
     assert!((29_000..=30_000).contains(&pttl), "{pttl}");
     assert_eq!(c.cmd(&["GET", &k]).await, "$tok-a");
     // Release by a non-owner does nothing; by the owner removes it everywhere.
-    assert_eq!(other.cmd(&["EVAL", RELEASE, "1", &k, "tok-b"]).await, ":0");
+    assert_eq!(
+        other
+            .cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "tok-b"])
+            .await,
+        ":0"
+    );
     assert!(env.holders(&k, "tok-a").await >= 3);
-    assert_eq!(c.cmd(&["EVAL", RELEASE, "1", &k, "tok-a"]).await, ":1");
+    assert_eq!(
+        c.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "tok-a"]).await,
+        ":1"
+    );
     env.assert_gone(&k).await;
     // Now free for the other client.
     assert_eq!(
@@ -105,7 +114,10 @@ async fn minority_down_still_grants_majority_down_refuses_fast() {
     // 1 s leases: a master that comes back empty is quarantined for about that long.
     assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "1000"]).await, "+OK");
     assert_eq!(c.cmd(&["GET", &k]).await, "$v");
-    assert_eq!(c.cmd(&["EVAL", RELEASE, "1", &k, "v"]).await, ":1");
+    assert_eq!(
+        c.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "v"]).await,
+        ":1"
+    );
 
     env.masters.masters[2].kill();
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -163,31 +175,22 @@ async fn minority_down_still_grants_majority_down_refuses_fast() {
 }
 
 /// `n` masters, each behind a fault relay, and a proxy over the relays.
-async fn behind_relays(n: usize, node_timeout_ms: u64) -> (LocalCluster, Vec<Relay>, Proxy) {
-    let masters = LocalCluster::start(n).unwrap();
-    let mut relays = Vec::new();
-    for m in &masters.masters {
-        relays.push(Relay::start(m.port).await);
-    }
-    let proxy = Proxy::start(relays.iter().map(Relay::addr).collect(), |c| {
-        c.node_timeout_ms = node_timeout_ms;
-    })
-    .await;
-    (masters, relays, proxy)
+async fn behind_relays(n: usize, node_timeout_ms: u64) -> (Env, Vec<Relay>) {
+    Env::start_behind_relays(n, |c| c.node_timeout_ms = node_timeout_ms).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn masters_slower_than_the_ttl_give_null_and_leave_nothing() {
-    let (masters, relays, proxy) = behind_relays(3, 1000).await;
+    let (env, relays) = behind_relays(3, 1000).await;
     for r in &relays {
         r.set_delay(Duration::from_millis(60));
     }
-    let mut c = proxy.client().await;
+    let mut c = env.proxy.client().await;
     let k = key("slow");
     // TTL 50 ms: validity 50 - 2.5 - drift < the 60+ ms the masters take to answer.
     assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "50"]).await, "$nil");
-    for m in &masters.masters {
-        assert_eq!(common::master_get(m.port, &k).await, None);
+    for port in env.ports() {
+        assert_eq!(master_get(port, &k).await, None);
     }
     // With the same delay a long TTL is granted: the validity rule, not the delay, refused.
     assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "30000"]).await, "+OK");
@@ -229,8 +232,11 @@ async fn evalsha_noscript_load_and_healing() {
         "-NOSCRIPT No matching script. Please use EVAL."
     );
     // EVAL remembers the body for later EVALSHA.
-    let release_sha = sha1_hex(RELEASE);
-    assert_eq!(c.cmd(&["EVAL", RELEASE, "1", &k, "nope"]).await, ":0");
+    let release_sha = sha1_hex(COMPARE_AND_DELETE);
+    assert_eq!(
+        c.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "nope"]).await,
+        ":0"
+    );
     for port in env.ports() {
         master_cmd(port, &["SCRIPT", "FLUSH"]).await;
     }
@@ -262,15 +268,15 @@ async fn evalsha_noscript_load_and_healing() {
 }
 
 fn sha1_hex(body: &str) -> String {
-    redlock_proxy::cluster::script_sha(body.as_bytes())
+    script_sha(body.as_bytes())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_scripts_are_padded_and_validity_checked() {
-    let (masters, relays, proxy) = behind_relays(3, 1000).await;
+    let (env, relays) = behind_relays(3, 1000).await;
     // PTTL on every master, once all of them satisfy `ok` (at most 2 s): a reply may leave
     // once a majority answered, with the last master's copy still in flight.
-    let ports: Vec<u16> = masters.masters.iter().map(|m| m.port).collect();
+    let ports: Vec<u16> = env.ports();
     let pttls_all = |k: String, ok: fn(i64) -> bool| {
         let ports = ports.clone();
         async move {
@@ -291,8 +297,7 @@ async fn lease_scripts_are_padded_and_validity_checked() {
             }
         }
     };
-    let script = |name: &str| std::fs::read_to_string(format!("tests/scripts/{name}.lua")).unwrap();
-    let mut c = proxy.client().await;
+    let mut c = env.proxy.client().await;
     let k = key("lease");
     assert_eq!(c.cmd(&["SET", &k, "tok", "NX", "PX", "30000"]).await, "+OK");
 
@@ -350,12 +355,8 @@ async fn lease_scripts_are_padded_and_validity_checked() {
 
 /// `cmdstat_set` calls on one master.
 async fn set_calls(port: u16) -> u64 {
-    let stats = master_cmd(port, &["INFO", "commandstats"]).await;
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_set:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
+    let stats = command_stats(port).await.expect("INFO commandstats");
+    stats.get("set").copied().unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,41 +2,16 @@
 //! fan-outs progress whatever their client does), and one whose waiting replies pass
 //! `client_output_buffer_limit` is disconnected, the grants it was never given rolled back.
 
-mod common;
-
-use common::{encode, key, master_cmd, Client, Env, BEHAVIOUR_NODE_TIMEOUT_MS};
-use redlock_proxy::cluster::MAX_FANOUTS;
+use redlock_proxy::MAX_FANOUTS;
+use redlock_testkit::key;
+use redlock_testkit::launcher::{Env, BEHAVIOUR_NODE_TIMEOUT_MS};
+use redlock_testkit::masters::master_cmd;
+use redlock_testkit::resp::{encode_str, Client, Silent};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
-use tokio::task::JoinHandle;
-use tokio::time::{sleep, timeout, timeout_at, Instant};
+use tokio::time::{sleep, timeout, Instant};
 
 /// How long another client may wait for an answer (CI machines are noisy).
 const ANSWER: Duration = Duration::from_secs(5);
-
-/// A client that sent its requests and reads nothing: the socket stays open while this lives.
-struct Silent {
-    rd: OwnedReadHalf,
-    _writer: JoinHandle<Option<OwnedWriteHalf>>,
-}
-
-/// Connects to the proxy and sends `bytes` in one write (on its own task: the proxy may stop
-/// reading), then reads nothing.
-async fn silent_client(port: u16, bytes: Vec<u8>) -> Silent {
-    let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    stream.set_nodelay(true).unwrap();
-    let (rd, mut wr) = stream.into_split();
-    let writer = tokio::spawn(async move {
-        let written = timeout(Duration::from_secs(30), wr.write_all(&bytes)).await;
-        matches!(written, Ok(Ok(()))).then_some(wr)
-    });
-    Silent {
-        rd,
-        _writer: writer,
-    }
-}
 
 /// The event of a keyspace notification (`*[$message,$__keyspace@0__:key,$set]` → `set`).
 fn event(message: &str) -> Option<&str> {
@@ -54,17 +29,17 @@ async fn a_client_that_stops_reading_does_not_stall_others() {
         let probe = key("slow-reader-probe");
 
         // A: a reply larger than the socket buffers, then an acquire of `k`; never reads.
-        let mut a = encode(&["ECHO", &"x".repeat(8 << 20)]);
-        a.extend(encode(&["SET", &k, "a", "NX", "PX", "30000"]));
-        let _a = silent_client(port, a).await;
+        let mut a = encode_str(&["ECHO", &"x".repeat(8 << 20)]);
+        a.extend(encode_str(&["SET", &k, "a", "NX", "PX", "30000"]));
+        let _a = Silent::start(port, a).await;
         // A2: the same large reply, then more fan-outs than the proxy runs at once
         // (`MAX_FANOUTS`); never reads. Its fan-outs must finish and give their permits back
         // while its socket is full.
-        let mut hog = encode(&["ECHO", &"x".repeat(8 << 20)]);
+        let mut hog = encode_str(&["ECHO", &"x".repeat(8 << 20)]);
         for _ in 0..MAX_FANOUTS + 44 {
-            hog.extend(encode(&["GET", &probe]));
+            hog.extend(encode_str(&["GET", &probe]));
         }
-        let _a2 = silent_client(port, hog).await;
+        let _a2 = Silent::start(port, hog).await;
         sleep(Duration::from_millis(500)).await;
 
         // B contends for `k`: an answer (null while A holds it, or OK), not a wait without end.
@@ -132,12 +107,12 @@ async fn a_client_over_the_output_limit_is_disconnected_and_its_grant_rolled_bac
         let script = format!("return string.rep('x', {SIZE})");
         let mut pipeline = Vec::new();
         for _ in 0..AHEAD {
-            pipeline.extend(encode(&["EVAL", &script, "0"]));
+            pipeline.extend(encode_str(&["EVAL", &script, "0"]));
         }
-        pipeline.extend(encode(&["SET", &k, "a", "NX", "PX", "30000"]));
+        pipeline.extend(encode_str(&["SET", &k, "a", "NX", "PX", "30000"]));
         assert!(pipeline.len() < 4096, "one read of the proxy takes it all");
         let ahead = AHEAD * (format!("${SIZE}\r\n").len() + SIZE + 2);
-        let mut a = silent_client(port, pipeline).await;
+        let mut a = Silent::start(port, pipeline).await;
 
         // On a majority of masters: A's value set, then deleted (10 s bound).
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -165,16 +140,7 @@ async fn a_client_over_the_output_limit_is_disconnected_and_its_grant_rolled_bac
 
         // The proxy closed A (the rollback comes after the disconnect), and A was never sent
         // its OK: what A can still read ends before the acquire's reply.
-        let mut received = 0usize;
-        let mut chunk = vec![0u8; 256 * 1024];
-        let drain_by = Instant::now() + ANSWER;
-        let closed = loop {
-            match timeout_at(drain_by, a.rd.read(&mut chunk)).await {
-                Ok(Ok(0)) | Ok(Err(_)) => break true,
-                Ok(Ok(n)) => received += n,
-                Err(_) => break false,
-            }
-        };
+        let (received, closed) = a.drain(std::time::Instant::now() + ANSWER).await;
         assert!(
             closed,
             "the proxy did not close the connection of A (it read {received} bytes, then nothing)"

@@ -2,10 +2,11 @@
 
 use crate::cycles::{join_tallies, unique_tag};
 use crate::procs::{CpuProbe, CpuUse};
-use crate::resp::{encode, io_err, RawConn, Reply};
 use crate::settings::Settings;
 use crate::stats::{percentiles, Latency, Tally, Window, STALL_LIMIT};
-use crate::RELEASE_SCRIPT;
+use redlock_proxy::on_master::COMPARE_AND_DELETE;
+use redlock_testkit::masters::command_stats;
+use redlock_testkit::resp::{encode, Client};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,30 +37,6 @@ impl HotResult {
     }
 }
 
-/// `INFO commandstats` of one master: command name → calls.
-pub async fn command_stats(port: u16) -> std::io::Result<BTreeMap<String, u64>> {
-    let mut conn = RawConn::connect(port).await?;
-    let Reply::Bulk(text) = conn.cmd(&[b"INFO", b"commandstats"]).await? else {
-        return Err(io_err("INFO commandstats: not a bulk reply".into()));
-    };
-    let mut stats = BTreeMap::new();
-    for line in String::from_utf8_lossy(&text).lines() {
-        let Some((name, rest)) = line
-            .strip_prefix("cmdstat_")
-            .and_then(|l| l.split_once(':'))
-        else {
-            continue;
-        };
-        let calls = rest
-            .split(',')
-            .find_map(|kv| kv.strip_prefix("calls="))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        stats.insert(name.to_string(), calls);
-    }
-    Ok(stats)
-}
-
 pub async fn total_command_stats(ports: &[u16]) -> std::io::Result<BTreeMap<String, u64>> {
     let mut total = BTreeMap::new();
     for &port in ports {
@@ -79,7 +56,7 @@ pub async fn hot_poller(
     window: Window,
 ) -> Tally {
     let mut tally = Tally::default();
-    let mut conn = match RawConn::connect(port).await {
+    let mut conn = match Client::open(port, Duration::from_secs(5)).await {
         Ok(c) => c,
         Err(err) => {
             tally.error(format!("connect: {err}"));
@@ -99,21 +76,23 @@ pub async fn hot_poller(
     tokio::time::sleep(interval.mul_f64(id as f64 / clients.max(1) as f64)).await;
     while Instant::now() < window.end {
         let sent = Instant::now();
-        if let Err(err) = conn.send(&command).await {
+        if let Err(err) = conn.write(&command).await {
             tally.error(format!("write: {err}"));
             break;
         }
-        match conn.read(deadline).await {
+        match conn.read_reply(deadline).await {
             Ok(reply) => {
                 tally.cmds += 1;
-                if window.contains(conn.arrived) {
-                    tally.samples.push((conn.arrived - sent).as_nanos() as u64);
+                if window.contains(conn.arrived()) {
+                    tally
+                        .samples
+                        .push((conn.arrived() - sent).as_nanos() as u64);
                 }
-                match reply {
-                    Reply::Null => {}
+                if reply.is_ok() {
                     // A grant while the holder holds the lock would be a safety bug.
-                    Reply::Ok => tally.fails += 1,
-                    other => tally.error(other.to_string()),
+                    tally.fails += 1;
+                } else if !reply.is_null() {
+                    tally.error(reply.to_string());
                 }
             }
             Err(err) => {
@@ -136,13 +115,15 @@ pub async fn run_hot(
     cpu: &CpuProbe,
 ) -> Result<HotResult, String> {
     let key = Arc::new(format!("hot:{}", unique_tag()));
-    let mut holder = RawConn::connect(port).await.map_err(|e| e.to_string())?;
-    let taken = holder
-        .cmd(&[b"SET", key.as_bytes(), b"holder", b"NX", b"PX", b"600000"])
+    let mut holder = Client::open(port, Duration::from_secs(5))
         .await
         .map_err(|e| e.to_string())?;
-    if taken != Reply::Ok {
-        return Err(format!("the holder could not take the hot key: {taken:?}"));
+    let taken = holder
+        .request(&[b"SET", key.as_bytes(), b"holder", b"NX", b"PX", b"600000"])
+        .await
+        .map_err(|e| e.to_string())?;
+    if !taken.is_ok() {
+        return Err(format!("the holder could not take the hot key: {taken}"));
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     let before = total_command_stats(master_ports)
@@ -168,9 +149,9 @@ pub async fn run_hot(
         .await
         .map_err(|e| e.to_string())?;
     let _ = holder
-        .cmd(&[
+        .request(&[
             b"EVAL",
-            RELEASE_SCRIPT.as_bytes(),
+            COMPARE_AND_DELETE.as_bytes(),
             b"1",
             key.as_bytes(),
             b"holder",

@@ -1,13 +1,15 @@
-//! Lock cycles: the raw-RESP load generator (direct or through the proxy) and the in-process
-//! client-side Redlock over the `redis` crate.
+//! Lock cycles: the load generator (direct or through the proxy; pre-encoded pipelines on the
+//! test kit's RESP client) and the in-process client-side Redlock over the `redis` crate.
 
-use crate::procs::{CpuProbe, ProxyProc};
-use crate::resp::{encode, prepare, RawConn, Reply};
+use crate::procs::CpuProbe;
 use crate::settings::{ReleaseKind, Settings, Target};
 use crate::stats::{CycleResult, Tally, Window, STALL_LIMIT};
-use crate::RELEASE_SCRIPT;
 use futures::stream::{self, StreamExt};
-use redlock_proxy::local::{LocalCluster, LocalMaster};
+use redlock_proxy::on_master::COMPARE_AND_DELETE;
+use redlock_proxy::LocalCluster;
+use redlock_testkit::launcher::{ready_for_load, ProxyProcess};
+use redlock_testkit::masters::pids;
+use redlock_testkit::resp::{encode, Client, Reply};
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -107,7 +109,7 @@ impl ReleaseCmd {
     pub fn encode(&self, key: &str, token: &str) -> Vec<u8> {
         let (verb, script): (&[u8], &[u8]) = match self.kind {
             ReleaseKind::Evalsha => (b"EVALSHA", self.sha.as_bytes()),
-            ReleaseKind::Eval => (b"EVAL", RELEASE_SCRIPT.as_bytes()),
+            ReleaseKind::Eval => (b"EVAL", COMPARE_AND_DELETE.as_bytes()),
         };
         encode(&[verb, script, b"1", key.as_bytes(), token.as_bytes()])
     }
@@ -116,7 +118,7 @@ impl ReleaseCmd {
 /// One connection's acquire→release loop: each round pipelines `depth` acquires, then the
 /// releases of those that were granted. A cycle's latency is the acquire's reply time (from
 /// its round's send) plus the release's reply time (from the release round's send).
-pub async fn cycle_conn(mut conn: RawConn, mut plan: ConnPlan, window: Window) -> Tally {
+pub async fn cycle_conn(mut conn: Client, mut plan: ConnPlan, window: Window) -> Tally {
     let mut tally = Tally::default();
     let depth = plan.depth();
     let deadline = window.end + STALL_LIMIT;
@@ -128,28 +130,27 @@ pub async fn cycle_conn(mut conn: RawConn, mut plan: ConnPlan, window: Window) -
         round += 1;
         plan.stamp(round);
         let sent = Instant::now();
-        if let Err(err) = conn.send(&plan.acquires).await {
+        if let Err(err) = conn.write(&plan.acquires).await {
             tally.error(format!("write: {err}"));
             break;
         }
         granted.clear();
         for (slot, took) in acquired_in.iter_mut().enumerate() {
-            match conn.read(deadline).await {
+            match conn.read_reply(deadline).await {
                 Ok(reply) => {
-                    if window.contains(conn.arrived) {
+                    let arrived = conn.arrived();
+                    if window.contains(arrived) {
                         tally.cmds += 1;
                     }
-                    match reply {
-                        Reply::Ok => {
-                            *took = conn.arrived - sent;
-                            granted.push(slot);
+                    if reply.is_ok() {
+                        *took = arrived - sent;
+                        granted.push(slot);
+                    } else if reply.is_null() {
+                        if window.contains(arrived) {
+                            tally.fails += 1;
                         }
-                        Reply::Null => {
-                            if window.contains(conn.arrived) {
-                                tally.fails += 1;
-                            }
-                        }
-                        other => tally.error(format!("acquire: {other}")),
+                    } else {
+                        tally.error(format!("acquire: {reply}"));
                     }
                 }
                 Err(err) => {
@@ -171,25 +172,26 @@ pub async fn cycle_conn(mut conn: RawConn, mut plan: ConnPlan, window: Window) -
             &release_buf
         };
         let sent = Instant::now();
-        if let Err(err) = conn.send(releases).await {
+        if let Err(err) = conn.write(releases).await {
             tally.error(format!("write: {err}"));
             break;
         }
         for &slot in &granted {
-            match conn.read(deadline).await {
+            match conn.read_reply(deadline).await {
                 Ok(reply) => {
-                    let in_window = window.contains(conn.arrived);
+                    let arrived = conn.arrived();
+                    let in_window = window.contains(arrived);
                     if in_window {
                         tally.cmds += 1;
                     }
                     match reply {
                         Reply::Int(1) if in_window => {
                             tally.cycles += 1;
-                            let total = acquired_in[slot] + (conn.arrived - sent);
+                            let total = acquired_in[slot] + (arrived - sent);
                             tally.samples.push(total.as_nanos() as u64);
                         }
                         Reply::Int(1) => {}
-                        Reply::Int(_) | Reply::Null => {
+                        Reply::Int(_) | Reply::Nil | Reply::NilArray | Reply::Null => {
                             if in_window {
                                 tally.fails += 1;
                             }
@@ -207,10 +209,10 @@ pub async fn cycle_conn(mut conn: RawConn, mut plan: ConnPlan, window: Window) -
     tally
 }
 
-/// Connects `n` raw connections (at most 64 connects at once).
-pub async fn connect_many(port: u16, n: usize) -> std::io::Result<Vec<RawConn>> {
+/// Connects `n` connections (at most 64 connects at once, 5 s each).
+pub async fn connect_many(port: u16, n: usize) -> std::io::Result<Vec<Client>> {
     stream::iter(0..n)
-        .map(|_| RawConn::connect(port))
+        .map(|_| Client::open(port, Duration::from_secs(5)))
         .buffered(64)
         .collect::<Vec<_>>()
         .await
@@ -221,7 +223,7 @@ pub async fn connect_many(port: u16, n: usize) -> std::io::Result<Vec<RawConn>> 
 /// Where one cell's load goes: a port, and the processes whose CPU is sampled.
 pub struct Endpoint {
     pub port: u16,
-    pub proxy: Option<ProxyProc>,
+    pub proxy: Option<ProxyProcess>,
     pub master_pids: Vec<u32>,
 }
 
@@ -232,12 +234,7 @@ impl Endpoint {
         masters: &LocalCluster,
         target: Target,
     ) -> std::io::Result<Self> {
-        let master_pids = |n: usize| -> Vec<u32> {
-            masters.masters[..n]
-                .iter()
-                .filter_map(LocalMaster::pid)
-                .collect()
-        };
+        let master_pids = |n: usize| pids(&masters.masters[..n]);
         match target {
             Target::Direct => Ok(Endpoint {
                 port: masters.masters[0].port,
@@ -245,7 +242,7 @@ impl Endpoint {
                 master_pids: master_pids(1),
             }),
             Target::Proxy(n) => {
-                let proxy = ProxyProc::start(settings, &masters.addrs()[..n])?;
+                let proxy = settings.start_proxy(&masters.addrs()[..n])?;
                 Ok(Endpoint {
                     port: proxy.port,
                     proxy: Some(proxy),
@@ -257,7 +254,7 @@ impl Endpoint {
 
     pub fn cpu_probe(&self, hz: f64) -> CpuProbe {
         CpuProbe::new(
-            self.proxy.as_ref().map(ProxyProc::pid),
+            self.proxy.as_ref().map(ProxyProcess::pid),
             &self.master_pids,
             hz,
         )
@@ -265,7 +262,7 @@ impl Endpoint {
 
     /// A note if the proxy crashed or logged warnings during the cell.
     pub fn health_note(&mut self) -> Option<String> {
-        self.proxy.as_mut().and_then(ProxyProc::health_note)
+        self.proxy.as_mut().and_then(ProxyProcess::health_note)
     }
 }
 
@@ -283,7 +280,7 @@ pub async fn run_cycle_cell(
         Ok(e) => e,
         Err(err) => return fail(err.to_string()),
     };
-    let sha = match prepare(endpoint.port).await {
+    let sha = match ready_for_load(endpoint.port).await {
         Ok(sha) => sha,
         Err(err) => return fail(err.to_string()),
     };
@@ -434,7 +431,7 @@ pub async fn run_clientside_cell(
         }
     }
     let masters_conns = Arc::new(conns);
-    let script = Arc::new(redis::Script::new(RELEASE_SCRIPT));
+    let script = Arc::new(redis::Script::new(COMPARE_AND_DELETE));
     let tag = Arc::new(unique_tag());
     let window = settings.window();
     let tasks: Vec<_> = (0..workers)
@@ -449,12 +446,9 @@ pub async fn run_clientside_cell(
             ))
         })
         .collect();
-    let pids: Vec<u32> = masters
-        .masters
-        .iter()
-        .filter_map(LocalMaster::pid)
-        .collect();
-    let cpu = CpuProbe::new(None, &pids, hz).over(window).await;
+    let cpu = CpuProbe::new(None, &pids(&masters.masters), hz)
+        .over(window)
+        .await;
     let tallies = join_tallies(tasks).await;
     CycleResult::from_tally(
         scenario,

@@ -2,11 +2,12 @@
 
 use crate::cycles::unique_tag;
 use crate::procs::CpuUse;
-use crate::resp::{blocking_cmd, Reply};
 use crate::settings::Settings;
 use crate::stats::Latency;
+use redlock_testkit::resp::{blocking_cmd, Reply};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 #[derive(Clone, Debug)]
 pub struct NodeResult {
@@ -234,7 +235,7 @@ pub fn redis_benchmark_cell(
     depth: usize,
 ) -> Result<RbResult, String> {
     let ttl = settings.ttl_ms;
-    let dbsize = || match blocking_cmd(master_port, &[b"DBSIZE"]) {
+    let dbsize = || match blocking_cmd(master_port, &[b"DBSIZE"], Duration::from_secs(30)) {
         Ok(Reply::Int(n)) => Some(n as u64),
         _ => None,
     };

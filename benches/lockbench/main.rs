@@ -3,9 +3,9 @@
 //! report (also written to `target/bench-results.md`).
 //!
 //! Sections (select with `BENCH_ONLY=a,b` or `cargo bench --bench lockbench -- a b`):
-//! - `cycles`: lock cycles (`SET k v NX PX` → compare-and-delete release) from a raw-RESP
-//!   tokio load generator: direct redis-server vs the proxy over 1, 3 and 5 masters, at each
-//!   connection count and pipeline depth.
+//! - `cycles`: lock cycles (`SET k v NX PX` → compare-and-delete release) from a tokio load
+//!   generator on the test kit's RESP client (pre-encoded pipelines): direct redis-server vs the
+//!   proxy over 1, 3 and 5 masters, at each connection count and pipeline depth.
 //! - `clientside`: the same cycles as an in-process Redlock client over the `redis` crate
 //!   (5 multiplexed connections) vs the proxy over the same 5 masters.
 //! - `node`: node `redlock` with 5 ioredis clients over the 5 masters vs the same script with
@@ -16,8 +16,9 @@
 //! - `contention`: 100 clients polling `SET hot v NX PX 30000` every 5 ms while one holder
 //!   holds it; master operations per client operation.
 //!
-//! Every proxy is the release binary run as a separate process, started fresh for each cell.
-//! Knobs (`BENCH_*` environment variables): settings.rs and BENCHMARKS.md.
+//! Every proxy is the release binary run as a separate process (the test kit's
+//! `launcher::ProxyProcess`), started fresh for each cell. Knobs (`BENCH_*` environment
+//! variables): settings.rs and BENCHMARKS.md.
 
 mod contention;
 mod cycles;
@@ -25,21 +26,19 @@ mod external;
 mod memory;
 mod procs;
 mod report;
-mod resp;
 mod settings;
 mod stats;
 
-use procs::{CpuProbe, ProxyProc};
-use redlock_proxy::local::{LocalCluster, LocalMaster};
+use procs::CpuProbe;
+use redlock_proxy::{LocalCluster, LocalMaster};
+use redlock_testkit::launcher::{ready_for_load, ProxyProcess};
+use redlock_testkit::masters::pids;
+use redlock_testkit::resp::blocking_cmd;
 use report::{fmt_kib, fmt_lat, fmt_mib, fmt_rate, fmt_us, Results};
 use settings::{Settings, Target, SECTIONS};
 use stats::CycleResult;
 use std::future::Future;
-use std::time::Instant;
-
-/// The compare-and-delete release most lock clients send (redis-cli, PHP, redis-py style).
-pub const RELEASE_SCRIPT: &str =
-    "if redis.call('get',KEYS[1]) == ARGV[1] then return redis.call('del',KEYS[1]) else return 0 end";
+use std::time::{Duration, Instant};
 
 /// What every section needs: the settings, the load generator's runtime, the 5 masters.
 struct Bench {
@@ -56,10 +55,10 @@ impl Bench {
         self.rt.block_on(f)
     }
 
-    /// Waits until a fresh proxy has its masters up (see [`resp::prepare`]); the cell runs
+    /// Waits until a fresh proxy has its masters up (see [`ready_for_load`]); the cell runs
     /// anyway if it does not, and shows the failures.
     fn prepare(&self, port: u16) {
-        if let Err(err) = self.block_on(resp::prepare(port)) {
+        if let Err(err) = self.block_on(ready_for_load(port)) {
             progress(&format!("warning: {err}"));
         }
     }
@@ -108,12 +107,7 @@ impl Bench {
             return self.skip(format!("node: {why}"));
         }
         let s = self.settings.clone();
-        let master_pids: Vec<u32> = self
-            .masters
-            .masters
-            .iter()
-            .filter_map(LocalMaster::pid)
-            .collect();
+        let master_pids = pids(&self.masters.masters);
         // The largest worker count is the target comparison: repeated, interleaved.
         let target_workers = s.node_workers.iter().copied().max();
         for &workers in &s.node_workers {
@@ -154,7 +148,8 @@ impl Bench {
                 r.cpu = probe.between(before, probe.snap());
                 r
             });
-        let via_proxy = ProxyProc::start(&s, &self.masters.addrs())
+        let via_proxy = s
+            .start_proxy(&self.masters.addrs())
             .map_err(|e| e.to_string())
             .and_then(|mut proxy| {
                 self.prepare(proxy.port);
@@ -206,7 +201,7 @@ impl Bench {
         let master = self.master_ports[0];
         let mut proxy = None;
         if target != Target::Direct {
-            match ProxyProc::start(&s, &self.masters.addrs()[..1]) {
+            match s.start_proxy(&self.masters.addrs()[..1]) {
                 Ok(p) => proxy = Some(p),
                 Err(err) => return self.skip(format!("redis-benchmark via proxy: {err}")),
             }
@@ -220,7 +215,7 @@ impl Bench {
             Ok(mut r) => {
                 r.scenario = target.label();
                 r.round = round;
-                r.note = proxy.as_mut().and_then(ProxyProc::health_note);
+                r.note = proxy.as_mut().and_then(ProxyProcess::health_note);
                 progress(&format!(
                     "redis-benchmark {} -P {depth} round {round}: {} SET/s p50 {} p99 {} ms, {} of {} granted",
                     r.scenario,
@@ -236,7 +231,7 @@ impl Bench {
         }
         // Drop the ~N keys (30 s TTL) left behind, once the proxy is gone.
         drop(proxy);
-        let _ = resp::blocking_cmd(master, &[b"FLUSHALL"]);
+        let _ = blocking_cmd(master, &[b"FLUSHALL"], Duration::from_secs(30));
     }
 
     fn memory(&mut self) {
@@ -247,7 +242,7 @@ impl Bench {
                 "memory: open-files limit {limit} < {needed}; raise it (`ulimit -n 20000`; scripts/bench.sh does)"
             ));
         }
-        match ProxyProc::start(&s, &self.masters.addrs()) {
+        match s.start_proxy(&self.masters.addrs()) {
             Ok(mut proxy) => {
                 self.prepare(proxy.port);
                 let label = "redlock-proxy (over 5 masters)";
@@ -290,13 +285,8 @@ impl Bench {
     fn contention(&mut self) {
         let s = self.settings.clone();
         let ports = self.master_ports.clone();
-        let master_pids: Vec<u32> = self
-            .masters
-            .masters
-            .iter()
-            .filter_map(LocalMaster::pid)
-            .collect();
-        match ProxyProc::start(&s, &self.masters.addrs()) {
+        let master_pids = pids(&self.masters.masters);
+        match s.start_proxy(&self.masters.addrs()) {
             Ok(mut proxy) => {
                 self.prepare(proxy.port);
                 let probe = CpuProbe::new(Some(proxy.pid()), &master_pids, self.hz);

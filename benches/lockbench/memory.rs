@@ -1,10 +1,9 @@
 //! Resident memory per idle client connection.
 
 use crate::procs::vm_rss_bytes;
-use crate::resp::io_err;
 use futures::stream::{self, StreamExt};
+use redlock_testkit::resp::Client;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 #[derive(Clone, Debug)]
@@ -28,19 +27,16 @@ impl MemResult {
 pub async fn open_idle(port: u16, n: usize) -> (Vec<TcpStream>, usize, Option<String>) {
     let results: Vec<std::io::Result<TcpStream>> = stream::iter(0..n)
         .map(|_| async move {
-            let mut s = TcpStream::connect(("127.0.0.1", port)).await?;
-            s.write_all(b"PING\r\n").await?;
-            let mut reply = [0u8; 7];
-            tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut reply))
-                .await
-                .map_err(|_| io_err("PING timed out".into()))??;
-            if &reply != b"+PONG\r\n" {
-                return Err(io_err(format!(
-                    "PING answered {:?}",
-                    String::from_utf8_lossy(&reply)
-                )));
+            let mut c = Client::open(port, Duration::from_secs(10)).await?;
+            c.write(b"PING\r\n").await?;
+            let reply = c
+                .read_reply(std::time::Instant::now() + Duration::from_secs(10))
+                .await?;
+            if reply.text().as_deref() != Some("PONG") {
+                return Err(std::io::Error::other(format!("PING answered {reply}")));
             }
-            Ok(s)
+            // Only the socket stays open (not the client's read buffer).
+            Ok(c.into_stream())
         })
         .buffer_unordered(200)
         .collect()

@@ -20,6 +20,7 @@
 //! | `BENCH_OUT` | `target/bench-results.md` | where the report is written |
 
 use crate::stats::Window;
+use redlock_testkit::launcher::ProxyProcess;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -200,6 +201,11 @@ impl Settings {
                 .map(PathBuf::from)
                 .unwrap_or_else(|_| target_dir.join("bench-results.md")),
         }
+    }
+
+    /// A fresh proxy process (`BENCH_PROXY_BIN` with `BENCH_PROXY_ARGS`) over `backends`.
+    pub fn start_proxy(&self, backends: &[String]) -> std::io::Result<ProxyProcess> {
+        ProxyProcess::start(&self.proxy_bin, backends, &self.proxy_args)
     }
 
     pub fn wants(&self, section: &str) -> bool {

@@ -2,6 +2,7 @@
 //! delays every chunk, blackholes traffic (accepts and reads, forwards nothing), or resets
 //! every connection. Settings apply to live connections at once.
 
+use redlock_proxy::LocalCluster;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,6 +56,15 @@ impl Relay {
             }
         });
         Relay { port, state, task }
+    }
+
+    /// One relay in front of each master, in order.
+    pub async fn start_each(masters: &LocalCluster) -> Vec<Relay> {
+        let mut relays = Vec::new();
+        for m in &masters.masters {
+            relays.push(Relay::start(m.port).await);
+        }
+        relays
     }
 
     pub fn addr(&self) -> String {

@@ -8,22 +8,15 @@
 //! acquire with the *same* token (like redis-py); follow proxy ports that change during the run
 //! (a proxy restarted on a new port).
 
-use super::checker::{Hold, Report};
-use super::{Client, RELEASE};
-use redlock_proxy::redlock::drift_ms;
+use crate::checker::{Hold, Report};
+use crate::resp::Client;
+use crate::scripts::{NODE_REDLOCK_ACQUIRE, NODE_REDLOCK_RELEASE, REDIS_CLI_EXTEND};
+use redlock_proxy::drift_ms;
+use redlock_proxy::on_master::COMPARE_AND_DELETE;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
-
-/// node-redlock's acquire: `EVAL body 1 key token ttl`; `:1` acquired, `:0` taken. The proxy
-/// has no rollback for it: a refused one may leave its token on a minority until it expires.
-pub const ACQUIRE_SCRIPT: &str = include_str!("../scripts/node-redlock-acquire.lua");
-/// node-redlock's release, which node-redlock also sends after a failed acquire ("release any
-/// partial lock state that may exist on a minority"): `EVAL body 1 key token`.
-pub const SCRIPT_RELEASE: &str = include_str!("../scripts/node-redlock-release.lua");
-/// redis-cli's extend (compare-then-`PEXPIRE`): `EVAL body 1 key token ttl`; `:1` extended.
-pub const EXTEND_SCRIPT: &str = include_str!("../scripts/redis-cli-extend.lua");
 
 /// An acquire reply slower than this is listed in [`History::slow_replies`].
 pub const SLOW_REPLY: Duration = Duration::from_millis(250);
@@ -375,7 +368,7 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
         let reply = if via_script {
             h.script_acquires += 1;
             c.try_cmd(
-                &["EVAL", ACQUIRE_SCRIPT, "1", key, &token, &ttl],
+                &["EVAL", NODE_REDLOCK_ACQUIRE, "1", key, &token, &ttl],
                 cfg.reply_timeout,
             )
             .await
@@ -434,7 +427,7 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
                     let t_extend = now_ns();
                     let extend = c
                         .try_cmd(
-                            &["EVAL", EXTEND_SCRIPT, "1", key, &token, &ttl],
+                            &["EVAL", REDIS_CLI_EXTEND, "1", key, &token, &ttl],
                             cfg.reply_timeout,
                         )
                         .await;
@@ -484,7 +477,10 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
             h.holds.push(hold);
             let in_validity = t_release - lease_start < validity_ns;
             let released = c
-                .try_cmd(&["EVAL", RELEASE, "1", key, &token], cfg.reply_timeout)
+                .try_cmd(
+                    &["EVAL", COMPARE_AND_DELETE, "1", key, &token],
+                    cfg.reply_timeout,
+                )
                 .await;
             let text = released.unwrap_or_else(|| {
                 conn = None;
@@ -498,7 +494,7 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
             if via_script && reply.is_some() && rng.chance(cfg.script_refusal_release_chance) {
                 let text = c
                     .try_cmd(
-                        &["EVAL", SCRIPT_RELEASE, "1", key, &token],
+                        &["EVAL", NODE_REDLOCK_RELEASE, "1", key, &token],
                         cfg.reply_timeout,
                     )
                     .await
@@ -557,8 +553,11 @@ pub async fn wait_grantable(
             {
                 Some("+OK") => {
                     let took = started.elapsed();
-                    c.try_cmd(&["EVAL", RELEASE, "1", key, &token], Duration::from_secs(2))
-                        .await;
+                    c.try_cmd(
+                        &["EVAL", COMPARE_AND_DELETE, "1", key, &token],
+                        Duration::from_secs(2),
+                    )
+                    .await;
                     return Some(took);
                 }
                 None => conn = None,

@@ -1,6 +1,6 @@
 //! Mutual-exclusion checker over a lock history recorded by clients of the proxy.
 //!
-//! Every time is nanoseconds on one process-wide monotonic clock ([`super::workload::now_ns`]).
+//! Every time is nanoseconds on one process-wide monotonic clock ([`crate::workload::now_ns`]).
 //! A client that received `OK` may act on the resource from the moment the reply arrived until it
 //! sends its release, and never later than its send time + TTL (a Redlock client counts the TTL
 //! from when it *sent* the acquire; the proxy's contract covers exactly that). A successful
@@ -28,7 +28,7 @@ use std::fmt;
 
 /// The drift allowance the proxy applies to a lease of `ttl_ms` (its default drift factor).
 pub fn drift_ns(ttl_ms: u64) -> u64 {
-    redlock_proxy::redlock::drift_ms(ttl_ms, 0.01) * 1_000_000
+    redlock_proxy::drift_ms(ttl_ms, 0.01) * 1_000_000
 }
 
 /// One `OK` as seen by the client that received it.
@@ -213,7 +213,8 @@ impl Report {
     }
 }
 
-fn ms(ns: u64) -> f64 {
+/// Nanoseconds as milliseconds.
+pub fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 

@@ -1,0 +1,338 @@
+//! Running a proxy over local masters, the one way the tests and the benchmark do it:
+//! - [`Proxy`]: `redlock_proxy::run` in this process, on an ephemeral loopback port, stopped
+//!   gracefully, and restartable with the same configuration on a new port;
+//! - [`ProxyProcess`]: a proxy binary (the release build) as a child process on an ephemeral
+//!   port: its port read from its log, its log drained (WARN/ERROR lines counted and echoed);
+//! - [`Env`]: N `redis-server` masters (`redlock_proxy::LocalCluster`) and a [`Proxy`] over
+//!   them, optionally behind fault relays, with checks on the masters directly;
+//! - [`ready_for_load`]: waits until a fresh proxy has every master up.
+
+use crate::masters::master_get;
+use crate::relay::Relay;
+use crate::resp::{Client, Reply};
+use redlock_proxy::on_master::COMPARE_AND_DELETE;
+use redlock_proxy::{Config, LocalCluster};
+use std::io::{self, BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// The node timeout of tests about behaviour (replies, order, clients): far above any
+/// scheduler hiccup on a shared CI machine, so a slow moment never turns a vote into a "no".
+/// Tests about timing set their own (`node_timeout_ms` in their config tweak) and derive their
+/// bounds from it.
+pub const BEHAVIOUR_NODE_TIMEOUT_MS: u64 = 2000;
+
+/// A proxy running in this process (in the current tokio runtime) over a set of masters.
+pub struct Proxy {
+    pub port: u16,
+    config: Config,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Proxy {
+    /// Starts the proxy over `backends` on a free loopback port: the default configuration
+    /// with [`BEHAVIOUR_NODE_TIMEOUT_MS`], then `tweak`.
+    pub async fn start(backends: Vec<String>, tweak: impl FnOnce(&mut Config)) -> Proxy {
+        let mut config = Config {
+            port: 0,
+            backends,
+            node_timeout_ms: BEHAVIOUR_NODE_TIMEOUT_MS,
+            ..Config::default()
+        };
+        tweak(&mut config);
+        Proxy::start_config(config).await
+    }
+
+    /// Starts the proxy with exactly `config` (its port is ignored: a free loopback port).
+    pub async fn start_config(config: Config) -> Proxy {
+        config.validate().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(redlock_proxy::run(config.clone(), listener, async move {
+            let _ = stopped.await;
+        }));
+        let proxy = Proxy {
+            port,
+            config,
+            stop: Some(stop),
+            task: Some(task),
+        };
+        proxy.wait_connected().await;
+        proxy
+    }
+
+    /// Waits (bounded) until the proxy answers and has tried its masters once.
+    async fn wait_connected(&self) {
+        let mut client = Client::connect(self.port).await;
+        assert_eq!(client.cmd(&["PING"]).await, "+PONG");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect(self.port).await
+    }
+
+    /// Graceful shutdown, waiting for the run loop to return.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(Duration::from_secs(10), task)
+                .await
+                .expect("proxy stops within 10 s")
+                .unwrap();
+        }
+    }
+
+    /// Stops this proxy, runs `between` (the proxy is down meanwhile), then starts a fresh one
+    /// with the same configuration on a new port: no memory of anything.
+    pub async fn restart(self, between: impl FnOnce()) -> Proxy {
+        let config = self.config.clone();
+        self.stop().await;
+        between();
+        Proxy::start_config(config).await
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// N masters and a proxy over them.
+pub struct Env {
+    pub masters: LocalCluster,
+    pub proxy: Proxy,
+}
+
+impl Env {
+    pub async fn start(n: usize) -> Env {
+        Env::start_with(n, |_| {}).await
+    }
+
+    pub async fn start_with(n: usize, tweak: impl FnOnce(&mut Config)) -> Env {
+        let masters = LocalCluster::start(n).expect("redis-server must be installed");
+        let proxy = Proxy::start(masters.addrs(), tweak).await;
+        Env { masters, proxy }
+    }
+
+    /// N masters, each behind a fault relay, and a proxy over the relays.
+    pub async fn start_behind_relays(
+        n: usize,
+        tweak: impl FnOnce(&mut Config),
+    ) -> (Env, Vec<Relay>) {
+        let masters = LocalCluster::start(n).expect("redis-server must be installed");
+        let relays = Relay::start_each(&masters).await;
+        let proxy = Proxy::start(relays.iter().map(Relay::addr).collect(), tweak).await;
+        (Env { masters, proxy }, relays)
+    }
+
+    pub fn ports(&self) -> Vec<u16> {
+        self.masters.masters.iter().map(|m| m.port).collect()
+    }
+
+    /// Values of `key` on every master (`None` where absent or unreachable).
+    pub async fn values(&self, key: &str) -> Vec<Option<String>> {
+        let mut out = Vec::new();
+        for port in self.ports() {
+            out.push(master_get(port, key).await);
+        }
+        out
+    }
+
+    /// Waits (at most 2 s) until no master holds `key`: replies may be sent once a majority
+    /// answered, while the remaining masters' copies of the command are still in flight.
+    pub async fn assert_gone(&self, key: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let values = self.values(key).await;
+            if values.iter().all(Option::is_none) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{key} still on masters: {values:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// How many masters hold `key` = `value`.
+    pub async fn holders(&self, key: &str, value: &str) -> usize {
+        self.values(key)
+            .await
+            .iter()
+            .filter(|v| v.as_deref() == Some(value))
+            .count()
+    }
+}
+
+/// A proxy binary run as a child process over some masters; killed when dropped.
+pub struct ProxyProcess {
+    child: Child,
+    pub port: u16,
+    /// Lines the proxy logged at WARN or ERROR.
+    pub warnings: Arc<AtomicUsize>,
+}
+
+impl ProxyProcess {
+    /// Starts `bin --bind 127.0.0.1 --port 0 --log-format json --backend …` plus `extra_args`,
+    /// and waits (10 s) for the port of its "listening on" log line.
+    pub fn start(
+        bin: &Path,
+        backends: &[String],
+        extra_args: &[String],
+    ) -> io::Result<ProxyProcess> {
+        let mut cmd = Command::new(bin);
+        cmd.args(["--bind", "127.0.0.1", "--port", "0", "--log-format", "json"]);
+        for backend in backends {
+            cmd.args(["--backend", backend]);
+        }
+        cmd.args(extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().map_err(|err| {
+            io::Error::other(format!(
+                "cannot start {}: {err} (run `cargo build --release`)",
+                bin.display()
+            ))
+        })?;
+        let warnings = Arc::new(AtomicUsize::new(0));
+        let (port_tx, port_rx) = mpsc::channel();
+        if let Some(out) = child.stdout.take() {
+            let (tx, warnings) = (port_tx.clone(), warnings.clone());
+            std::thread::spawn(move || drain_proxy_log(out, tx, warnings));
+        }
+        if let Some(err) = child.stderr.take() {
+            let warnings = warnings.clone();
+            std::thread::spawn(move || drain_proxy_log(err, port_tx, warnings));
+        }
+        let port = match port_rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(port) => port,
+            Err(_) => {
+                let _ = child.kill();
+                let status = child.wait().ok();
+                return Err(io::Error::other(format!(
+                    "the proxy did not log its listening address within 10 s (exit: {status:?})"
+                )));
+            }
+        };
+        Ok(ProxyProcess {
+            child,
+            port,
+            warnings,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// A note for a report if the proxy exited or logged at WARN/ERROR so far.
+    pub fn health_note(&mut self) -> Option<String> {
+        if let Some(status) = self.exited() {
+            return Some(format!("PROXY EXITED ({status})"));
+        }
+        let warnings = self.warnings.load(Ordering::Relaxed);
+        (warnings > 0).then(|| format!("{warnings} proxy WARN/ERROR log lines"))
+    }
+
+    /// `Some(status)` if the process has exited.
+    pub fn exited(&mut self) -> Option<String> {
+        match self.child.try_wait() {
+            Ok(Some(status)) => Some(status.to_string()),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Reads the proxy's log: sends the port of its "listening on ADDR" line, echoes WARN/ERROR
+/// lines (the first 20) to stderr and counts them.
+fn drain_proxy_log(pipe: impl Read, port_tx: mpsc::Sender<u16>, warnings: Arc<AtomicUsize>) {
+    let mut port_tx = Some(port_tx);
+    for line in BufReader::new(pipe).lines() {
+        let Ok(line) = line else { break };
+        if let Some(tx) = &port_tx {
+            if let Some(port) = listening_port(&line) {
+                let _ = tx.send(port);
+                port_tx = None;
+                continue;
+            }
+        }
+        let level_warn = [
+            "\"level\":\"WARN\"",
+            "\"level\":\"ERROR\"",
+            " WARN ",
+            " ERROR ",
+        ];
+        if level_warn.iter().any(|l| line.contains(l)) {
+            let seen = warnings.fetch_add(1, Ordering::Relaxed);
+            if seen < 20 {
+                eprintln!("    [proxy log] {line}");
+            }
+        }
+    }
+}
+
+fn listening_port(line: &str) -> Option<u16> {
+    let rest = &line[line.find("listening on ")? + "listening on ".len()..];
+    let addr: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+        .collect();
+    addr.rsplit(':').next()?.parse().ok()
+}
+
+/// Waits (at most 10 s) until a server (a redis-server or a fresh proxy) is ready for load:
+/// every master the proxy lists in `INFO masters` is `state=up` (not connecting, down or
+/// quarantined), and the compare-and-delete release is loaded (`SCRIPT LOAD` fans out through
+/// the proxy). Returns its SHA1.
+pub async fn ready_for_load(port: u16) -> io::Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut conn = Client::open(port, Duration::from_secs(5)).await?;
+    loop {
+        let info = conn
+            .request(&[b"INFO", b"masters"])
+            .await?
+            .text()
+            .unwrap_or_default();
+        let waiting: Vec<&str> = info
+            .lines()
+            .filter(|l| l.contains("state=") && !l.contains("state=up"))
+            .collect();
+        let script = if waiting.is_empty() {
+            conn.request(&[b"SCRIPT", b"LOAD", COMPARE_AND_DELETE.as_bytes()])
+                .await?
+        } else {
+            Reply::Null
+        };
+        match script {
+            Reply::Bulk(_) => return Ok(script.text().unwrap_or_default()),
+            other if Instant::now() > deadline => {
+                return Err(io::Error::other(format!(
+                    "port {port} not ready after 10 s: masters {waiting:?}, SCRIPT LOAD {other}"
+                )))
+            }
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! redlock-testkit: what the integration tests (`tests/`) and the benchmark
+//! (`benches/lockbench`) of redlock-proxy share. Dev-only, never published.
+//!
+//! # Layout
+//! - [`resp`]: the one RESP client (async, pipelined, typed replies and their compact text),
+//!   a blocking one-shot command, a client that never reads, and `redis-cli`.
+//! - [`launcher`]: running a proxy (in-process on an ephemeral port, or the release binary as
+//!   a child process) over local masters; [`launcher::Env`] is N masters and a proxy.
+//! - [`masters`]: direct access to one master (commands, `GET`, command statistics, signals).
+//! - [`relay`]: a TCP fault relay to put between the proxy and a master.
+//! - [`scripts`]: the real lock clients' Lua scripts (`tests/scripts`).
+//! - [`workload`]: the lock workload and the history it records.
+//! - [`checker`]: the mutual-exclusion (overlap) and validity checker over a history.
+//! - [`nemesis`]: the fault injector (process and link faults) and its fault steps.
+//! - [`rig`]: the fault-suite rig: masters, relays, proxies and a nemesis; scenario runner
+//!   and verdicts.
+//!
+//! Only the stable root paths of `redlock_proxy` are used (`redlock_proxy::{run, Config, …}`
+//! and `redlock_proxy::on_master`).
+
+pub mod checker;
+pub mod launcher;
+pub mod masters;
+pub mod nemesis;
+pub mod relay;
+pub mod resp;
+pub mod rig;
+pub mod scripts;
+pub mod workload;
+
+/// A fresh key name for one test (distinct per test process).
+pub fn key(name: &str) -> String {
+    format!("test:{name}:{}", std::process::id())
+}

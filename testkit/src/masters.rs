@@ -1,0 +1,70 @@
+//! Direct access to one master, bypassing the proxy: a command and its reply as text, `GET`,
+//! the command statistics of `INFO commandstats`, and Unix signals to its process (pause,
+//! resume). The masters themselves are `redlock_proxy::{LocalCluster, LocalMaster}`.
+
+use crate::resp::{Client, Reply};
+use redlock_proxy::LocalMaster;
+use std::collections::BTreeMap;
+use std::io;
+
+/// `GET key` directly on a master (`None` where absent or unreachable); panics if a master that
+/// accepted the connection does not answer within 10 s.
+pub async fn master_get(port: u16, key: &str) -> Option<String> {
+    let mut client = Client::try_connect(port).await?;
+    let reply = client
+        .request(&[b"GET", key.as_bytes()])
+        .await
+        .expect("a reply within 10 s");
+    match reply {
+        Reply::Bulk(_) => reply.text(),
+        _ => None,
+    }
+}
+
+/// A command directly on a master, its reply as text (see [`crate::resp::Reply`]).
+pub async fn master_cmd(port: u16, args: &[&str]) -> String {
+    Client::connect(port).await.cmd(args).await
+}
+
+/// `INFO commandstats` of one master: command name (lower case) → calls.
+pub async fn command_stats(port: u16) -> io::Result<BTreeMap<String, u64>> {
+    let mut conn = Client::open(port, std::time::Duration::from_secs(5)).await?;
+    let reply = conn.request(&[b"INFO", b"commandstats"]).await?;
+    let Some(text) = reply.text() else {
+        return Err(io::Error::other(format!(
+            "INFO commandstats: not a bulk reply: {reply}"
+        )));
+    };
+    let mut stats = BTreeMap::new();
+    for line in text.lines() {
+        let Some((name, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let calls = rest
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("calls="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        stats.insert(name.to_string(), calls);
+    }
+    Ok(stats)
+}
+
+/// The process ids of the running masters among `masters`.
+pub fn pids(masters: &[LocalMaster]) -> Vec<u32> {
+    masters.iter().filter_map(LocalMaster::pid).collect()
+}
+
+/// Sends `SIG<sig>` (`STOP`, `CONT`, …) to a process; panics if `kill` fails.
+pub fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill")
+        .success();
+    assert!(ok, "kill -{sig} {pid}");
+}

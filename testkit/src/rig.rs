@@ -1,0 +1,352 @@
+//! The fault-suite rig: N masters (optionally each behind a fault [`Relay`]), proxies over
+//! them and a [`Nemesis`] acting on them; scenarios run one at a time on their own 2-thread
+//! runtime ([`run`]), their durations scaled by `FAULTS_SCALE`; the workload runs while a fault
+//! step loops on a blocking thread; the verdict on the history (no overlap, no duplicate live
+//! token, no late `OK`, a minimum of grants), with the fault log around what went wrong.
+
+use crate::checker::{ms, Report};
+use crate::launcher::Proxy;
+use crate::nemesis::{quarantine_ms, Nemesis, NODE_TIMEOUT_MS};
+use crate::relay::Relay;
+use crate::workload::{wait_grantable, History, PortTable, Workload, SLOW_REPLY};
+use redlock_proxy::{Config, LocalCluster};
+use std::future::Future;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Runs one scenario on its own 2-thread runtime, never two at once.
+pub fn run(body: impl Future<Output = ()>) {
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let started = Instant::now();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(body);
+    println!(
+        "[{}] passed in {:.1} s",
+        std::thread::current().name().unwrap_or("scenario"),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// `FAULTS_SCALE` (default 1.0): the factor of every scenario duration.
+pub fn scale() -> f64 {
+    std::env::var("FAULTS_SCALE")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .unwrap_or(1.0)
+}
+
+/// `secs` scaled by `FAULTS_SCALE`.
+pub fn scaled(secs: f64) -> Duration {
+    Duration::from_secs_f64(secs * scale())
+}
+
+/// Masters (optionally each behind a fault relay) and proxies over them.
+pub struct Rig {
+    pub nemesis: Nemesis,
+    pub proxies: Vec<Proxy>,
+}
+
+impl Rig {
+    /// `n` masters (each behind a relay when `relays`), `proxies` proxies over them configured
+    /// by `tweak` (over [`crate::launcher::BEHAVIOUR_NODE_TIMEOUT_MS`]), and a nemesis whose
+    /// random choices follow `seed`.
+    pub async fn start(
+        n: usize,
+        relays: bool,
+        proxies: usize,
+        seed: u64,
+        tweak: impl Fn(&mut Config),
+    ) -> Rig {
+        let masters = LocalCluster::start(n).expect("redis-server must be installed");
+        let mut config = Config::default();
+        tweak(&mut config);
+        let list = if relays {
+            Relay::start_each(&masters).await
+        } else {
+            Vec::new()
+        };
+        let addrs: Vec<String> = if relays {
+            list.iter().map(Relay::addr).collect()
+        } else {
+            masters.addrs()
+        };
+        let mut started = Vec::new();
+        for _ in 0..proxies {
+            started.push(Proxy::start(addrs.clone(), &tweak).await);
+        }
+        Rig {
+            nemesis: Nemesis::new(masters, list, config.node_timeout(), seed),
+            proxies: started,
+        }
+    }
+
+    /// The proxies' ports.
+    pub fn ports(&self) -> Vec<u16> {
+        self.proxies.iter().map(|p| p.port).collect()
+    }
+
+    /// Waits until every proxy grants a probe lock (masters may start quarantined).
+    pub async fn wait_ready(&self, ttl_ms: u64, limit: Duration) {
+        for p in &self.proxies {
+            let probe = format!("faults:probe:{}:{}", std::process::id(), p.port);
+            let took = wait_grantable(p.port, &probe, ttl_ms, limit).await;
+            assert!(
+                took.is_some(),
+                "proxy {} grants nothing within {limit:?}",
+                p.port
+            );
+        }
+    }
+
+    /// Runs the workload while `step` is applied in a loop (for `faults_for`, at most
+    /// `max_steps` times) on a blocking thread; then heals everything.
+    pub async fn run_with_faults(
+        &mut self,
+        workload: &Workload,
+        faults_for: Duration,
+        max_steps: usize,
+        step: fn(&mut Nemesis),
+    ) -> History {
+        let mut nemesis = std::mem::replace(&mut self.nemesis, Nemesis::placeholder());
+        let stop = Arc::new(AtomicBool::new(false));
+        let faults = tokio::task::spawn_blocking(move || {
+            let deadline = Instant::now() + faults_for;
+            for _ in 0..max_steps {
+                if Instant::now() >= deadline {
+                    break;
+                }
+                step(&mut nemesis);
+            }
+            nemesis.heal_all();
+            nemesis
+        });
+        let history = workload.run(stop).await;
+        self.nemesis = faults.await.expect("nemesis thread");
+        history
+    }
+
+    /// Stops proxy `index` and starts a fresh one with the same configuration on the same
+    /// masters (a new port, no memory of anything), after `before_start` (on a blocking
+    /// thread) has acted on the nemesis; the workload's workers of that proxy follow through
+    /// `table`.
+    pub async fn restart_proxy(
+        &mut self,
+        index: usize,
+        table: &PortTable,
+        before_start: impl FnOnce(&mut Nemesis),
+    ) {
+        let old = self.proxies.remove(index);
+        let old_port = old.port;
+        let nemesis = &mut self.nemesis;
+        let fresh = old
+            .restart(|| {
+                nemesis.note(format!("proxy {index} (port {old_port}) stopped"));
+                tokio::task::block_in_place(|| before_start(nemesis));
+            })
+            .await;
+        self.nemesis
+            .note(format!("fresh proxy {index} on port {}", fresh.port));
+        table.lock().unwrap_or_else(PoisonError::into_inner)[index] = fresh.port;
+        self.proxies.insert(index, fresh);
+    }
+}
+
+/// Checks a history: prints the report, asserts no overlap, no two live grants with one token,
+/// at most `late_oks_allowed` late `OK`s and at least `min_grants` grants.
+///
+/// Late `OK`s are read after send + TTL. Only a scenario whose masters answer near the TTL *by
+/// design* may allow any: there the proxy writes `OK`s up to TTL − drift after it read the
+/// request, and the client's own scheduling on a shared machine can take more than the drift
+/// to read them. Everywhere else (`late_oks_allowed` = 0) an `OK` comes back far inside its
+/// lease, and a late one means the proxy's validity re-check failed.
+pub fn verdict(
+    name: &str,
+    seed: u64,
+    started: Instant,
+    h: &History,
+    faults: &[(u64, String)],
+    min_grants: usize,
+    late_oks_allowed: usize,
+) -> Report {
+    let report = h.report();
+    println!(
+        "[{name}] seed={seed} {:.1}s {report} {}; {} fault actions",
+        started.elapsed().as_secs_f64(),
+        h.summary(),
+        faults.len()
+    );
+    if let Some((t_send, _, _)) = h.slow_replies.iter().max_by_key(|s| s.1) {
+        let recent: Vec<(u64, String)> = faults
+            .iter()
+            .filter(|(t, _)| *t + 2_000_000_000 >= *t_send && *t <= *t_send + 3_000_000_000)
+            .cloned()
+            .collect();
+        println!(
+            "[{name}] {} acquires answered after more than {:?}:\n{}\nfaults from 2 s before the slowest was sent to 3 s after:\n{}",
+            h.slow_replies.len(),
+            SLOW_REPLY,
+            h.slowest(5),
+            render(&recent)
+        );
+    }
+    let log = || render(faults);
+    assert!(
+        report.violations.is_empty(),
+        "[{name}] MUTUAL EXCLUSION VIOLATED (SEED={seed}): {report}\n{}\nfault log (ms):\n{}",
+        faults_before_violations(&report, faults),
+        log()
+    );
+    assert_eq!(
+        report.duplicate_tokens, 0,
+        "[{name}] two live grants carried one token"
+    );
+    assert!(
+        report.late_oks <= late_oks_allowed,
+        "[{name}] {} OKs read after their lease ended (send + TTL; {late_oks_allowed} allowed): the validity re-check let useless grants through (SEED={seed}): {report}\n{}",
+        report.late_oks,
+        late_holds(&report)
+    );
+    assert!(
+        report.grants >= min_grants,
+        "[{name}] only {} grants (< {min_grants}): the run proves little (SEED={seed}): {report}\nfault log (ms):\n{}",
+        report.grants,
+        log()
+    );
+    report
+}
+
+/// The late `OK`s of a report (at most 10), for a failure message.
+pub fn late_holds(report: &Report) -> String {
+    report
+        .holds
+        .iter()
+        .filter(|h| h.late())
+        .take(10)
+        .map(|h| {
+            format!(
+                "  late OK {} on {}: send={:.3} ok={:.3} ({:.1} ms after send, TTL {} ms)",
+                h.token,
+                h.key,
+                ms(h.t_send),
+                ms(h.t_ok),
+                ms(h.t_ok - h.t_send),
+                h.ttl_ms
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A fault log, one action a line with its time (ms).
+pub fn render(log: &[(u64, String)]) -> String {
+    log.iter()
+        .map(|(t, what)| format!("{:>10.3} {what}", ms(*t)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// For each reported overlap, the faults of the 2 s before the second `OK`.
+pub fn faults_before_violations(report: &Report, log: &[(u64, String)]) -> String {
+    // Which fault came last before each second OK, for all of them.
+    let mut last: std::collections::BTreeMap<String, (usize, u64)> = Default::default();
+    for v in &report.violations {
+        let t_ok = report.holds[v.second].t_ok;
+        let (kind, gap) = log.iter().rev().find(|(t, _)| *t <= t_ok).map_or(
+            ("none".to_string(), 0),
+            |(t, what)| {
+                let kind = what.split(' ').next().unwrap_or("").trim_end_matches(':');
+                (kind.to_string(), t_ok - t)
+            },
+        );
+        let entry = last.entry(kind).or_default();
+        entry.0 += 1;
+        entry.1 = entry.1.max(gap);
+    }
+    let mut out = String::from("last fault before the second OK of each overlap:");
+    for (kind, (n, gap)) in &last {
+        out.push_str(&format!(" {kind} ×{n} (≤ {:.1} ms before);", ms(*gap)));
+    }
+    out.push('\n');
+    for v in report.violations.iter().take(10) {
+        let b = &report.holds[v.second];
+        let recent: Vec<(u64, String)> = log
+            .iter()
+            .filter(|(t, _)| *t <= b.t_ok && b.t_ok - *t <= 2_000_000_000)
+            .cloned()
+            .collect();
+        out.push_str(&format!(
+            "faults in the 2 s before the OK at {:.3} ({}):\n{}\n",
+            ms(b.t_ok),
+            b.token,
+            render(&recent)
+        ));
+    }
+    out
+}
+
+/// The configuration of most scenarios: [`NODE_TIMEOUT_MS`], TTLs capped at `ttl_ms` (so a
+/// master that lost data is quarantined for about that long).
+pub fn with_quarantine(ttl_ms: u64) -> impl Fn(&mut Config) {
+    move |c: &mut Config| {
+        c.node_timeout_ms = NODE_TIMEOUT_MS;
+        c.max_lock_ttl_ms = ttl_ms;
+    }
+}
+
+/// The common shape: rig, wait until grantable, workload under faults, heal, liveness check,
+/// verdict ([`verdict`] with `min_grants` and `late_oks_allowed`, which is 0 except where
+/// masters answer near the TTL by design).
+#[allow(clippy::too_many_arguments)]
+pub async fn scenario(
+    name: &str,
+    rig: &mut Rig,
+    seed: u64,
+    workload: Workload,
+    faults_for: Duration,
+    step: fn(&mut Nemesis),
+    min_grants: usize,
+    late_oks_allowed: usize,
+) -> Report {
+    let started = Instant::now();
+    rig.wait_ready(workload.ttl_ms, Duration::from_secs(5))
+        .await;
+    let history = rig
+        .run_with_faults(&workload, faults_for, 10_000, step)
+        .await;
+    let report = verdict(
+        name,
+        seed,
+        started,
+        &history,
+        &rig.nemesis.log,
+        min_grants,
+        late_oks_allowed,
+    );
+    // Liveness: once healed, a fresh key is granted within a quarantine plus a margin.
+    let limit = Duration::from_millis(quarantine_ms(workload.ttl_ms) + 3000);
+    for port in rig.ports() {
+        let probe = format!("faults:{name}:after:{}", std::process::id());
+        let took = wait_grantable(port, &probe, workload.ttl_ms, limit).await;
+        assert!(
+            took.is_some(),
+            "[{name}] no grant within {limit:?} after healing"
+        );
+    }
+    report
+}
+
+/// The time of the first fault-log entry starting with `what`.
+pub fn logged_at(log: &[(u64, String)], what: &str) -> u64 {
+    log.iter()
+        .find(|(_, w)| w.starts_with(what))
+        .map(|(t, _)| *t)
+        .unwrap_or_else(|| panic!("no {what:?} in the fault log:\n{}", render(log)))
+}
