@@ -233,7 +233,8 @@ async fn every_ttl_is_capped_whatever_sets_it() {
     let k = key("cap");
     ready(&env.proxy, &k).await;
     let mut c = env.proxy.client().await;
-    let above = "-ERR lock TTL 60001 ms is above max_lock_ttl_ms (60000 ms) of redlock-proxy";
+    let above =
+        "-ERR lock TTL 60001 ms is refused by redlock-proxy: above max_lock_ttl_ms (60000 ms)";
     for cmd in [
         vec!["SET", &k, "tok", "NX", "PX", "60001"],
         vec!["SET", &k, "tok", "XX", "PX", "60001"],
@@ -244,7 +245,7 @@ async fn every_ttl_is_capped_whatever_sets_it() {
     assert!(c
         .cmd(&["EXPIRE", &k, "61"])
         .await
-        .starts_with("-ERR lock TTL 61000 ms is above"));
+        .starts_with("-ERR lock TTL 61000 ms is refused by redlock-proxy"));
     assert_eq!(c.cmd(&["SET", &k, "tok", "NX", "PX", "30000"]).await, "+OK");
     let extend = script("redis-cli-extend");
     assert_eq!(
@@ -486,7 +487,7 @@ async fn the_proxys_own_keys_are_reserved() {
     let env = Env::start_with(3, defaults).await;
     ready(&env.proxy, &key("reserved")).await;
     let mut c = env.proxy.client().await;
-    let refused = "-ERR keys starting with 'redlock-proxy:' are reserved by redlock-proxy";
+    let refused = "-ERR keys starting with 'redlock-proxy:' are refused by redlock-proxy: they hold its own state on the masters";
     for cmd in [
         vec!["DEL", "redlock-proxy:armed"],
         vec!["DEL", "some-key", "redlock-proxy:quarantine"],

@@ -34,7 +34,9 @@ async fn flushall_on_a_master_quarantines_it_for_the_longest_lease() {
     // Above the configured cap: refused, since quarantine would not cover it.
     let refused = c.cmd(&["SET", &key("big"), "a", "NX", "PX", "1501"]).await;
     assert!(
-        refused.starts_with("-ERR lock TTL 1501 ms is above max_lock_ttl_ms"),
+        refused.starts_with(
+            "-ERR lock TTL 1501 ms is refused by redlock-proxy: above max_lock_ttl_ms"
+        ),
         "{refused}"
     );
     // Someone wipes master 0: it forgets the lock. Only 1 of the 2 others can vote, so
