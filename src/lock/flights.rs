@@ -4,12 +4,23 @@
 //! to every `SET NX` but one. This bounds master work under hot-key polling (a PHP lock class
 //! in common use polls every 5 ms) to one fan-out per round trip, however many pollers.
 //!
-//! Linearizability: a batch is sent only after all its members arrived, and each member is
-//! answered after the batch's votes are in, so each answer reflects master state from within
-//! that member's own request interval. Followers are answered null only when the batch leader
-//! was granted, when a majority of masters reported the key held (null votes), or when no
-//! majority answered in time; a leader refused for any other reason (validity, errors)
-//! leaves its followers to try themselves.
+//! Invariants:
+//! - **Every acquire reaches the masters from its own client's connection**: the batch's
+//!   fan-out is sent by the future of the batch's first member, polled by that member's
+//!   connection, never by a task of its own. A connection polls its requests in order and
+//!   every fan-out takes a permit from one fair semaphore before it sends, so an acquire that
+//!   waited in a queue still reaches the masters after every earlier request of its client (a
+//!   pipelined `GET k` before `SET k … NX` never sees the `SET`'s value). The same holds for
+//!   a member that has to try for itself.
+//! - **Linearizability**: a batch is sent only after all its members arrived, and each member
+//!   is answered after the batch's votes are in, so each answer reflects master state from
+//!   within that member's own request interval. Members are answered null only when the batch
+//!   was granted, when a majority of masters reported the key held (null votes), or when no
+//!   majority answered in time; a batch refused for any other reason (validity, errors) leaves
+//!   every member to try for itself.
+//! - **No key waits on a vanished client**: whoever leads (or was promoted to lead) hands the
+//!   next batch on however its future ends, completed or dropped with its connection; members
+//!   of a batch whose leader vanished try for themselves.
 
 use super::acquire::{decide, Attempt};
 use super::Acquirer;
@@ -25,127 +36,153 @@ use tokio::sync::oneshot;
 
 /// How an acquire started.
 pub enum Started {
-    /// No acquire of the key was in flight: this one went out at once. The future must be
-    /// polled by the caller (it reaches the masters in the client's request order).
+    /// No acquire of the key was in flight: this one goes out at once. The future must be
+    /// polled by the caller's connection (it reaches the masters in the client's order).
     Leading(BoxFuture<'static, Outcome>),
     /// Queued behind the acquire of the key in flight: it reaches the masters later than its
     /// place in the client's pipeline, so nothing later from that client may start before it.
     Queued(BoxFuture<'static, Outcome>),
 }
 
-/// A queued acquire and where its outcome goes.
-struct Waiter {
-    attempt: Attempt,
-    reply: oneshot::Sender<Outcome>,
+/// What a queued acquire is told when its turn comes.
+enum Turn {
+    /// Lead the next batch: the flight of the key, with the batch's other members.
+    Lead(Flight),
+    /// The batch's refusal says nothing about the key: acquire on your own.
+    TryYourself,
+    /// Answered by the batch.
+    Done(Outcome),
 }
+
+/// A queued acquire, as the flight sees it: where its turn goes.
+type Member = oneshot::Sender<Turn>;
 
 /// Key → the acquires queued behind the one in flight (present while one is in flight).
 #[derive(Default)]
 pub(super) struct Flights {
-    keys: DashMap<Bytes, Vec<Waiter>>,
+    keys: DashMap<Bytes, Vec<Member>>,
 }
 
 impl Acquirer {
     /// Starts an acquire of `attempt.key`: at once if none is in flight (the caller leads),
-    /// or queued behind the one in flight (the returned future waits for the batch).
+    /// or queued behind the one in flight (the returned future waits for its turn).
     pub fn acquire(self: &Arc<Self>, attempt: Attempt) -> Started {
         // The map's shard lock is held only inside this block, never across an await.
-        let queued = match self.flights.keys.entry(attempt.key.clone()) {
+        let turn = match self.flights.keys.entry(attempt.key.clone()) {
             Entry::Vacant(slot) => {
                 slot.insert(Vec::new());
-                Err(attempt)
+                None
             }
             Entry::Occupied(mut queue) => {
-                let (reply, receiver) = oneshot::channel();
-                queue.get_mut().push(Waiter { attempt, reply });
-                Ok(receiver)
+                let (member, turn) = oneshot::channel();
+                queue.get_mut().push(member);
+                Some(turn)
             }
-        };
-        match queued {
-            Ok(receiver) => Started::Queued(Box::pin(async move {
-                receiver
-                    .await
-                    .unwrap_or_else(|_| Reply::from(ProxyError::AcquireAbandoned).into())
-            })),
-            Err(attempt) => self.lead(attempt),
-        }
-    }
-
-    /// Runs an acquire as the leader of its key's flight.
-    fn lead(self: &Arc<Self>, attempt: Attempt) -> Started {
-        let guard = FlightGuard {
-            acquirer: self.clone(),
-            key: attempt.key.clone(),
         };
         let acquirer = self.clone();
-        // Polled by the client's connection, whose loop never blocks on the client's socket
-        // (see `connection`), so the key's flight progresses whatever the client does. (A
-        // task of its own would reach the masters out of the client's request order.)
-        Started::Leading(Box::pin(async move {
-            let decided = decide(&acquirer, attempt).await;
-            // The queued acquires of the key go on as soon as this one is decided; its own
-            // clean-up does not hold them up.
-            drop(guard);
-            decided.finish().await
-        }))
-    }
-
-    /// After a flight of `key`: sends the queued acquires as the next batch, or marks the
-    /// key idle.
-    fn next_batch(self: Arc<Self>, key: Bytes) {
-        let batch = match self.flights.keys.entry(key) {
-            Entry::Occupied(mut queue) if !queue.get().is_empty() => {
-                std::mem::take(queue.get_mut())
+        match turn {
+            None => {
+                let flight = Flight::new(self.clone(), attempt.key.clone(), Vec::new());
+                Started::Leading(Box::pin(acquirer.lead(attempt, flight)))
             }
-            Entry::Occupied(queue) => {
-                queue.remove();
-                return;
-            }
-            Entry::Vacant(_) => return,
-        };
-        tokio::spawn(async move {
-            let key = batch[0].attempt.key.clone();
-            let mut batch = batch.into_iter();
-            let Some(leader) = batch.next() else { return };
-            let decided = decide(&self, leader.attempt).await;
-            let mut decisions = Vec::new();
-            if decided.settled {
-                for follower in batch {
-                    let _ = follower.reply.send(Reply::Null.into());
+            Some(turn) => Started::Queued(Box::pin(async move {
+                match turn.await {
+                    Ok(Turn::Lead(flight)) => acquirer.lead(attempt, flight).await,
+                    Ok(Turn::TryYourself) => decide(&acquirer, attempt).await.finish().await,
+                    Ok(Turn::Done(outcome)) => outcome,
+                    Err(_) => Reply::from(ProxyError::AcquireAbandoned).into(),
                 }
+            })),
+        }
+    }
+
+    /// Runs an acquire as the leader of its key's flight, for itself and the flight's members.
+    async fn lead(self: Arc<Self>, attempt: Attempt, mut flight: Flight) -> Outcome {
+        let decided = decide(&self, attempt).await;
+        for member in std::mem::take(&mut flight.members) {
+            let turn = if decided.settled {
+                Turn::Done(Reply::Null.into())
             } else {
-                // The leader's refusal says nothing about the key (timeouts, validity): every
-                // follower tries for itself, all at once, so waiting does not grow with the
-                // queue. Still one of them at most can be granted.
-                let tries = batch.map(|follower| {
-                    let acquirer = self.clone();
-                    async move { (follower.reply, decide(&acquirer, follower.attempt).await) }
-                });
-                decisions = futures::future::join_all(tries).await;
+                Turn::TryYourself
+            };
+            let _ = member.send(turn);
+        }
+        // The next batch goes out as soon as this one is decided, not after its clean-up.
+        drop(flight);
+        decided.finish().await
+    }
+
+    /// Hands the key's queued acquires on as the next batch (its first live member leads), or
+    /// marks the key idle.
+    fn next_batch(self: &Arc<Self>, key: Bytes) {
+        loop {
+            let batch = match self.flights.keys.entry(key.clone()) {
+                Entry::Occupied(mut queue) if !queue.get().is_empty() => {
+                    std::mem::take(queue.get_mut())
+                }
+                Entry::Occupied(queue) => {
+                    queue.remove();
+                    return;
+                }
+                Entry::Vacant(_) => return,
+            };
+            let mut batch = batch.into_iter();
+            while let Some(leader) = batch.next() {
+                let flight = Flight::new(self.clone(), key.clone(), batch.collect());
+                match leader.send(Turn::Lead(flight)) {
+                    Ok(()) => return,
+                    // That client is gone: the next member leads.
+                    Err(turn) => batch = turn.into_members().into_iter(),
+                }
             }
-            decisions.push((leader.reply, decided));
-            // The next batch goes out once this one is decided, not after its clean-ups.
-            self.next_batch(key);
-            let finishes = decisions.into_iter().map(|(reply, decided)| async move {
-                let _ = reply.send(decided.finish().await);
-            });
-            futures::future::join_all(finishes).await;
-        });
+            // Every member had gone: the key is idle, or has new arrivals.
+        }
     }
 }
 
-/// Ends a flight however its leader ends (completed, or dropped with its client): the queued
-/// acquires of the key then go out, so a key is never left waiting on a vanished leader.
-struct FlightGuard {
-    acquirer: Arc<Acquirer>,
-    key: Bytes,
+impl Turn {
+    /// The members of a flight that could not be handed over.
+    fn into_members(self) -> Vec<Member> {
+        match self {
+            Turn::Lead(flight) => flight.disarm(),
+            _ => Vec::new(),
+        }
+    }
 }
 
-impl Drop for FlightGuard {
-    fn drop(&mut self) {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            let key = std::mem::take(&mut self.key);
-            self.acquirer.clone().next_batch(key);
+/// The lead of a key's flight, and the members the leader answers for. However it ends (its
+/// leader completed, its leader's future dropped with its client, or it was never received),
+/// the members it still answers for try for themselves and the queued acquires of the key go
+/// on, so a key never waits on a vanished leader.
+struct Flight {
+    acquirer: Arc<Acquirer>,
+    /// `None` once disarmed.
+    key: Option<Bytes>,
+    members: Vec<Member>,
+}
+
+impl Flight {
+    fn new(acquirer: Arc<Acquirer>, key: Bytes, members: Vec<Member>) -> Flight {
+        Flight {
+            acquirer,
+            key: Some(key),
+            members,
         }
+    }
+
+    /// Takes the members back without handing anything on.
+    fn disarm(mut self) -> Vec<Member> {
+        self.key = None;
+        std::mem::take(&mut self.members)
+    }
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        let Some(key) = self.key.take() else { return };
+        for member in self.members.drain(..) {
+            let _ = member.send(Turn::TryYourself);
+        }
+        self.acquirer.next_batch(key);
     }
 }

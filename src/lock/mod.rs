@@ -118,6 +118,38 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_queued_acquire_reaches_the_masters_only_from_its_own_clients_future() {
+        let (fakes, _masters, acquirer) = ready(3).await;
+        let leader = acquirer.acquire(attempt("a"));
+        let queued = acquirer.acquire(attempt("b"));
+        assert_eq!(run(leader).await, Reply::ok());
+        // Its connection has not polled it (earlier requests of that client may not have been
+        // sent yet): nothing of it may reach the masters.
+        tokio::time::sleep(NODE_TIMEOUT * 4).await;
+        assert!(fakes.iter().all(|f| f.acquires() == 1));
+        assert_eq!(run(queued).await, Reply::Null);
+        assert!(fakes.iter().all(|f| f.acquires() == 2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_never_waits_on_a_client_that_left_the_queue() {
+        let (fakes, _masters, acquirer) = ready(3).await;
+        let leader = acquirer.acquire(attempt("a"));
+        let gone = acquirer.acquire(attempt("b"));
+        let next = acquirer.acquire(attempt("c"));
+        drop(gone);
+        assert_eq!(run(leader).await, Reply::ok());
+        // The first queued client is gone: the next one leads the batch.
+        assert_eq!(run(next).await, Reply::Null);
+        assert!(fakes.iter().all(|f| f.acquires() == 2));
+        // And the key is idle again: a new acquire leads at once.
+        assert!(matches!(
+            acquirer.acquire(attempt("d")),
+            Started::Leading(_)
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_stalled_majority_refuses_after_one_node_timeout_and_leaves_nothing() {
         let (fakes, masters, acquirer) = ready(3).await;
         fakes[1].stall();
