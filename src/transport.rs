@@ -143,10 +143,11 @@ impl Pending {
     /// this one, and a request handed to the connection in between (the next batch of
     /// acquires of the same key, say) would wait out a second node timeout.
     pub async fn wait(self) -> Result<Reply, NoReply> {
-        let limit = self.node_timeout;
-        let conn = self.sent.as_ref().map(|(_, conn)| conn.clone());
-        let result = self.wait_at_most(limit).await;
-        if let (Err(NoReply::Timeout), Some(conn)) = (&result, conn) {
+        let Some((rx, conn)) = self.sent else {
+            return Err(NoReply::NoLink);
+        };
+        let result = receive(rx, self.node_timeout).await;
+        if result == Err(NoReply::Timeout) {
             conn.abort();
         }
         result
@@ -154,14 +155,19 @@ impl Pending {
 
     /// Waits at most `limit`, leaving the connection as it is.
     pub async fn wait_at_most(self, limit: Duration) -> Result<Reply, NoReply> {
-        let Some((rx, _conn)) = self.sent else {
-            return Err(NoReply::NoLink);
-        };
-        match timeout(limit, rx).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(NoReply::Closed),
-            Err(_) => Err(NoReply::Timeout),
+        match self.sent {
+            Some((rx, _conn)) => receive(rx, limit).await,
+            None => Err(NoReply::NoLink),
         }
+    }
+}
+
+/// The answer on `rx`, waiting at most `limit`.
+async fn receive(rx: oneshot::Receiver<Answer>, limit: Duration) -> Answer {
+    match timeout(limit, rx).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(_)) => Err(NoReply::Closed),
+        Err(_) => Err(NoReply::Timeout),
     }
 }
 

@@ -30,6 +30,7 @@ mod settings;
 mod stats;
 
 use procs::CpuProbe;
+use redlock_proxy::on_master::ARMED_KEY;
 use redlock_proxy::{LocalCluster, LocalMaster};
 use redlock_testkit::launcher::{ready_for_load, ProxyProcess};
 use redlock_testkit::masters::pids;
@@ -374,6 +375,19 @@ fn main() {
         .expect("tokio runtime");
     let masters = LocalCluster::start(5).unwrap_or_else(|err| settings::fail(&err.to_string()));
     progress(&format!("5 masters on {:?}", masters.addrs()));
+    // The masters are one lock deployment for every cell, armed from the start: a proxy over
+    // 1, 3 or 5 of them must never find some armed (by an earlier cell's proxy) and others
+    // not, which it has to take for lost data and quarantine (docs/SAFETY.md).
+    for master in &masters.masters {
+        let armed = blocking_cmd(
+            master.port,
+            &[b"SET", ARMED_KEY.as_bytes(), b"1"],
+            Duration::from_secs(5),
+        );
+        if !armed.as_ref().is_ok_and(|reply| reply.is_ok()) {
+            settings::fail(&format!("cannot arm master {}: {armed:?}", master.port));
+        }
+    }
     let mut bench = Bench {
         master_ports: masters.masters.iter().map(|m| m.port).collect(),
         settings,
