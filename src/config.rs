@@ -43,6 +43,9 @@ pub struct Config {
     /// Quarantine masters that restarted or lost data until every lease they may have held
     /// has expired. Only tests switch this off (the negative control of the safety suite).
     pub quarantine: bool,
+    /// Propose fencing tokens from the masters' clocks, which keeps them increasing when a
+    /// master loses its counters. Only tests switch this off (the negative control).
+    pub token_clock: bool,
     /// Largest TTL the proxy forwards, whatever sets it (`SET … PX`, `PEXPIRE`, lease
     /// scripts; scripts that compute a TTL are capped on the masters). A master that lost its
     /// data is quarantined for this long plus drift, so every proxy in front of the same
@@ -71,6 +74,7 @@ impl Default for Config {
             allow_locks_without_expiry: false,
             health_interval_ms: 100,
             quarantine: true,
+            token_clock: true,
             max_lock_ttl_ms: 60_000,
             threads: 1,
             client_output_buffer_limit: 64 * 1024 * 1024,

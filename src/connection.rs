@@ -135,7 +135,9 @@ impl Output {
                     rollback,
                 } = lease;
                 let start = self.end();
-                granted.encode(protocol, &mut self.buf);
+                granted
+                    .reply(Instant::now(), deadline)
+                    .encode(protocol, &mut self.buf);
                 let mut refusal = BytesMut::new();
                 expired.encode(protocol, &mut refusal);
                 self.recheck_at = Some(self.recheck_at.map_or(deadline, |at| at.min(deadline)));
@@ -412,7 +414,7 @@ mod tests {
         let rolled_back = rolled_back.clone();
         Outcome::Lease(Lease {
             deadline,
-            granted: Reply::ok(),
+            granted: crate::lease::Granted::Reply(Reply::ok()),
             expired: Reply::Null,
             rollback: Some(Box::pin(async move {
                 rolled_back.fetch_add(1, Ordering::Relaxed);

@@ -127,6 +127,21 @@ impl FakeMaster {
         live(&state.keys, key.as_bytes()).cloned()
     }
 
+    /// Sets `key` to `value` (no expiry), as a client with direct access would.
+    pub fn set(&self, key: &str, value: &str) {
+        let mut state = self.state.lock().unwrap();
+        let (key, value) = (
+            Bytes::copy_from_slice(key.as_bytes()),
+            Bytes::copy_from_slice(value.as_bytes()),
+        );
+        set(&mut state.keys, key, value, false, None);
+    }
+
+    /// Deletes `key`.
+    pub fn wipe_key(&self, key: &str) {
+        self.state.lock().unwrap().keys.remove(key.as_bytes());
+    }
+
     /// Runs one command.
     fn run(&self, conn: u64, args: Vec<Bytes>) -> Reply {
         let mut state = self.state.lock().unwrap();
@@ -217,11 +232,30 @@ impl FakeMaster {
             if !exists(keys_db, &keys[1]) || exists(keys_db, &keys[2]) {
                 return Reply::Integer(-1);
             }
-            let ok = set(keys_db, keys[0].clone(), argv[0].clone(), true, Some(n(1)));
-            if ok == Reply::ok() {
-                set(keys_db, keys[3].clone(), argv[2].clone(), false, Some(n(1)));
+            if exists(keys_db, &keys[0]) {
+                return Reply::Null;
             }
-            ok
+            let (token, now, window) = (n(4), self.clock_ms() * 1000, n(5));
+            let refuse = |code: i64, seen: u64| {
+                Reply::Array(vec![Reply::Integer(code), Reply::Integer(seen as i64)])
+            };
+            if token > now.saturating_add(window) || token < now.saturating_sub(window) {
+                return refuse(-3, now);
+            }
+            let counter = live(keys_db, &keys[4]).and_then(|c| number(c)).unwrap_or(0);
+            if token <= counter {
+                return refuse(-4, counter);
+            }
+            set(keys_db, keys[0].clone(), argv[0].clone(), false, Some(n(1)));
+            set(keys_db, keys[3].clone(), argv[2].clone(), false, Some(n(1)));
+            set(
+                keys_db,
+                keys[4].clone(),
+                argv[4].clone(),
+                false,
+                Some(n(6).max(n(1))),
+            );
+            Reply::ok()
         } else if body == UNDO_SCRIPT {
             let ours = live(keys_db, &keys[0]) == Some(&argv[0])
                 && live(keys_db, &keys[1]) == Some(&argv[1]);

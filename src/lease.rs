@@ -19,16 +19,40 @@ pub enum Outcome {
 /// `expired`.
 pub struct Lease {
     pub deadline: Instant,
-    pub granted: Reply,
+    pub granted: Granted,
     pub expired: Reply,
     pub rollback: Option<BoxFuture<'static, ()>>,
+}
+
+/// What a grant answers.
+pub enum Granted {
+    Reply(Reply),
+    /// `[token, validity_ms]`, the validity counted when the reply is encoded (`LOCK.ACQUIRE`).
+    TokenAndValidity(u64),
+}
+
+impl Granted {
+    /// The reply, encoded at `now`, for a lease valid until `deadline`.
+    pub fn reply(self, now: Instant, deadline: Instant) -> Reply {
+        match self {
+            Granted::Reply(reply) => reply,
+            Granted::TokenAndValidity(token) => {
+                let left = deadline.saturating_duration_since(now).as_millis();
+                Reply::Array(vec![
+                    Reply::Integer(token as i64),
+                    Reply::Integer(left as i64),
+                ])
+            }
+        }
+    }
 }
 
 impl Lease {
     /// The reply to write now.
     pub async fn settle(self) -> Reply {
-        if Instant::now() < self.deadline {
-            return self.granted;
+        let now = Instant::now();
+        if now < self.deadline {
+            return self.granted.reply(now, self.deadline);
         }
         if let Some(rollback) = self.rollback {
             rollback.await;
@@ -54,7 +78,7 @@ mod tests {
         let flag = rolled_back.clone();
         Lease {
             deadline,
-            granted: Reply::ok(),
+            granted: Granted::Reply(Reply::ok()),
             expired: Reply::Null,
             rollback: Some(Box::pin(async move {
                 // A rollback takes time (its clean-ups' confirmations): the refusal waits.

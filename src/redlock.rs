@@ -87,6 +87,68 @@ pub enum Vote {
     Replied(Reply),
 }
 
+/// Fencing tokens (docs/SAFETY.md, "Fencing tokens"). Every grant carries a token `t`, the
+/// same on every master: the proxy proposes it, and each master's acquire script accepts the
+/// write only if `t` is above the key's counter on that master and within `window` of the
+/// master's own clock (in µs), then records `t` as the key's counter for `counter_life`.
+///
+/// Why tokens of conflicting grants are ordered like their tenures (G1 before G2, granted by
+/// majorities that share a master x): on x, G2's write came after G1's key was gone. If x still
+/// had G1's counter then, G2 was accepted only with `t2 > t1`. If the counter had expired
+/// (after `counter_life` on x's clock) or x lost it in a data loss (then x was quarantined for
+/// the lease bound before voting again), x's clock advanced by at least `counter_life` since it
+/// accepted `t1 ≤ clock + window`, and it accepted `t2 ≥ clock − window`: so
+/// `t2 − t1 ≥ counter_life − 2 × window > 0`. Nothing here depends on the proxies' clocks or on
+/// the lease timing: a paused holder that acts late is fenced by the token even when mutual
+/// exclusion itself was lost. Assumed: no master's clock steps back by more than `window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenRules {
+    /// How far a proposal may be from a master's clock, either way (µs).
+    pub window_us: u64,
+    /// How long a master keeps a key's counter after a grant (ms).
+    pub counter_life_ms: u64,
+}
+
+impl TokenRules {
+    /// The rules for a lease bound `B`: a window of `B / 4` and counters kept for `B`, so
+    /// `counter_life − 2 × window = B / 2 > 0`, and a master that lost its counters (then was
+    /// quarantined for `B`) can never accept a token below one it had accepted.
+    pub fn for_lease_bound(bound: Duration) -> TokenRules {
+        TokenRules {
+            window_us: (bound / 4).as_micros() as u64,
+            counter_life_ms: (bound.as_millis() as u64).max(1),
+        }
+    }
+}
+
+/// The token to propose: at least each master's estimated clock (µs; the masters' windows
+/// then accept it), and above `last`, the highest this proxy proposed or saw refused.
+pub fn propose_token(master_clocks_us: impl IntoIterator<Item = u64>, last: u64) -> u64 {
+    master_clocks_us
+        .into_iter()
+        .max()
+        .unwrap_or(0)
+        .max(last.saturating_add(1))
+}
+
+/// A master's answer to the acquire that refused a token: `[-3, clock_us]` (outside its clock
+/// window) or `[-4, counter]` (not above the key's counter).
+pub fn refused_token(vote: &Vote) -> Option<u64> {
+    match vote {
+        Vote::Replied(Reply::Array(items)) => match items.as_slice() {
+            [Reply::Integer(-3 | -4), Reply::Integer(seen)] => u64::try_from(*seen).ok(),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// After a refused acquire: the floor a retry must propose above, if some master refused the
+/// token (the highest counter or clock it reported).
+pub fn token_floor(votes: &[Vote]) -> Option<u64> {
+    votes.iter().filter_map(refused_token).max()
+}
+
 /// Why a master's vote is missing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MissingReason {
@@ -303,6 +365,52 @@ mod tests {
     }
     use Vote::Pending as P;
     const M: Vote = Vote::Missing(MissingReason::Timeout);
+
+    #[test]
+    fn token_rules_order_tokens_across_lost_counters() {
+        let rules = TokenRules::for_lease_bound(Duration::from_millis(60_604));
+        assert_eq!(rules.window_us, 15_151_000);
+        assert_eq!(rules.counter_life_ms, 60_604);
+        // A counter lost (expired, or wiped then quarantined for the bound): the next token a
+        // master accepts is at least `life − window` later than the clock it accepted the last
+        // one at, which was at most `window` ahead: strictly above it.
+        assert!(rules.counter_life_ms * 1000 > 2 * rules.window_us);
+        let tiny = TokenRules::for_lease_bound(Duration::from_millis(3));
+        assert!(tiny.counter_life_ms * 1000 > 2 * tiny.window_us);
+    }
+
+    #[test]
+    fn token_proposals_and_refusals() {
+        let cases: &[(&[u64], u64, u64)] = &[
+            (&[1_000, 1_500, 1_200], 0, 1_500),
+            (&[1_000, 1_500], 1_500, 1_501),
+            (&[1_000], 9_000, 9_001),
+            (&[], 0, 1),
+        ];
+        for (clocks, last, expected) in cases {
+            assert_eq!(propose_token(clocks.iter().copied(), *last), *expected);
+        }
+        let stale = |code: i64, n: i64| {
+            Vote::Replied(Reply::Array(vec![Reply::Integer(code), Reply::Integer(n)]))
+        };
+        let votes = vec![
+            ok(),
+            stale(-4, 700),
+            stale(-3, 900),
+            null(),
+            M,
+            stale(-5, 10_000),
+        ];
+        assert_eq!(refused_token(&votes[1]), Some(700));
+        assert_eq!(refused_token(&votes[5]), None);
+        assert_eq!(token_floor(&votes), Some(900));
+        assert_eq!(token_floor(&[ok(), null(), M]), None);
+        // A refused token is a "no" for the acquire decision.
+        assert_eq!(
+            acquire_decision(&[ok(), stale(-4, 1), stale(-4, 1)]),
+            Refused
+        );
+    }
 
     #[test]
     fn quorum_sizes() {

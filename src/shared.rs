@@ -43,7 +43,7 @@ impl Shared {
             },
         );
         Arc::new(Shared {
-            acquirer: Acquirer::new(masters.clone(), policy),
+            acquirer: Acquirer::new(masters.clone(), policy, config.token_clock),
             masters,
             policy,
             config,

@@ -116,6 +116,7 @@ pub fn set(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
         value: request.args[2].clone(),
         ttl_ms,
         received_at: ctx.received_at,
+        with_token: false,
     };
     match ctx.shared.acquirer.acquire(attempt) {
         Started::Leading(acquire) => Action::Defer(acquire),

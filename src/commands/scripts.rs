@@ -30,7 +30,7 @@ use super::keys::forward_request;
 use super::{Action, Ctx, Session};
 use crate::error::ProxyError;
 use crate::health::{ARMED_KEY, QUARANTINE_KEY};
-use crate::lease::{Lease, Outcome};
+use crate::lease::{Granted, Lease, Outcome};
 use crate::masters::Masters;
 use crate::protocol::{encode_command, Reply, Request};
 use crate::redlock::{
@@ -197,7 +197,7 @@ fn settle(reply: Reply, deadline: Option<Instant>) -> Outcome {
             };
             Outcome::Lease(Lease {
                 deadline,
-                granted: reply,
+                granted: Granted::Reply(reply),
                 expired,
                 rollback: None,
             })

@@ -61,6 +61,15 @@ impl MasterHealth {
         Some(reading.master_ms + late.as_millis() as u64 + 1)
     }
 
+    /// The master's clock at local instant `when`, estimated from its last reading (µs since
+    /// the epoch; no allowance for error or drift: for proposing fencing tokens, which the
+    /// master itself checks against its clock). `None` before the first reading.
+    pub fn master_clock_estimate_us(&self, when: Instant) -> Option<u64> {
+        let reading = self.state.lock().ok()?.clock?;
+        let since = when.saturating_duration_since(reading.at);
+        Some(reading.master_ms * 1000 + since.as_micros() as u64)
+    }
+
     /// The local instant from which the master's clock surely shows more than `master_ms`.
     pub fn surely_past(&self, master_ms: u64, drift_factor: f64) -> Option<Instant> {
         let reading = self.state.lock().ok()?.clock?;

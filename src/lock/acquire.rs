@@ -4,11 +4,12 @@
 use super::rollback::{RollbackPlan, COMPARE_AND_DELETE, UNDO_SCRIPT};
 use super::Acquirer;
 use crate::health::{ARMED_KEY, QUARANTINE_KEY};
-use crate::lease::{Lease, Outcome};
+use crate::lease::{Granted, Lease, Outcome};
+use crate::masters::Masters;
 use crate::protocol::{encode_command, Reply};
 use crate::redlock::{
-    acquire_decision, backend_ttl_ms, held_by_majority, majority_unreachable, validity_window,
-    AcquireDecision, Vote,
+    acquire_decision, backend_ttl_ms, held_by_majority, majority_unreachable, propose_token,
+    token_floor, validity_window, AcquireDecision, TokenRules, Vote,
 };
 use bytes::{Bytes, BytesMut};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,18 +17,23 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// The acquire on one master. `KEYS` = the lock key, [`ARMED_KEY`], [`QUARANTINE_KEY`], the
-/// attempt key ([`attempt_key`]); `ARGV` = the value, `PX`, this attempt's id, the deadline
-/// (ms since the epoch, in the master's clock).
+/// attempt key ([`attempt_key`]), the token counter ([`token_key`]); `ARGV` = the value, `PX`,
+/// this attempt's id, the deadline (ms since the epoch, in the master's clock), the proposed
+/// fencing token, the token window (µs), the counter's lifetime (ms).
 /// - Nothing is written after the deadline (`-2`): a write held up in a paused master's socket
 ///   buffer cannot take effect once the proxy has given up on it, so the clean-up sent after
 ///   the deadline is final (no phantom holder).
 /// - Nothing is written unless the master is armed and not quarantined (`-1`): it lost its
 ///   data since it was last checked, or a proxy quarantined it. Checked in the same script, so
 ///   no wipe can fall between the check and the write.
+/// - A key already held answers null, like `SET NX`.
+/// - The token is refused if it is outside the window around the master's clock (`[-3,
+///   clock µs]`) or not above the key's counter (`[-4, counter]`); otherwise it becomes the
+///   counter, for at least the counter's lifetime ([`crate::redlock::TokenRules`]).
 /// - A successful write records the attempt's id beside the lock, with the same `PX`, so the
 ///   clean-up of a refused attempt deletes only what *that* attempt wrote, never the grant of a
 ///   later attempt with the same value (redis-py retries with the same token).
-pub const ACQUIRE_SCRIPT: &str = "local t = redis.call('time') if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[4]) then return -2 end if redis.call('exists', KEYS[2]) == 0 or redis.call('exists', KEYS[3]) == 1 then return -1 end local ok = redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) if ok then redis.call('set', KEYS[4], ARGV[3], 'PX', ARGV[2]) end return ok";
+pub const ACQUIRE_SCRIPT: &str = "local t = redis.call('time') if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[4]) then return -2 end if redis.call('exists', KEYS[2]) == 0 or redis.call('exists', KEYS[3]) == 1 then return -1 end if redis.call('exists', KEYS[1]) == 1 then return false end local token = tonumber(ARGV[5]) local now = tonumber(t[1]) * 1000000 + tonumber(t[2]) if token > now + tonumber(ARGV[6]) or token < now - tonumber(ARGV[6]) then return {-3, now} end local counter = tonumber(redis.call('get', KEYS[5]) or '0') if token <= counter then return {-4, counter} end redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) redis.call('set', KEYS[4], ARGV[3], 'PX', ARGV[2]) redis.call('set', KEYS[5], ARGV[5], 'PX', math.max(tonumber(ARGV[7]), tonumber(ARGV[2]))) return redis.status_reply('OK')";
 
 /// The vote of a master that was unarmed or quarantined at acquire time.
 pub const UNARMED: Reply = Reply::Integer(-1);
@@ -38,6 +44,62 @@ pub fn attempt_key(key: &[u8]) -> Bytes {
     name.extend_from_slice(b"redlock-proxy:attempt:");
     name.extend_from_slice(key);
     name.freeze()
+}
+
+/// Where the masters keep the fencing token counter of `key`.
+pub fn token_key(key: &[u8]) -> Bytes {
+    let mut name = BytesMut::with_capacity(key.len() + 20);
+    name.extend_from_slice(b"redlock-proxy:token:");
+    name.extend_from_slice(key);
+    name.freeze()
+}
+
+/// This proxy's token proposals.
+pub(super) struct Tokens {
+    pub(super) rules: TokenRules,
+    /// Propose from the masters' clocks (off only in the negative control of the tests:
+    /// tokens are then a bare counter, which a master that lost its data lets go backwards).
+    pub(super) clock: bool,
+    /// The highest token this proxy proposed or saw refused.
+    last: AtomicU64,
+}
+
+impl Tokens {
+    pub(super) fn new(rules: TokenRules, clock: bool) -> Tokens {
+        Tokens {
+            rules,
+            clock,
+            last: AtomicU64::new(0),
+        }
+    }
+
+    /// A proposal above `floor` and everything proposed before, at least the masters' clocks.
+    fn propose(&self, masters: &Masters, floor: u64) -> u64 {
+        let now = Instant::now();
+        let clocks = masters
+            .voters()
+            .iter()
+            .filter(|_| self.clock)
+            .filter_map(|v| v.health.master_clock_estimate_us(now));
+        let mut token = 0;
+        let _ = self
+            .last
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+                token = propose_token(clocks.clone(), last.max(floor));
+                Some(token)
+            });
+        token
+    }
+
+    /// The window the masters check, as sent (the whole token range with the clock off).
+    fn window_us(&self) -> u64 {
+        if self.clock {
+            self.rules.window_us
+        } else {
+            // Lua numbers are doubles: integers are exact up to 2^53.
+            (1 << 53) - 1
+        }
+    }
 }
 
 /// Attempt ids, unique across proxies and restarts: `<pid>.<start ns>.<n>`.
@@ -63,12 +125,15 @@ impl AttemptIds {
     }
 }
 
-/// One client's acquire request: `SET key value NX PX ttl_ms`, read at `received_at`.
+/// One client's acquire request: `SET key value NX PX ttl_ms` (or `LOCK.ACQUIRE`), read at
+/// `received_at`.
 pub struct Attempt {
     pub key: Bytes,
     pub value: Bytes,
     pub ttl_ms: u64,
     pub received_at: Instant,
+    /// Answer `[token, validity_ms]` instead of `OK`.
+    pub with_token: bool,
 }
 
 /// An acquire whose votes are in.
@@ -83,6 +148,10 @@ pub(super) struct Decided {
 }
 
 impl Decided {
+    fn outcome_is_refusal(&self) -> bool {
+        matches!(self.outcome, Outcome::Reply(Reply::Null))
+    }
+
     fn refused(settled: bool, undo: Option<RollbackPlan>) -> Decided {
         Decided {
             outcome: Outcome::Reply(Reply::Null),
@@ -109,17 +178,39 @@ impl Decided {
 /// - On refusal, every master that may hold our value (said `OK`, or its answer is unknown) gets
 ///   a clean-up of this attempt's write before null is returned ([`RollbackPlan`]).
 pub(super) async fn decide(acquirer: &Acquirer, attempt: Attempt) -> Decided {
+    let token = acquirer.tokens.propose(&acquirer.masters, 0);
+    let (decided, floor) = decide_once(acquirer, &attempt, token).await;
+    // A master refused the token (another proxy granted the key with a higher one a moment
+    // ago, or this proxy's reading of a master's clock is off): once more above what it
+    // reported, after the clean-up of this attempt (its writes would block the retry).
+    match floor {
+        Some(floor) if !decided.settled && decided.outcome_is_refusal() => {
+            if let Some(undo) = decided.undo {
+                undo.run().await;
+            }
+            let token = acquirer.tokens.propose(&acquirer.masters, floor);
+            decide_once(acquirer, &attempt, token).await.0
+        }
+        _ => decided,
+    }
+}
+
+/// One round of the acquire with `token`; also the floor a retry must propose above, if some
+/// master refused the token.
+async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Decided, Option<u64>) {
     let Attempt {
         key,
         value,
         ttl_ms,
         received_at,
+        with_token,
     } = attempt;
+    let (ttl_ms, received_at) = (*ttl_ms, *received_at);
     let masters = &acquirer.masters;
     let drift_factor = acquirer.policy.drift_factor;
     let Some(window) = validity_window(ttl_ms, drift_factor) else {
         // The drift allowance alone exceeds the TTL: no grant could ever be valid.
-        return Decided::refused(false, None);
+        return (Decided::refused(false, None), None);
     };
     let deadline = received_at + window;
     let px_ms = backend_ttl_ms(ttl_ms, drift_factor);
@@ -131,12 +222,18 @@ pub(super) async fn decide(acquirer: &Acquirer, attempt: Attempt) -> Decided {
     // request leaves (after the fan-out permit).
     let quarantine = masters.quarantine();
     let attempt_id = acquirer.ids.next();
-    let attempt_key = attempt_key(&key);
+    let attempt_key = attempt_key(key);
+    let token_key = token_key(key);
+    let (token_arg, window, life) = (
+        token.to_string(),
+        acquirer.tokens.window_us().to_string(),
+        acquirer.tokens.rules.counter_life_ms.to_string(),
+    );
     let deadlines: Vec<AtomicU64> = masters.voters().iter().map(|_| AtomicU64::new(0)).collect();
     let node_timeout = masters.node_timeout();
     let ask = |i: usize| {
         if !quarantine {
-            let set = encode_command(&[b"SET".as_ref(), &key, &value, b"NX", b"PX", px.as_bytes()]);
+            let set = encode_command(&[b"SET".as_ref(), key, value, b"NX", b"PX", px.as_bytes()]);
             return Some((set, None));
         }
         let voter = &masters.voters()[i];
@@ -154,15 +251,19 @@ pub(super) async fn decide(acquirer: &Acquirer, attempt: Attempt) -> Decided {
             encode_command(&[
                 how,
                 script,
-                b"4",
-                &key,
+                b"5",
+                key,
                 ARMED_KEY.as_bytes(),
                 QUARANTINE_KEY.as_bytes(),
                 &attempt_key,
-                &value,
+                &token_key,
+                value,
                 px.as_bytes(),
                 attempt_id.as_bytes(),
                 deadline.as_bytes(),
+                token_arg.as_bytes(),
+                window.as_bytes(),
+                life.as_bytes(),
             ])
         };
         Some((
@@ -189,9 +290,9 @@ pub(super) async fn decide(acquirer: &Acquirer, attempt: Attempt) -> Decided {
             b"EVAL".as_ref(),
             UNDO_SCRIPT.as_bytes(),
             b"2",
-            &key,
+            key,
             &attempt_key,
-            &value,
+            value,
             attempt_id.as_bytes(),
         ])
     } else {
@@ -199,8 +300,8 @@ pub(super) async fn decide(acquirer: &Acquirer, attempt: Attempt) -> Decided {
             b"EVAL".as_ref(),
             COMPARE_AND_DELETE.as_bytes(),
             b"1",
-            &key,
-            &value,
+            key,
+            value,
         ])
     };
     let undo = RollbackPlan {
@@ -215,19 +316,27 @@ pub(super) async fn decide(acquirer: &Acquirer, attempt: Attempt) -> Decided {
             .map(|d| d.load(Ordering::Relaxed))
             .collect(),
     };
+    let floor = token_floor(&votes);
     if acquire_decision(&votes) == AcquireDecision::Quorum && Instant::now() < deadline {
-        tracing::trace!(key = ?key, "granted");
+        tracing::trace!(key = ?key, token, "granted");
+        // Without quarantine (tests only) the acquire is a bare `SET`, which carries no token.
+        let token = if quarantine { token } else { 0 };
         let lease = Lease {
             deadline,
-            granted: Reply::ok(),
+            granted: if *with_token {
+                Granted::TokenAndValidity(token)
+            } else {
+                Granted::Reply(Reply::ok())
+            },
             expired: Reply::Null,
             rollback: Some(Box::pin(undo.run())),
         };
-        return Decided {
+        let granted = Decided {
             outcome: Outcome::Lease(lease),
             settled: true,
             undo: None,
         };
+        return (granted, None);
     }
-    Decided::refused(settled, Some(undo))
+    (Decided::refused(settled, Some(undo)), floor)
 }

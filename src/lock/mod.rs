@@ -7,14 +7,14 @@ mod acquire;
 mod flights;
 mod rollback;
 
-pub use acquire::{attempt_key, Attempt, ACQUIRE_SCRIPT};
+pub use acquire::{attempt_key, token_key, Attempt, ACQUIRE_SCRIPT};
 pub use flights::Started;
 pub use rollback::{COMPARE_AND_DELETE, UNDO_SCRIPT};
 
 use crate::masters::Masters;
-use crate::redlock::Policy;
+use crate::redlock::{Policy, TokenRules};
 use crate::script_cache::script_sha;
-use acquire::AttemptIds;
+use acquire::{AttemptIds, Tokens};
 use flights::Flights;
 use std::sync::Arc;
 
@@ -23,17 +23,21 @@ pub struct Acquirer {
     masters: Arc<Masters>,
     policy: Policy,
     ids: AttemptIds,
+    tokens: Tokens,
     /// SHA1 of [`ACQUIRE_SCRIPT`].
     acquire_sha: String,
     flights: Flights,
 }
 
 impl Acquirer {
-    pub fn new(masters: Arc<Masters>, policy: Policy) -> Arc<Acquirer> {
+    /// `token_clock` off only in the negative control of the tests (see [`TokenRules`]).
+    pub fn new(masters: Arc<Masters>, policy: Policy, token_clock: bool) -> Arc<Acquirer> {
+        let rules = TokenRules::for_lease_bound(policy.lease_bound());
         Arc::new(Acquirer {
             masters,
             policy,
             ids: AttemptIds::new(),
+            tokens: Tokens::new(rules, token_clock),
             acquire_sha: script_sha(ACQUIRE_SCRIPT.as_bytes()),
             flights: Flights::default(),
         })
@@ -69,7 +73,7 @@ mod tests {
         let fakes: Vec<_> = (0..n).map(|_| FakeMaster::new()).collect();
         let masters = fake_master::masters(&fakes, NODE_TIMEOUT);
         until(LIMIT, || masters.voters().iter().all(|v| v.eligible())).await;
-        let acquirer = Acquirer::new(masters.clone(), POLICY);
+        let acquirer = Acquirer::new(masters.clone(), POLICY, true);
         (fakes, masters, acquirer)
     }
 
@@ -79,7 +83,69 @@ mod tests {
             value: Bytes::copy_from_slice(value.as_bytes()),
             ttl_ms: 10_000,
             received_at: Instant::now(),
+            with_token: false,
         }
+    }
+
+    /// A `LOCK.ACQUIRE`: its token if granted.
+    async fn token(acquirer: &Arc<Acquirer>, value: &str) -> Option<i64> {
+        let attempt = Attempt {
+            with_token: true,
+            ..attempt(value)
+        };
+        match run(acquirer.acquire(attempt)).await {
+            Reply::Array(items) => match items.as_slice() {
+                [Reply::Integer(token), Reply::Integer(validity)] => {
+                    assert!(*validity > 9_000 && *validity <= 10_000, "{validity}");
+                    Some(*token)
+                }
+                other => panic!("{other:?}"),
+            },
+            Reply::Null => None,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Ends the hold of `value` on every master (the release a holder sends).
+    fn release(fakes: &[Arc<FakeMaster>]) {
+        for fake in fakes {
+            fake.wipe_key("k");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tokens_of_successive_grants_increase_whichever_proxy_grants() {
+        let (fakes, masters, first) = ready(3).await;
+        let second = Acquirer::new(masters.clone(), POLICY, true);
+        let mut tokens = Vec::new();
+        for round in 0..6 {
+            let acquirer = if round % 2 == 0 { &first } else { &second };
+            tokens.push(
+                token(acquirer, &format!("v{round}"))
+                    .await
+                    .expect("granted"),
+            );
+            assert_eq!(token(acquirer, "other").await, None, "held");
+            release(&fakes);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_token_is_proposed_again_above_what_the_masters_saw() {
+        let (fakes, _masters, acquirer) = ready(3).await;
+        let first = token(&acquirer, "a").await.expect("granted");
+        release(&fakes);
+        // Another proxy granted the key a moment ago with a higher token (its reading of the
+        // masters' clocks was later): every master refuses this proxy's next proposal once.
+        let higher = first + 5_000_000;
+        for fake in &fakes {
+            fake.set("redlock-proxy:token:k", &higher.to_string());
+        }
+        let retried = token(&acquirer, "b").await.expect("granted on the retry");
+        assert!(retried > higher, "{retried} <= {higher}");
+        assert!(fakes.iter().all(|f| f.acquires() == 3));
     }
 
     /// The reply the client would be written now.
