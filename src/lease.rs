@@ -29,20 +29,20 @@ pub enum Granted {
     Reply(Reply),
     /// `[token, validity_ms]`, the validity counted when the reply is encoded (`LOCK.ACQUIRE`).
     TokenAndValidity(u64),
+    /// `validity_ms`, counted when the reply is encoded (`LOCK.EXTEND`).
+    Validity,
 }
 
 impl Granted {
     /// The reply, encoded at `now`, for a lease valid until `deadline`.
     pub fn reply(self, now: Instant, deadline: Instant) -> Reply {
+        let left = Reply::Integer(deadline.saturating_duration_since(now).as_millis() as i64);
         match self {
             Granted::Reply(reply) => reply,
             Granted::TokenAndValidity(token) => {
-                let left = deadline.saturating_duration_since(now).as_millis();
-                Reply::Array(vec![
-                    Reply::Integer(token as i64),
-                    Reply::Integer(left as i64),
-                ])
+                Reply::Array(vec![Reply::Integer(token as i64), left])
             }
+            Granted::Validity => left,
         }
     }
 }

@@ -162,6 +162,14 @@ fn summary(spec: &super::Spec) -> &'static str {
                 "Read from every master; reply by quorum"
             }
             "del" | "unlink" | "pexpire" | "expire" => "Write to every master; reply by quorum",
+            "lock.acquire" => {
+                "Acquire a lock by Redlock majority; reply [fencing token, validity ms] or null"
+            }
+            "lock.token" => "The fencing token of the grant that value holds on key, or null",
+            "lock.release" => "Release a lock if value holds it (compare-and-delete); reply 1 or 0",
+            "lock.extend" => {
+                "Extend a lock value holds by Redlock majority; reply validity ms or null"
+            }
             _ => "Answered by the proxy",
         },
     }

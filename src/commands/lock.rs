@@ -111,12 +111,17 @@ pub fn set(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
         (_, _, None) => return Action::error(ProxyError::SetNxWithoutExpiry),
         (_, _, Some(ttl_ms)) => ttl_ms,
     };
+    acquire(ctx, &request, ttl_ms, false)
+}
+
+/// Starts the Redlock acquire of `request`'s key and value (`args[1]`, `args[2]`).
+pub fn acquire(ctx: &Ctx<'_>, request: &Request, ttl_ms: u64, with_token: bool) -> Action {
     let attempt = Attempt {
         key: request.args[1].clone(),
         value: request.args[2].clone(),
         ttl_ms,
         received_at: ctx.received_at,
-        with_token: false,
+        with_token,
     };
     match ctx.shared.acquirer.acquire(attempt) {
         Started::Leading(acquire) => Action::Defer(acquire),

@@ -6,6 +6,7 @@
 //! (plain key commands under the quorum reply rule), [`handshake`] (connection commands
 //! answered by the proxy itself), [`introspection`] (`INFO`, `COMMAND`).
 
+pub mod fencing;
 pub mod handshake;
 pub mod introspection;
 pub mod keys;
@@ -170,6 +171,10 @@ pub static COMMANDS: &[Spec] = &[
     spec("quit", -1, LOCAL, NO_KEYS, handshake::quit),
     spec("reset", 1, LOCAL, NO_KEYS, handshake::reset),
     spec("setnx", 3, WRITE, ONE_KEY, lock::setnx),
+    spec("lock.acquire", 4, WRITE, ONE_KEY, fencing::lock_acquire),
+    spec("lock.token", 3, READ, ONE_KEY, fencing::lock_token),
+    spec("lock.release", 3, WRITE, ONE_KEY, fencing::lock_release),
+    spec("lock.extend", 4, WRITE, ONE_KEY, fencing::lock_extend),
     refused(
         "persist",
         "a lock without expiry cannot be made safe; use PEXPIRE",

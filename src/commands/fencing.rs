@@ -1,0 +1,134 @@
+//! The lock extension commands, for clients that want fencing tokens or a release and an
+//! extend without Lua (docs/PROTOCOL.md §10):
+//! - `LOCK.ACQUIRE key value ttl_ms` → `[token, validity_ms]` or null: the Redlock acquire of
+//!   `SET key value NX PX ttl_ms`, answering the grant's fencing token ([`crate::lock`]).
+//! - `LOCK.TOKEN key value` → the token of the grant `value` holds on `key`, or null if it does
+//!   not hold it on a majority (so unmodified acquire code adds fencing with one call).
+//! - `LOCK.RELEASE key value` → `1` / `0`: the compare-and-delete, under the release rule.
+//! - `LOCK.EXTEND key value ttl_ms` → the new `validity_ms`, or null: a compare-and-extend
+//!   with the acquire's padding and validity rule, counted only on armed, unquarantined
+//!   masters; it also keeps the key's token counter at least as long as the lock.
+
+use super::lock::acquire;
+use super::{Action, Ctx, Session};
+use crate::error::ProxyError;
+use crate::health::{ARMED_KEY, QUARANTINE_KEY};
+use crate::lease::{Granted, Lease, Outcome};
+use crate::lock::{token_key, COMPARE_AND_DELETE};
+use crate::protocol::{encode_command, Reply, Request};
+use crate::redlock::{backend_ttl_ms, quorum, validity_window, MergeRule};
+
+/// `KEYS` = key, its token counter; `ARGV` = value. The counter, while `value` holds `key`.
+const TOKEN_SCRIPT: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then local t = redis.call('get', KEYS[2]) if t then return tonumber(t) end end return false";
+
+/// `KEYS` = key, its token counter, the two markers; `ARGV` = value, `PX`. `1` if extended,
+/// `0` if `value` does not hold `key`, `-1` if the master lost its data or is quarantined
+/// (its answer does not count). The counter is only ever lengthened (`GT`): the token
+/// ordering needs it to live its full life (see `TokenRules`).
+const EXTEND_SCRIPT: &str = "if redis.call('exists', KEYS[3]) == 0 or redis.call('exists', KEYS[4]) == 1 then return -1 end if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end redis.call('pexpire', KEYS[1], ARGV[2]) redis.call('pexpire', KEYS[2], ARGV[2], 'GT') return 1";
+
+/// A positive TTL in ms from `arg`, within the cap, with Redis' texts for a bad one.
+fn ttl_arg(ctx: &Ctx<'_>, arg: &[u8], command: &'static str) -> Result<u64, ProxyError> {
+    let ttl = super::parse_int(arg)?;
+    let ttl_ms = u64::try_from(ttl)
+        .ok()
+        .filter(|t| *t > 0)
+        .ok_or(ProxyError::InvalidExpireTime(command))?;
+    ctx.shared.policy.check_ttl(ttl_ms)?;
+    Ok(ttl_ms)
+}
+
+/// `LOCK.ACQUIRE key value ttl_ms`
+pub fn lock_acquire(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
+    match ttl_arg(ctx, &request.args[3], "lock.acquire") {
+        Ok(ttl_ms) => acquire(ctx, &request, ttl_ms, true),
+        Err(err) => Action::error(err),
+    }
+}
+
+/// `LOCK.TOKEN key value`
+pub fn lock_token(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
+    let (key, value) = (&request.args[1], &request.args[2]);
+    let payload = encode_command(&[
+        b"EVAL".as_ref(),
+        TOKEN_SCRIPT.as_bytes(),
+        b"2",
+        key,
+        &token_key(key),
+        value,
+    ]);
+    let masters = ctx.masters();
+    Action::Defer(Box::pin(async move {
+        // The masters that hold the value answer the same token (one grant wrote it); the
+        // others answer null: null unless a majority answers the token.
+        Outcome::Reply(masters.quorum_reply(&payload, MergeRule::Known).await)
+    }))
+}
+
+/// `LOCK.RELEASE key value`
+pub fn lock_release(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
+    let (key, value) = (&request.args[1], &request.args[2]);
+    let payload = encode_command(&[
+        b"EVAL".as_ref(),
+        COMPARE_AND_DELETE.as_bytes(),
+        b"1",
+        key,
+        value,
+    ]);
+    let masters = ctx.masters();
+    Action::Defer(Box::pin(async move {
+        Outcome::Reply(masters.quorum_reply(&payload, MergeRule::Release).await)
+    }))
+}
+
+/// `LOCK.EXTEND key value ttl_ms`
+pub fn lock_extend(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
+    let ttl_ms = match ttl_arg(ctx, &request.args[3], "lock.extend") {
+        Ok(ttl_ms) => ttl_ms,
+        Err(err) => return Action::error(err),
+    };
+    let drift_factor = ctx.shared.policy.drift_factor;
+    let Some(window) = validity_window(ttl_ms, drift_factor) else {
+        return Action::Ready(Reply::Null);
+    };
+    let deadline = ctx.received_at + window;
+    let px = backend_ttl_ms(ttl_ms, drift_factor).to_string();
+    let (key, value) = (&request.args[1], &request.args[2]);
+    let payload = encode_command(&[
+        b"EVAL".as_ref(),
+        EXTEND_SCRIPT.as_bytes(),
+        b"4",
+        key,
+        &token_key(key),
+        ARMED_KEY.as_bytes(),
+        QUARANTINE_KEY.as_bytes(),
+        value,
+        px.as_bytes(),
+    ]);
+    let masters = ctx.masters();
+    Action::Defer(Box::pin(async move {
+        let q = quorum(masters.voters().len());
+        let extended = |votes: &[crate::redlock::Vote]| {
+            votes
+                .iter()
+                .filter(|v| **v == crate::redlock::Vote::Replied(Reply::Integer(1)))
+                .count()
+        };
+        let votes = masters.fan_out(&payload, 1, |v| extended(v) >= q).await;
+        for (vote, voter) in votes.iter().zip(masters.voters()) {
+            if *vote == crate::redlock::Vote::Replied(Reply::Integer(-1)) {
+                voter.health.recheck();
+            }
+        }
+        if extended(&votes) < q {
+            // Not extended on a majority: the caller must not count on the lock.
+            return Outcome::Reply(Reply::Null);
+        }
+        Outcome::Lease(Lease {
+            deadline,
+            granted: Granted::Validity,
+            expired: Reply::Null,
+            rollback: None,
+        })
+    }))
+}
