@@ -232,9 +232,6 @@ impl FakeMaster {
             if !exists(keys_db, &keys[1]) || exists(keys_db, &keys[2]) {
                 return Reply::Integer(-1);
             }
-            if exists(keys_db, &keys[0]) {
-                return Reply::Null;
-            }
             let (token, now, window) = (n(4), self.clock_ms() * 1000, n(5));
             let refuse = |code: i64, seen: u64| {
                 Reply::Array(vec![Reply::Integer(code), Reply::Integer(seen as i64)])
@@ -242,28 +239,32 @@ impl FakeMaster {
             if token > now.saturating_add(window) || token < now.saturating_sub(window) {
                 return refuse(-3, now);
             }
-            let counter = live(keys_db, &keys[4]).and_then(|c| number(c)).unwrap_or(0);
+            let counter = live(keys_db, &keys[3]).map_or(0, |c| counter_token(c));
             if token <= counter {
                 return refuse(-4, counter);
             }
+            if exists(keys_db, &keys[0]) {
+                return Reply::Null;
+            }
             set(keys_db, keys[0].clone(), argv[0].clone(), false, Some(n(1)));
-            set(keys_db, keys[3].clone(), argv[2].clone(), false, Some(n(1)));
+            let record = format!("{token}:{}", String::from_utf8_lossy(&argv[2]));
             set(
                 keys_db,
-                keys[4].clone(),
-                argv[4].clone(),
+                keys[3].clone(),
+                Bytes::from(record),
                 false,
                 Some(n(6).max(n(1))),
             );
             Reply::ok()
         } else if body == UNDO_SCRIPT {
-            let ours = live(keys_db, &keys[0]) == Some(&argv[0])
-                && live(keys_db, &keys[1]) == Some(&argv[1]);
+            let record = live(keys_db, &keys[1]).cloned().unwrap_or_default();
+            let suffix = format!(":{}", String::from_utf8_lossy(&argv[1]));
+            let ours =
+                live(keys_db, &keys[0]) == Some(&argv[0]) && record.ends_with(suffix.as_bytes());
             if ours {
                 keys_db.remove(&keys[0]);
-                keys_db.remove(&keys[1]);
             }
-            Reply::Integer(if ours { 2 } else { 0 })
+            Reply::Integer(ours as i64)
         } else if body == COMPARE_AND_DELETE {
             let ours = live(keys_db, &keys[0]) == Some(&argv[0]);
             if ours {
@@ -306,6 +307,12 @@ fn set(db: &mut Db, key: Bytes, value: Bytes, nx: bool, px: Option<u64>) -> Repl
     let expiry = px.map(|ms| Instant::now() + Duration::from_millis(ms));
     db.insert(key, (value, expiry));
     Reply::ok()
+}
+
+/// The token of a counter record `<token>:<attempt id>`.
+fn counter_token(record: &[u8]) -> u64 {
+    let digits = record.iter().take_while(|b| b.is_ascii_digit()).count();
+    number(&record[..digits]).unwrap_or(0)
 }
 
 fn number(arg: &[u8]) -> Option<u64> {

@@ -395,44 +395,37 @@ async fn slow_links_that_recover_deliver_no_phantom() {
 }
 
 /// The acquire script on one real master: a write that arrives after its deadline (held up in a
-/// paused master's buffer) takes no effect, and a clean-up deletes only what its own attempt
-/// wrote, never a later attempt's grant with the same value.
+/// paused master's buffer) takes no effect, a clean-up deletes only what its own attempt wrote
+/// (never a later attempt's grant with the same value), and a fencing token is taken only above
+/// the key's counter and near the master's clock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
     use redlock_proxy::on_master::{
-        attempt_key, ACQUIRE_SCRIPT, ARMED_KEY, QUARANTINE_KEY, UNDO_SCRIPT,
+        token_key, ACQUIRE_SCRIPT, ARMED_KEY, QUARANTINE_KEY, UNDO_SCRIPT,
     };
     let master = redlock_proxy::LocalMaster::start(None, &[]).unwrap();
     let port = master.port;
     master_cmd(port, &["SET", ARMED_KEY, "1"]).await;
     let k = key("attempts");
-    let ak = String::from_utf8(attempt_key(k.as_bytes()).to_vec()).unwrap();
-    let now_ms = |reply: String| -> u64 {
-        // `*[secs,micros]` rendered by the test client
+    let tk = String::from_utf8(token_key(k.as_bytes()).to_vec()).unwrap();
+    // `*[$secs,$micros]` rendered by the test client, in µs.
+    let now_us = |reply: String| -> u64 {
         let inner = reply
             .trim_start_matches("*[")
             .trim_end_matches(']')
             .to_string();
-        let mut parts = inner.split(',');
-        let secs: u64 = parts
-            .next()
-            .unwrap()
-            .trim_start_matches('$')
-            .parse()
-            .unwrap();
-        let micros: u64 = parts
-            .next()
-            .unwrap()
-            .trim_start_matches('$')
-            .parse()
-            .unwrap();
-        secs * 1000 + micros / 1000
+        let mut parts = inner
+            .split(',')
+            .map(|p| p.trim_start_matches('$').parse::<u64>().unwrap());
+        parts.next().unwrap() * 1_000_000 + parts.next().unwrap()
     };
-    let t = now_ms(master_cmd(port, &["TIME"]).await);
-    let acquire = |id: &str, deadline: u64| {
-        let (k, ak, id) = (k.clone(), ak.clone(), id.to_string());
+    let t_us = now_us(master_cmd(port, &["TIME"]).await);
+    let t = t_us / 1000;
+    const WINDOW_US: &str = "10000000";
+    let acquire = |id: &str, deadline: u64, token: u64| {
+        let (k, tk, id) = (k.clone(), tk.clone(), id.to_string());
         async move {
-            let deadline = deadline.to_string();
+            let (deadline, token) = (deadline.to_string(), token.to_string());
             master_cmd(
                 port,
                 &[
@@ -442,41 +435,53 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
                     &k,
                     ARMED_KEY,
                     QUARANTINE_KEY,
-                    &ak,
+                    &tk,
                     "tok",
                     "20000",
                     &id,
                     &deadline,
+                    &token,
+                    WINDOW_US,
+                    "60000",
                 ],
             )
             .await
         }
     };
     let undo = |id: &str| {
-        let (k, ak, id) = (k.clone(), ak.clone(), id.to_string());
-        async move { master_cmd(port, &["EVAL", UNDO_SCRIPT, "2", &k, &ak, "tok", &id]).await }
+        let (k, tk, id) = (k.clone(), tk.clone(), id.to_string());
+        async move { master_cmd(port, &["EVAL", UNDO_SCRIPT, "2", &k, &tk, "tok", &id]).await }
     };
     // Past its deadline: refused, nothing written.
-    assert_eq!(acquire("a1", t - 1000).await, ":-2");
+    assert_eq!(acquire("a1", t - 1000, t_us).await, ":-2");
     assert_eq!(master_get(port, &k).await, None);
-    // Attempt a1 is written, then undone: gone.
-    assert_eq!(acquire("a1", t + 60_000).await, "+OK");
-    assert_eq!(undo("a1").await, ":2");
+    // Attempt a1 is written, then undone: gone (its token stays: tokens only go up).
+    assert_eq!(acquire("a1", t + 60_000, t_us).await, "+OK");
+    assert_eq!(undo("a1").await, ":1");
+    assert_eq!(master_get(port, &k).await, None);
+    assert_eq!(master_get(port, &tk).await, Some(format!("{t_us}:a1")));
+    // A token not above the counter, or far from the master's clock, is refused.
+    assert_eq!(
+        acquire("a2", t + 60_000, t_us).await,
+        format!("*[:-4,:{t_us}]")
+    );
+    let far = t_us + 60_000_000;
+    assert!(acquire("a2", t + 60_000, far).await.starts_with("*[:-3,:"));
     assert_eq!(master_get(port, &k).await, None);
     // A retry a2 with the same value is granted; a stale clean-up of a1 leaves it alone.
-    assert_eq!(acquire("a2", t + 60_000).await, "+OK");
+    assert_eq!(acquire("a2", t + 60_000, t_us + 1).await, "+OK");
     assert_eq!(undo("a1").await, ":0");
     assert_eq!(master_get(port, &k).await.as_deref(), Some("tok"));
     // A late a1 write (before its deadline, key held) changes nothing either.
-    assert_eq!(acquire("a1", t + 60_000).await, "$nil");
+    assert_eq!(acquire("a1", t + 60_000, t_us + 2).await, "$nil");
     assert_eq!(undo("a1").await, ":0");
     assert_eq!(master_get(port, &k).await.as_deref(), Some("tok"));
     // Quarantined or unarmed: no write.
     master_cmd(port, &["DEL", &k]).await;
     master_cmd(port, &["SET", QUARANTINE_KEY, "1", "PX", "60000"]).await;
-    assert_eq!(acquire("a3", t + 60_000).await, ":-1");
+    assert_eq!(acquire("a3", t + 60_000, t_us + 3).await, ":-1");
     master_cmd(port, &["DEL", QUARANTINE_KEY, ARMED_KEY]).await;
-    assert_eq!(acquire("a3", t + 60_000).await, ":-1");
+    assert_eq!(acquire("a3", t + 60_000, t_us + 3).await, ":-1");
     assert_eq!(master_get(port, &k).await, None);
 }
 

@@ -17,36 +17,28 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// The acquire on one master. `KEYS` = the lock key, [`ARMED_KEY`], [`QUARANTINE_KEY`], the
-/// attempt key ([`attempt_key`]), the token counter ([`token_key`]); `ARGV` = the value, `PX`,
-/// this attempt's id, the deadline (ms since the epoch, in the master's clock), the proposed
-/// fencing token, the token window (µs), the counter's lifetime (ms).
+/// key's token counter ([`token_key`]); `ARGV` = the value, `PX`, this attempt's id, the
+/// deadline (ms since the epoch, in the master's clock), the proposed fencing token, the token
+/// window (µs), the counter's lifetime (ms).
 /// - Nothing is written after the deadline (`-2`): a write held up in a paused master's socket
 ///   buffer cannot take effect once the proxy has given up on it, so the clean-up sent after
 ///   the deadline is final (no phantom holder).
 /// - Nothing is written unless the master is armed and not quarantined (`-1`): it lost its
 ///   data since it was last checked, or a proxy quarantined it. Checked in the same script, so
 ///   no wipe can fall between the check and the write.
-/// - A key already held answers null, like `SET NX`.
 /// - The token is refused if it is outside the window around the master's clock (`[-3,
-///   clock µs]`) or not above the key's counter (`[-4, counter]`); otherwise it becomes the
-///   counter, for at least the counter's lifetime ([`crate::redlock::TokenRules`]).
-/// - A successful write records the attempt's id beside the lock, with the same `PX`, so the
-///   clean-up of a refused attempt deletes only what *that* attempt wrote, never the grant of a
-///   later attempt with the same value (redis-py retries with the same token).
-pub const ACQUIRE_SCRIPT: &str = "local t = redis.call('time') if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[4]) then return -2 end if redis.call('exists', KEYS[2]) == 0 or redis.call('exists', KEYS[3]) == 1 then return -1 end if redis.call('exists', KEYS[1]) == 1 then return false end local token = tonumber(ARGV[5]) local now = tonumber(t[1]) * 1000000 + tonumber(t[2]) if token > now + tonumber(ARGV[6]) or token < now - tonumber(ARGV[6]) then return {-3, now} end local counter = tonumber(redis.call('get', KEYS[5]) or '0') if token <= counter then return {-4, counter} end redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) redis.call('set', KEYS[4], ARGV[3], 'PX', ARGV[2]) redis.call('set', KEYS[5], ARGV[5], 'PX', math.max(tonumber(ARGV[7]), tonumber(ARGV[2]))) return redis.status_reply('OK')";
+///   clock µs]`) or not above the key's counter (`[-4, counter]`): nothing is written.
+/// - Then `SET key value NX PX`: null if the key is held. If it is set, the counter becomes
+///   `<token>:<attempt id>` for at least its lifetime ([`crate::redlock::TokenRules`]): the
+///   token for later acquires, and the attempt id so that the clean-up of a refused attempt
+///   deletes only what *that* attempt wrote, never the grant of a later attempt with the same
+///   value (redis-py retries with the same token).
+pub const ACQUIRE_SCRIPT: &str = "local t = redis.call('time') if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[4]) then return -2 end if redis.call('exists', KEYS[2]) == 0 or redis.call('exists', KEYS[3]) == 1 then return -1 end local token = tonumber(ARGV[5]) local now = tonumber(t[1]) * 1000000 + tonumber(t[2]) if token > now + tonumber(ARGV[6]) or token < now - tonumber(ARGV[6]) then return {-3, now} end local c = redis.call('get', KEYS[4]) local counter = c and tonumber(string.match(c, '^%d+')) or 0 if token <= counter then return {-4, counter} end if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return false end redis.call('set', KEYS[4], ARGV[5] .. ':' .. ARGV[3], 'PX', math.max(tonumber(ARGV[7]), tonumber(ARGV[2]))) return redis.status_reply('OK')";
 
 /// The vote of a master that was unarmed or quarantined at acquire time.
 pub const UNARMED: Reply = Reply::Integer(-1);
 
-/// Where an acquire records its attempt id beside `key`.
-pub fn attempt_key(key: &[u8]) -> Bytes {
-    let mut name = BytesMut::with_capacity(key.len() + 22);
-    name.extend_from_slice(b"redlock-proxy:attempt:");
-    name.extend_from_slice(key);
-    name.freeze()
-}
-
-/// Where the masters keep the fencing token counter of `key`.
+/// Where the masters keep the fencing token counter of `key` (`<token>:<attempt id>`).
 pub fn token_key(key: &[u8]) -> Bytes {
     let mut name = BytesMut::with_capacity(key.len() + 20);
     name.extend_from_slice(b"redlock-proxy:token:");
@@ -222,7 +214,6 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
     // request leaves (after the fan-out permit).
     let quarantine = masters.quarantine();
     let attempt_id = acquirer.ids.next();
-    let attempt_key = attempt_key(key);
     let token_key = token_key(key);
     let (token_arg, window, life) = (
         token.to_string(),
@@ -251,11 +242,10 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
             encode_command(&[
                 how,
                 script,
-                b"5",
+                b"4",
                 key,
                 ARMED_KEY.as_bytes(),
                 QUARANTINE_KEY.as_bytes(),
-                &attempt_key,
                 &token_key,
                 value,
                 px.as_bytes(),
@@ -291,7 +281,7 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
             UNDO_SCRIPT.as_bytes(),
             b"2",
             key,
-            &attempt_key,
+            &token_key,
             value,
             attempt_id.as_bytes(),
         ])
