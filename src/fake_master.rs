@@ -247,20 +247,11 @@ impl FakeMaster {
                 return Reply::Null;
             }
             set(keys_db, keys[0].clone(), argv[0].clone(), false, Some(n(1)));
-            let record = format!("{token}:{}", String::from_utf8_lossy(&argv[2]));
-            set(
-                keys_db,
-                keys[3].clone(),
-                Bytes::from(record),
-                false,
-                Some(n(6).max(n(1))),
-            );
+            set(keys_db, keys[3].clone(), argv[2].clone(), false, Some(n(6)));
             Reply::ok()
         } else if body == UNDO_SCRIPT {
-            let record = live(keys_db, &keys[1]).cloned().unwrap_or_default();
-            let suffix = format!(":{}", String::from_utf8_lossy(&argv[1]));
-            let ours =
-                live(keys_db, &keys[0]) == Some(&argv[0]) && record.ends_with(suffix.as_bytes());
+            let ours = live(keys_db, &keys[0]) == Some(&argv[0])
+                && live(keys_db, &keys[1]) == Some(&argv[1]);
             if ours {
                 keys_db.remove(&keys[0]);
             }
@@ -309,10 +300,9 @@ fn set(db: &mut Db, key: Bytes, value: Bytes, nx: bool, px: Option<u64>) -> Repl
     Reply::ok()
 }
 
-/// The token of a counter record `<token>:<attempt id>`.
+/// The token of a counter record `<16-digit token>:<attempt id>`.
 fn counter_token(record: &[u8]) -> u64 {
-    let digits = record.iter().take_while(|b| b.is_ascii_digit()).count();
-    number(&record[..digits]).unwrap_or(0)
+    number(&record[..record.len().min(16)]).unwrap_or(0)
 }
 
 fn number(arg: &[u8]) -> Option<u64> {

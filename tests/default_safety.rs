@@ -423,9 +423,10 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
     let t = t_us / 1000;
     const WINDOW_US: &str = "10000000";
     let acquire = |id: &str, deadline: u64, token: u64| {
-        let (k, tk, id) = (k.clone(), tk.clone(), id.to_string());
+        let (k, tk) = (k.clone(), tk.clone());
+        let (token, deadline) = (format!("{token:016}"), deadline.to_string());
+        let record = format!("{token}:{id}");
         async move {
-            let (deadline, token) = (deadline.to_string(), token.to_string());
             master_cmd(
                 port,
                 &[
@@ -438,7 +439,7 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
                     &tk,
                     "tok",
                     "20000",
-                    &id,
+                    &record,
                     &deadline,
                     &token,
                     WINDOW_US,
@@ -448,18 +449,20 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
             .await
         }
     };
-    let undo = |id: &str| {
-        let (k, tk, id) = (k.clone(), tk.clone(), id.to_string());
-        async move { master_cmd(port, &["EVAL", UNDO_SCRIPT, "2", &k, &tk, "tok", &id]).await }
+    // The clean-up names the attempt by its record (token and id).
+    let undo = |id: &str, token: u64| {
+        let (k, tk) = (k.clone(), tk.clone());
+        let record = format!("{token:016}:{id}");
+        async move { master_cmd(port, &["EVAL", UNDO_SCRIPT, "2", &k, &tk, "tok", &record]).await }
     };
     // Past its deadline: refused, nothing written.
     assert_eq!(acquire("a1", t - 1000, t_us).await, ":-2");
     assert_eq!(master_get(port, &k).await, None);
     // Attempt a1 is written, then undone: gone (its token stays: tokens only go up).
     assert_eq!(acquire("a1", t + 60_000, t_us).await, "+OK");
-    assert_eq!(undo("a1").await, ":1");
+    assert_eq!(undo("a1", t_us).await, ":1");
     assert_eq!(master_get(port, &k).await, None);
-    assert_eq!(master_get(port, &tk).await, Some(format!("{t_us}:a1")));
+    assert_eq!(master_get(port, &tk).await, Some(format!("{t_us:016}:a1")));
     // A token not above the counter, or far from the master's clock, is refused.
     assert_eq!(
         acquire("a2", t + 60_000, t_us).await,
@@ -470,11 +473,11 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
     assert_eq!(master_get(port, &k).await, None);
     // A retry a2 with the same value is granted; a stale clean-up of a1 leaves it alone.
     assert_eq!(acquire("a2", t + 60_000, t_us + 1).await, "+OK");
-    assert_eq!(undo("a1").await, ":0");
+    assert_eq!(undo("a1", t_us).await, ":0");
     assert_eq!(master_get(port, &k).await.as_deref(), Some("tok"));
     // A late a1 write (before its deadline, key held) changes nothing either.
     assert_eq!(acquire("a1", t + 60_000, t_us + 2).await, "$nil");
-    assert_eq!(undo("a1").await, ":0");
+    assert_eq!(undo("a1", t_us + 2).await, ":0");
     assert_eq!(master_get(port, &k).await.as_deref(), Some("tok"));
     // Quarantined or unarmed: no write.
     master_cmd(port, &["DEL", &k]).await;

@@ -77,7 +77,31 @@ fn hold(key: &str, t_send: u64, t_ok: u64, release: Option<u64>, ttl_ms: u64) ->
         t_ok: t_ok * 1_000_000,
         t_release_sent: release.map(|r| r * 1_000_000),
         t_extend_sent: None,
+        fence: None,
     }
+}
+
+#[test]
+fn checker_finds_tokens_that_go_backwards() {
+    let fenced = |t_send: u64, t_ok: u64, fence: u64| Hold {
+        fence: Some(fence),
+        ..hold("k", t_send, t_ok, Some(t_ok + 10), 500)
+    };
+    // In order, overlapping in flight (not ordered), and unfenced grants: fine.
+    let fine = vec![
+        fenced(0, 5, 10),
+        fenced(20, 25, 30),
+        fenced(24, 40, 20),
+        hold("k", 50, 55, Some(60), 500),
+        fenced(100, 105, 31),
+    ];
+    assert!(checker::token_regressions(&fine).is_empty());
+    // A grant read before another was sent, with a higher token: a regression.
+    let mut back = fine.clone();
+    back.push(fenced(200, 205, 25));
+    let found = checker::token_regressions(&back);
+    assert_eq!(found.len(), 1);
+    assert_eq!((found[0].0.fence, found[0].1.fence), (Some(31), Some(25)));
 }
 
 #[test]
@@ -637,6 +661,7 @@ async fn kleppmann_restart(
         t_ok: now_ns(),
         t_release_sent: None,
         t_extend_sent: None,
+        fence: None,
     };
     assert_eq!(master_get(m(0), &k).await.as_deref(), Some("tok-a"));
     assert_eq!(master_get(m(1), &k).await.as_deref(), Some("tok-a"));
@@ -685,6 +710,7 @@ async fn kleppmann_restart(
                 t_ok,
                 t_release_sent: Some(now_ns()),
                 t_extend_sent: None,
+                fence: None,
             });
             b.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, &token]).await;
         }

@@ -20,7 +20,7 @@ use crate::redlock::{backend_ttl_ms, quorum, validity_window, MergeRule};
 
 /// `KEYS` = key, its token counter; `ARGV` = value. The token (`<token>:<attempt id>`), while
 /// `value` holds `key`.
-const TOKEN_SCRIPT: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then local c = redis.call('get', KEYS[2]) if c then return tonumber(string.match(c, '^%d+')) end end return false";
+const TOKEN_SCRIPT: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then local c = redis.call('get', KEYS[2]) if c then return tonumber(string.sub(c, 1, 16)) end end return false";
 
 /// `KEYS` = key, its token counter, the two markers; `ARGV` = value, `PX`. `1` if extended,
 /// `0` if `value` does not hold `key`, `-1` if the master lost its data or is quarantined

@@ -10,9 +10,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// The clean-up of one acquire attempt: deletes the lock only if it still holds the attempt's
-/// value and the key's token counter names that attempt (`KEYS` = lock key, token counter;
-/// `ARGV` = value, attempt id). The counter stays: tokens may only go up.
-pub const UNDO_SCRIPT: &str = "local c = redis.call('get', KEYS[2]) if redis.call('get', KEYS[1]) == ARGV[1] and c and string.sub(c, -(#ARGV[2] + 1)) == ':' .. ARGV[2] then return redis.call('del', KEYS[1]) end return 0";
+/// value and the key's token counter is still the attempt's record (`KEYS` = lock key, token
+/// counter; `ARGV` = value, the record `<token>:<attempt id>`). The counter stays: tokens may
+/// only go up.
+pub const UNDO_SCRIPT: &str = "if redis.call('get', KEYS[1]) == ARGV[1] and redis.call('get', KEYS[2]) == ARGV[2] then return redis.call('del', KEYS[1]) end return 0";
 
 /// The compare-and-delete (`KEYS[1]` = key, `ARGV[1]` = value): the clean-up when quarantine
 /// is off and the acquire is a plain `SET NX PX` (no attempt id), and the release every

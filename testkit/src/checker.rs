@@ -49,6 +49,8 @@ pub struct Hold {
     /// Just before the last *successful* extend (same TTL) was written; `None` if the holder
     /// never extended, or every extend it sent was refused or failed.
     pub t_extend_sent: Option<u64>,
+    /// The fencing token, for a grant taken with `LOCK.ACQUIRE`.
+    pub fence: Option<u64>,
 }
 
 impl Hold {
@@ -131,6 +133,41 @@ pub fn overlaps(holds: &[Hold]) -> Vec<Overlap> {
 /// token may be sent many times, and a token granted, released and granted again later is
 /// harmless. What must never happen is two live grants carrying one token. (Recording tokens
 /// unique per attempt instead would make this check vacuous.)
+/// Fencing tokens that went backwards: pairs of grants of one key where the first `OK` was read
+/// before the second acquire was sent (real-time order), yet the second token is not above the
+/// first. The proxy promises tokens ordered like the grants, whatever the faults (docs/SAFETY.md,
+/// "Fencing tokens"). Only grants with a token take part.
+pub fn token_regressions(holds: &[Hold]) -> Vec<(Hold, Hold)> {
+    let mut by_key: BTreeMap<&str, Vec<&Hold>> = BTreeMap::new();
+    for h in holds.iter().filter(|h| h.fence.is_some()) {
+        by_key.entry(h.key.as_str()).or_default().push(h);
+    }
+    let mut regressions = Vec::new();
+    for grants in by_key.into_values() {
+        let mut by_ok = grants.clone();
+        by_ok.sort_by_key(|h| h.t_ok);
+        let mut by_send = grants;
+        by_send.sort_by_key(|h| h.t_send);
+        // The grant with the highest token among those read before each acquire was sent.
+        let mut highest: Option<&Hold> = None;
+        let mut next = 0;
+        for later in by_send {
+            while next < by_ok.len() && by_ok[next].t_ok < later.t_send {
+                if highest.is_none_or(|h| by_ok[next].fence > h.fence) {
+                    highest = Some(by_ok[next]);
+                }
+                next += 1;
+            }
+            if let Some(earlier) = highest {
+                if later.fence <= earlier.fence {
+                    regressions.push((earlier.clone(), later.clone()));
+                }
+            }
+        }
+    }
+    regressions
+}
+
 pub fn duplicate_tokens(holds: &[Hold]) -> usize {
     let mut by_token: BTreeMap<(&str, &str), Vec<(u64, u64)>> = BTreeMap::new();
     for h in holds {
@@ -171,6 +208,9 @@ pub struct Report {
     /// Acquires with no reply within the client's limit.
     pub timeouts: u64,
     pub duplicate_tokens: usize,
+    /// Grants taken with a fencing token, and the pairs whose tokens went backwards.
+    pub fenced: usize,
+    pub token_regressions: Vec<(Hold, Hold)>,
     pub violations: Vec<Overlap>,
     /// The holds involved, for the report.
     pub holds: Vec<Hold>,
@@ -201,6 +241,8 @@ impl Report {
             errors,
             timeouts,
             duplicate_tokens: duplicate_tokens(&holds),
+            fenced: holds.iter().filter(|h| h.fence.is_some()).count(),
+            token_regressions: token_regressions(&holds),
             violations,
             holds,
             max_reply_ms,
@@ -223,7 +265,8 @@ impl fmt::Display for Report {
         write!(
             f,
             "grants={} (late OKs {}, OKs past validity {}, extended {}) refusals={} errors={} \
-             timeouts={} violations={} duplicate_tokens={} max_reply={:.1}ms max_grant={:.1}ms",
+             timeouts={} violations={} duplicate_tokens={} fenced={} token_regressions={} \
+             max_reply={:.1}ms max_grant={:.1}ms",
             self.grants,
             self.late_oks,
             self.oks_past_validity,
@@ -233,6 +276,8 @@ impl fmt::Display for Report {
             self.timeouts,
             self.violations.len(),
             self.duplicate_tokens,
+            self.fenced,
+            self.token_regressions.len(),
             self.max_reply_ms,
             self.max_grant_ms,
         )?;
@@ -267,6 +312,21 @@ impl fmt::Display for Report {
         }
         if self.violations.len() > 10 {
             write!(f, "\n  … {} more", self.violations.len() - 10)?;
+        }
+        for (earlier, later) in self.token_regressions.iter().take(10) {
+            write!(
+                f,
+                "\n  TOKEN REGRESSION on {}: {} (w{} p{} ok={:.3}) then {} (w{} p{} send={:.3})",
+                earlier.key,
+                earlier.fence.unwrap_or(0),
+                earlier.worker,
+                earlier.proxy,
+                ms(earlier.t_ok),
+                later.fence.unwrap_or(0),
+                later.worker,
+                later.proxy,
+                ms(later.t_send)
+            )?;
         }
         Ok(())
     }

@@ -209,6 +209,10 @@ pub fn verdict(
         "[{name}] two live grants carried one token"
     );
     assert!(
+        report.token_regressions.is_empty(),
+        "[{name}] FENCING TOKENS WENT BACKWARDS (SEED={seed}): {report}"
+    );
+    assert!(
         report.late_oks <= late_oks_allowed,
         "[{name}] {} OKs read after their lease ended (send + TTL; {late_oks_allowed} allowed): the validity re-check let useless grants through (SEED={seed}): {report}\n{}",
         report.late_oks,

@@ -130,6 +130,9 @@ pub struct Workload {
     /// After a refusal, with this chance the next attempt is on the same key with the same
     /// token (redis-py's retry) instead of a fresh one.
     pub same_token_retry_chance: f64,
+    /// With this chance an acquire (not a script one) is `LOCK.ACQUIRE`, whose fencing token is
+    /// recorded and checked ([`crate::checker::token_regressions`]).
+    pub lock_acquire_chance: f64,
     /// When set, overrides `ports`: read at every (re)connect, so workers follow a proxy that
     /// restarted on a new port.
     pub live_ports: Option<PortTable>,
@@ -161,6 +164,7 @@ impl Workload {
             script_refusal_release_chance: 1.0,
             extend_chance: 0.0,
             same_token_retry_chance: 0.0,
+            lock_acquire_chance: 0.0,
             live_ports: None,
         }
     }
@@ -364,6 +368,9 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
         };
         let key = &key;
         let via_script = rng.chance(cfg.acquire_via_script_chance);
+        // Drawn only when used, so runs without tokens keep their random sequences.
+        let via_lock =
+            !via_script && cfg.lock_acquire_chance > 0.0 && rng.chance(cfg.lock_acquire_chance);
         let t_send = now_ns();
         let reply = if via_script {
             h.script_acquires += 1;
@@ -372,11 +379,21 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
                 cfg.reply_timeout,
             )
             .await
+        } else if via_lock {
+            c.try_cmd(&["LOCK.ACQUIRE", key, &token, &ttl], cfg.reply_timeout)
+                .await
         } else {
             c.try_cmd(&["SET", key, &token, "NX", "PX", &ttl], cfg.reply_timeout)
                 .await
         };
         let t_reply = now_ns();
+        // `*[:token,:validity]` to a granted `LOCK.ACQUIRE`.
+        let fence = reply
+            .as_deref()
+            .filter(|_| via_lock)
+            .and_then(|r| r.strip_prefix("*[:"))
+            .and_then(|r| r.split(',').next())
+            .and_then(|t| t.parse::<u64>().ok());
         h.attempts += 1;
         h.reply_us.push((t_reply - t_send) / 1000);
         if t_reply - t_send > SLOW_REPLY.as_nanos() as u64 {
@@ -389,6 +406,7 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
                 .push((t_send, (t_reply - t_send) / 1000, what));
         }
         let (granted, refused) = match (via_script, reply.as_deref()) {
+            _ if fence.is_some() => (true, false),
             (false, Some("+OK")) | (true, Some(":1")) => (true, false),
             (false, Some("$nil")) | (false, Some("_")) | (true, Some(":0")) => (false, true),
             _ => (false, false),
@@ -407,6 +425,7 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
                 t_ok: t_reply,
                 t_release_sent: None,
                 t_extend_sent: None,
+                fence,
             };
             let mut usable_conn = true;
             if rng.chance(cfg.extend_chance) {
