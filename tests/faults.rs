@@ -519,6 +519,8 @@ fn two_proxies_share_the_masters_under_faults() {
         let mut w = Workload::new(rig.ports(), "two-proxies", seed);
         w.workers = 10;
         w.duration = scaled(20.0);
+        // Tokens from both proxies, checked to never go backwards.
+        w.lock_acquire_chance = 0.5;
         let r = scenario(
             "two-proxies",
             &mut rig,
@@ -533,6 +535,15 @@ fn two_proxies_share_the_masters_under_faults() {
         for p in 0..2 {
             let n = r.holds.iter().filter(|h| h.proxy == p).count();
             assert!(n >= 50, "proxy {p} granted only {n}: {r}");
+            let fenced = r
+                .holds
+                .iter()
+                .filter(|h| h.proxy == p && h.fence.is_some())
+                .count();
+            assert!(
+                fenced >= 10,
+                "proxy {p} granted only {fenced} with a token: {r}"
+            );
         }
     });
 }
@@ -804,6 +815,8 @@ fn mixed(mut w: Workload, script: f64, extend: f64, same_token: f64) -> Workload
     w.acquire_via_script_chance = script;
     w.extend_chance = extend;
     w.same_token_retry_chance = same_token;
+    // A third of the other acquires take a fencing token, checked to never go backwards.
+    w.lock_acquire_chance = 0.3;
     w
 }
 
@@ -1041,6 +1054,7 @@ fn soak_mixed_faults() {
             w.long_hold_chance = 0.05;
             w.retry_pause_ms = (0, 3);
             w.duration = Duration::from_secs(chunk);
+            w.lock_acquire_chance = 0.5;
             let h = rig
                 .run_with_faults(
                     &w,
@@ -1063,6 +1077,10 @@ fn soak_mixed_faults() {
                 r.violations.is_empty(),
                 "[soak] MUTUAL EXCLUSION VIOLATED (SEED={seed}): {r}\n{}",
                 faults_before_violations(&r, &rig.nemesis.log)
+            );
+            assert!(
+                r.token_regressions.is_empty(),
+                "[soak] FENCING TOKENS WENT BACKWARDS (SEED={seed}): {r}"
             );
         }
         let min = (100_000 * secs / 600) as usize;
