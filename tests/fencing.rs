@@ -190,3 +190,49 @@ async fn without_the_clock_a_lost_counter_lets_a_token_go_back() {
         "expected a regression, got {after} after {before}"
     );
 }
+
+/// The protected resource of the fencing argument: accepts a write only with a token above the
+/// last one it accepted.
+#[derive(Default)]
+struct TokenCheckingResource {
+    last: u64,
+    value: Option<String>,
+}
+
+impl TokenCheckingResource {
+    fn write(&mut self, token: u64, value: &str) -> Result<(), String> {
+        if token <= self.last {
+            return Err(format!("stale token {token} (last {})", self.last));
+        }
+        self.last = token;
+        self.value = Some(value.to_string());
+        Ok(())
+    }
+}
+
+/// Kleppmann's scenario: a holder pauses for twice its TTL; another client takes the lock and
+/// writes; the paused holder then writes with its old token and is rejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_paused_past_its_lease_is_fenced_off() {
+    let masters = LocalCluster::start(3).unwrap();
+    let proxy = Proxy::start(masters.addrs(), settings).await;
+    let mut paused = proxy.client().await;
+    let mut other = proxy.client().await;
+    up(&mut paused, 3).await;
+    let k = key("fence-paused");
+    let mut resource = TokenCheckingResource::default();
+    let ttl_ms: u64 = 300;
+    let reply = paused
+        .cmd(&["LOCK.ACQUIRE", &k, "a", &ttl_ms.to_string()])
+        .await;
+    let (old, _) = granted(&reply).expect(&reply);
+    tokio::time::sleep(Duration::from_millis(2 * ttl_ms)).await;
+    let reply = other
+        .cmd(&["LOCK.ACQUIRE", &k, "b", &ttl_ms.to_string()])
+        .await;
+    let (new, _) = granted(&reply).expect(&reply);
+    resource.write(new, "b").expect("the new holder writes");
+    let late = resource.write(old, "a");
+    assert!(late.is_err(), "the paused holder's write was accepted");
+    assert_eq!(resource.value.as_deref(), Some("b"));
+}
