@@ -15,6 +15,8 @@
 //! - `memory`: proxy resident bytes per idle client connection (10k connections, one PING each).
 //! - `contention`: 100 clients polling `SET hot v NX PX 30000` every 5 ms while one holder
 //!   holds it; master operations per client operation.
+//! - `fencing`: `LOCK.ACQUIRE` → `LOCK.RELEASE` loops on 20 shared keys through one proxy, then
+//!   through two in front of the same masters (token conflicts between proxies).
 //!
 //! Every proxy is the release binary run as a separate process (the test kit's
 //! `launcher::ProxyProcess`), started fresh for each cell. Knobs (`BENCH_*` environment
@@ -23,6 +25,7 @@
 mod contention;
 mod cycles;
 mod external;
+mod fencing;
 mod memory;
 mod procs;
 mod report;
@@ -316,6 +319,30 @@ impl Bench {
         }
     }
 
+    /// One proxy, then two, in front of the same masters (see [`fencing`]).
+    fn fencing(&mut self) {
+        let s = self.settings.clone();
+        let addrs = self.masters.addrs();
+        let (one, two) = match (s.start_proxy(&addrs), s.start_proxy(&addrs)) {
+            (Ok(one), Ok(two)) => (one, two),
+            (Err(err), _) | (_, Err(err)) => return self.skip(format!("fencing: {err}")),
+        };
+        self.prepare(one.port);
+        self.prepare(two.port);
+        for (tag, ports) in [("one", vec![one.port]), ("two", vec![one.port, two.port])] {
+            let r = self.block_on(fencing::run(&s, tag, &ports));
+            progress(&format!(
+                "fencing over {} prox{}: {} grants/s, {} attempts/s, {} tokens backwards",
+                r.proxies,
+                if r.proxies == 1 { "y" } else { "ies" },
+                fmt_rate(r.grants_per_sec),
+                fmt_rate(r.attempts_per_sec),
+                r.regressions
+            ));
+            self.results.fencing.push(r);
+        }
+    }
+
     fn record_hot(&mut self, h: contention::HotResult) {
         progress(&format!(
             "contention {}: {} client SETs, {} master SET/EVAL/EVALSHA, p99 {} ms",
@@ -408,6 +435,7 @@ fn main() {
             "redis-benchmark" => bench.redis_benchmark(),
             "memory" => bench.memory(),
             "contention" => bench.contention(),
+            "fencing" => bench.fencing(),
             _ => unreachable!("every section is handled"),
         }
     }

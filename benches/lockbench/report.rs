@@ -17,6 +17,7 @@ pub struct Results {
     pub rb: Vec<RbResult>,
     pub memory: Vec<MemResult>,
     pub hot: Vec<HotResult>,
+    pub fencing: Vec<crate::fencing::FenceResult>,
     pub skipped: Vec<String>,
 }
 
@@ -398,6 +399,35 @@ pub fn render(settings: &Settings, env: &str, results: &Results, elapsed: Durati
             );
         }
         md.push('\n');
+    }
+
+    if let [one, two, ..] = results.fencing.as_slice() {
+        let _ = writeln!(
+            md,
+            "## 6. Fencing tokens: one proxy vs two on the same keys\n"
+        );
+        let _ = writeln!(
+            md,
+            "50 connections loop `LOCK.ACQUIRE key v 30000` → `LOCK.RELEASE` on 20 shared keys for {} s, all through one proxy, then split over two proxies in front of the same 5 masters. Tokens seen going backwards for a key must be 0.\n",
+            settings.secs
+        );
+        let _ = writeln!(md, "| proxies | grants/s | attempts/s | tokens backwards |");
+        let _ = writeln!(md, "|---:|---:|---:|---:|");
+        for r in [one, two] {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} |",
+                r.proxies,
+                fmt_rate(r.grants_per_sec),
+                fmt_rate(r.attempts_per_sec),
+                r.regressions
+            );
+        }
+        let _ = writeln!(
+            md,
+            "\nTwo proxies / one proxy, grants/s: {:.2}.\n",
+            two.grants_per_sec / one.grants_per_sec.max(f64::EPSILON)
+        );
     }
 
     if !results.hot.is_empty() {

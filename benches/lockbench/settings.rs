@@ -25,13 +25,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Every section, in the order they run.
-pub const SECTIONS: [&str; 6] = [
+pub const SECTIONS: [&str; 7] = [
     "cycles",
     "clientside",
     "node",
     "redis-benchmark",
     "memory",
     "contention",
+    "fencing",
 ];
 
 /// Which server a load runs against.
