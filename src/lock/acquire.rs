@@ -19,8 +19,8 @@ use tokio::time::Instant;
 /// The acquire on one master. `KEYS` = the lock key, [`ARMED_KEY`], [`QUARANTINE_KEY`], the
 /// key's token counter ([`token_key`]); `ARGV` = the value, `PX`, the counter's new record
 /// (`<token>:<attempt id>`), the deadline (ms since the epoch, in the master's clock), the
-/// proposed fencing token (16 digits, zero-padded, so that records compare as strings), the
-/// token window (µs), the counter's `PX`.
+/// proposed fencing token (16 digits, zero-padded: a record `<token>:<id>` is at least the
+/// proposal, as strings, exactly when its token is), the token window (µs), the counter's `PX`.
 /// - Nothing is written after the deadline (`-2`): a write held up in a paused master's socket
 ///   buffer cannot take effect once the proxy has given up on it, so the clean-up sent after
 ///   the deadline is final (no phantom holder).
@@ -38,7 +38,7 @@ use tokio::time::Instant;
 /// Four calls (`TIME`, one `MGET` for both markers and the counter, two `SET`s), and the
 /// strings it writes come ready-made from the proxy: it costs a master about what the acquire
 /// without tokens did.
-pub const ACQUIRE_SCRIPT: &str = "local t = redis.call('time') if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[4]) then return -2 end local m = redis.call('mget', KEYS[2], KEYS[3], KEYS[4]) if not m[1] or m[2] then return -1 end local token = tonumber(ARGV[5]) local now = tonumber(t[1]) * 1000000 + tonumber(t[2]) if token > now + tonumber(ARGV[6]) or token < now - tonumber(ARGV[6]) then return {-3, now} end if m[3] and string.sub(m[3], 1, 16) >= ARGV[5] then return {-4, tonumber(string.sub(m[3], 1, 16))} end local ok = redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) if not ok then return false end redis.call('set', KEYS[4], ARGV[3], 'PX', ARGV[7]) return ok";
+pub const ACQUIRE_SCRIPT: &str = "local t = redis.call('time') if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[4]) then return -2 end local m = redis.call('mget', KEYS[2], KEYS[3], KEYS[4]) if not m[1] or m[2] then return -1 end local token = tonumber(ARGV[5]) local now = tonumber(t[1]) * 1000000 + tonumber(t[2]) local window = tonumber(ARGV[6]) if token > now + window or token < now - window then return {-3, now} end if m[3] and m[3] >= ARGV[5] then return {-4, tonumber(string.sub(m[3], 1, 16))} end local ok = redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) if not ok then return false end redis.call('set', KEYS[4], ARGV[3], 'PX', ARGV[7]) return ok";
 
 /// The vote of a master that was unarmed or quarantined at acquire time.
 pub const UNARMED: Reply = Reply::Integer(-1);
