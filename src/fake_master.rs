@@ -226,21 +226,21 @@ impl FakeMaster {
             );
             Reply::Integer(pttl(keys_db, &keys[1]))
         } else if body == ACQUIRE_SCRIPT {
-            if self.clock_ms() > n(3) {
+            let now = self.clock_ms();
+            if now > n(3) {
                 return Reply::Integer(-2);
+            }
+            let refuse = |code: i64, seen: u64| {
+                Reply::Array(vec![Reply::Integer(code), Reply::Integer(seen as i64)])
+            };
+            if now < n(5) {
+                return refuse(-3, now * 1000);
             }
             if !exists(keys_db, &keys[1]) || exists(keys_db, &keys[2]) {
                 return Reply::Integer(-1);
             }
-            let (token, now, window) = (n(4), self.clock_ms() * 1000, n(5));
-            let refuse = |code: i64, seen: u64| {
-                Reply::Array(vec![Reply::Integer(code), Reply::Integer(seen as i64)])
-            };
-            if token > now.saturating_add(window) || token < now.saturating_sub(window) {
-                return refuse(-3, now);
-            }
             let counter = live(keys_db, &keys[3]).map_or(0, |c| counter_token(c));
-            if token <= counter {
+            if n(4) <= counter {
                 return refuse(-4, counter);
             }
             if exists(keys_db, &keys[0]) {

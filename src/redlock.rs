@@ -87,37 +87,51 @@ pub enum Vote {
     Replied(Reply),
 }
 
-/// Fencing tokens (docs/SAFETY.md, "Fencing tokens"). Every grant carries a token `t`, the
-/// same on every master: the proxy proposes it, and each master's acquire script accepts the
-/// write only if `t` is above the key's counter on that master and within `window` of the
-/// master's own clock (in µs), then records `t` as the key's counter for `counter_life`.
+/// Fencing tokens (docs/SAFETY.md, "Fencing tokens"). Every grant carries a token `t` (µs),
+/// the same on every master: the proxy proposes it, and each master's acquire script accepts
+/// the write only if `t` is above the key's counter on that master and the master's clock (ms)
+/// is within `window` of `t` ([`TokenRules::accepted_clocks_ms`]), then records `t` as the key's
+/// counter for `counter_life`.
 ///
 /// Why tokens of conflicting grants are ordered like their tenures (G1 before G2, granted by
 /// majorities that share a master x): on x, G2's write came after G1's key was gone. If x still
 /// had G1's counter then, G2 was accepted only with `t2 > t1`. If the counter had expired
 /// (after `counter_life` on x's clock) or x lost it in a data loss (then x was quarantined for
 /// the lease bound before voting again), x's clock advanced by at least `counter_life` since it
-/// accepted `t1 ≤ clock + window`, and it accepted `t2 ≥ clock − window`: so
-/// `t2 − t1 ≥ counter_life − 2 × window > 0`. Nothing here depends on the proxies' clocks or on
-/// the lease timing: a paused holder that acts late is fenced by the token even when mutual
-/// exclusion itself was lost. Assumed: no master's clock steps back by more than `window`.
+/// accepted `t1` (at most `window` + 1 ms behind its clock then, the ms rounding included), and
+/// it accepted `t2` at least `window` + 1 ms ahead of its clock: so
+/// `t2 − t1 ≥ counter_life − 2 × (window + 1 ms) > 0`. Nothing here depends on the proxies'
+/// clocks or on the lease timing: a paused holder that acts late is fenced by the token even
+/// when mutual exclusion itself was lost. Assumed: no master's clock steps back by more than
+/// `window`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenRules {
-    /// How far a proposal may be from a master's clock, either way (µs).
-    pub window_us: u64,
+    /// How far a master's clock may be from a proposal, either way (ms).
+    pub window_ms: u64,
     /// How long a master keeps a key's counter after a grant (ms).
     pub counter_life_ms: u64,
 }
 
 impl TokenRules {
-    /// The rules for a lease bound `B`: a window of `B / 4` and counters kept for `B`, so
-    /// `counter_life − 2 × window = B / 2 > 0`, and a master that lost its counters (then was
-    /// quarantined for `B`) can never accept a token below one it had accepted.
+    /// The rules for a lease bound `B`: a window of `B / 4 − 1 ms` and counters kept for `B`,
+    /// so `counter_life − 2 × (window + 1 ms) = B / 2 > 0`, and a master that lost its counters
+    /// (then was quarantined for `B`) can never accept a token below one it had accepted.
     pub fn for_lease_bound(bound: Duration) -> TokenRules {
+        let bound_ms = bound.as_millis() as u64;
         TokenRules {
-            window_us: (bound / 4).as_micros() as u64,
-            counter_life_ms: (bound.as_millis() as u64).max(1),
+            window_ms: (bound_ms / 4).saturating_sub(1),
+            counter_life_ms: bound_ms.max(1),
         }
+    }
+
+    /// The master clocks (ms) at which a master accepts `token`: `token` ± the window. The
+    /// upper end also bounds the write's deadline, so the script checks it with the deadline.
+    pub fn accepted_clocks_ms(&self, token: u64) -> (u64, u64) {
+        let token_ms = token / 1000;
+        (
+            token_ms.saturating_sub(self.window_ms),
+            token_ms.saturating_add(self.window_ms),
+        )
     }
 }
 
@@ -131,8 +145,8 @@ pub fn propose_token(master_clocks_us: impl IntoIterator<Item = u64>, last: u64)
         .max(last.saturating_add(1))
 }
 
-/// A master's answer to the acquire that refused a token: `[-3, clock_us]` (outside its clock
-/// window) or `[-4, counter]` (not above the key's counter).
+/// A master's answer to the acquire that refused a token: `[-3, clock_us]` (the token is too
+/// far ahead of its clock) or `[-4, counter]` (not above the key's counter).
 pub fn refused_token(vote: &Vote) -> Option<u64> {
     match vote {
         Vote::Replied(Reply::Array(items)) => match items.as_slice() {
@@ -369,14 +383,22 @@ mod tests {
     #[test]
     fn token_rules_order_tokens_across_lost_counters() {
         let rules = TokenRules::for_lease_bound(Duration::from_millis(60_604));
-        assert_eq!(rules.window_us, 15_151_000);
+        assert_eq!(rules.window_ms, 15_150);
         assert_eq!(rules.counter_life_ms, 60_604);
+        assert_eq!(
+            rules.accepted_clocks_ms(1_000_000_999),
+            (1_000_000 - 15_150, 1_000_000 + 15_150)
+        );
         // A counter lost (expired, or wiped then quarantined for the bound): the next token a
-        // master accepts is at least `life − window` later than the clock it accepted the last
-        // one at, which was at most `window` ahead: strictly above it.
-        assert!(rules.counter_life_ms * 1000 > 2 * rules.window_us);
-        let tiny = TokenRules::for_lease_bound(Duration::from_millis(3));
-        assert!(tiny.counter_life_ms * 1000 > 2 * tiny.window_us);
+        // master accepts is at least `life − window − 1 ms` later than the clock it accepted
+        // the last one at, which was at most `window + 1 ms` behind: strictly above it.
+        for bound_ms in [3, 4, 5, 100, 1_515, 60_604] {
+            let r = TokenRules::for_lease_bound(Duration::from_millis(bound_ms));
+            assert!(
+                r.counter_life_ms > 2 * (r.window_ms + 1),
+                "{bound_ms}: {r:?}"
+            );
+        }
     }
 
     #[test]

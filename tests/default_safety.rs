@@ -421,9 +421,10 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
     };
     let t_us = now_us(master_cmd(port, &["TIME"]).await);
     let t = t_us / 1000;
-    const WINDOW_US: &str = "10000000";
+    // The earliest master clock (ms) that may take a token: 10 s before it.
     let acquire = |id: &str, deadline: u64, token: u64| {
         let (k, tk) = (k.clone(), tk.clone());
+        let earliest = (token / 1000 - 10_000).to_string();
         let (token, deadline) = (format!("{token:016}"), deadline.to_string());
         let record = format!("{token}:{id}");
         async move {
@@ -442,7 +443,7 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
                     &record,
                     &deadline,
                     &token,
-                    WINDOW_US,
+                    &earliest,
                     "60000",
                 ],
             )

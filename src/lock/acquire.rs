@@ -18,27 +18,30 @@ use tokio::time::Instant;
 
 /// The acquire on one master. `KEYS` = the lock key, [`ARMED_KEY`], [`QUARANTINE_KEY`], the
 /// key's token counter ([`token_key`]); `ARGV` = the value, `PX`, the counter's new record
-/// (`<token>:<attempt id>`), the deadline (ms since the epoch, in the master's clock), the
-/// proposed fencing token (16 digits, zero-padded: a record `<token>:<id>` is at least the
-/// proposal, as strings, exactly when its token is), the token window (µs), the counter's `PX`.
+/// (`<token>:<attempt id>`), the deadline, the proposed fencing token (µs, 16 digits
+/// zero-padded: a record `<token>:<id>` is at least the proposal, as strings, exactly when its
+/// token is), the earliest master clock that may take the token, the counter's `PX` (clocks
+/// in ms since the epoch, in the master's clock).
 /// - Nothing is written after the deadline (`-2`): a write held up in a paused master's socket
 ///   buffer cannot take effect once the proxy has given up on it, so the clean-up sent after
-///   the deadline is final (no phantom holder).
+///   the deadline is final (no phantom holder). The deadline is also the latest clock at which
+///   the master may take the token ([`crate::redlock::TokenRules::accepted_clocks_ms`]).
+/// - The token is refused if the master's clock is behind the earliest (`[-3, clock µs]`):
+///   the proposal is too far ahead of it.
 /// - Nothing is written unless the master is armed and not quarantined (`-1`): it lost its
 ///   data since it was last checked, or a proxy quarantined it. Checked in the same script, so
 ///   no wipe can fall between the check and the write.
-/// - The token is refused if it is outside the window around the master's clock (`[-3,
-///   clock µs]`) or not above the key's counter (`[-4, counter]`): nothing is written.
+/// - The token is refused if it is not above the key's counter (`[-4, counter]`).
 /// - Then `SET key value NX PX`: null if the key is held. If it is set, the counter becomes
-///   `<token>:<attempt id>` for at least its lifetime ([`crate::redlock::TokenRules`]): the
-///   token for later acquires, and the attempt id so that the clean-up of a refused attempt
-///   deletes only what *that* attempt wrote, never the grant of a later attempt with the same
-///   value (redis-py retries with the same token).
+///   `<token>:<attempt id>` for at least its lifetime: the token for later acquires, and the
+///   attempt id so that the clean-up of a refused attempt deletes only what *that* attempt
+///   wrote, never the grant of a later attempt with the same value (redis-py retries with the
+///   same token).
 ///
-/// Four calls (`TIME`, one `MGET` for both markers and the counter, two `SET`s), and the
-/// strings it writes come ready-made from the proxy: it costs a master about what the acquire
-/// without tokens did.
-pub const ACQUIRE_SCRIPT: &str = "local t = redis.call('time') if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[4]) then return -2 end local m = redis.call('mget', KEYS[2], KEYS[3], KEYS[4]) if not m[1] or m[2] then return -1 end local token = tonumber(ARGV[5]) local now = tonumber(t[1]) * 1000000 + tonumber(t[2]) local window = tonumber(ARGV[6]) if token > now + window or token < now - window then return {-3, now} end if m[3] and m[3] >= ARGV[5] then return {-4, tonumber(string.sub(m[3], 1, 16))} end local ok = redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) if not ok then return false end redis.call('set', KEYS[4], ARGV[3], 'PX', ARGV[7]) return ok";
+/// Four calls (`TIME`, one `MGET` for both markers and the counter, two `SET`s), one number
+/// conversion more than the acquire without tokens, and the strings it writes come ready-made
+/// from the proxy.
+pub const ACQUIRE_SCRIPT: &str = "local t = redis.call('time') local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) if now > tonumber(ARGV[4]) then return -2 end if now < tonumber(ARGV[6]) then return {-3, now * 1000} end local m = redis.call('mget', KEYS[2], KEYS[3], KEYS[4]) if not m[1] or m[2] then return -1 end if m[3] and m[3] >= ARGV[5] then return {-4, tonumber(string.sub(m[3], 1, 16))} end local ok = redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) if not ok then return false end redis.call('set', KEYS[4], ARGV[3], 'PX', ARGV[7]) return ok";
 
 /// The vote of a master that was unarmed or quarantined at acquire time.
 pub const UNARMED: Reply = Reply::Integer(-1);
@@ -88,13 +91,12 @@ impl Tokens {
         token
     }
 
-    /// The window the masters check, as sent (the whole token range with the clock off).
-    fn window_us(&self) -> u64 {
+    /// The master clocks (ms) at which a master may accept `token` (any, with the clock off).
+    fn accepted_clocks_ms(&self, token: u64) -> (u64, u64) {
         if self.clock {
-            self.rules.window_us
+            self.rules.accepted_clocks_ms(token)
         } else {
-            // Lua numbers are doubles: integers are exact up to 2^53.
-            (1 << 53) - 1
+            (0, u64::MAX)
         }
     }
 }
@@ -222,7 +224,8 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
     let token_key = token_key(key);
     let token_arg = format!("{token:016}");
     let record = format!("{token_arg}:{attempt_id}");
-    let window = acquirer.tokens.window_us().to_string();
+    let (earliest, latest) = acquirer.tokens.accepted_clocks_ms(token);
+    let earliest = earliest.to_string();
     let counter_px = acquirer.tokens.rules.counter_life_ms.max(px_ms).to_string();
     let deadlines: Vec<AtomicU64> = masters.voters().iter().map(|_| AtomicU64::new(0)).collect();
     let node_timeout = masters.node_timeout();
@@ -236,10 +239,13 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
         if !voter.eligible() {
             return None;
         }
+        // The write's deadline is also the latest clock at which the master may take the
+        // token: one comparison in the script checks both.
         let deadline = voter
             .health
             .master_clock_bound(Instant::now() + node_timeout, drift_factor)
-            .unwrap_or(0);
+            .unwrap_or(0)
+            .min(latest);
         deadlines[i].store(deadline, Ordering::Relaxed);
         let deadline = deadline.to_string();
         let call = |how: &[u8], script: &[u8]| {
@@ -256,7 +262,7 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
                 record.as_bytes(),
                 deadline.as_bytes(),
                 token_arg.as_bytes(),
-                window.as_bytes(),
+                earliest.as_bytes(),
                 counter_px.as_bytes(),
             ])
         };
