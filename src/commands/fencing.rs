@@ -47,38 +47,37 @@ pub fn lock_acquire(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> 
     }
 }
 
-/// `LOCK.TOKEN key value`
+/// `LOCK.TOKEN key value`: the masters that hold the value answer the same token (one grant
+/// wrote it), the others null: null unless a majority answers the token.
 pub fn lock_token(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     let (key, value) = (&request.args[1], &request.args[2]);
-    let payload = encode_command(&[
-        b"EVAL".as_ref(),
-        TOKEN_SCRIPT.as_bytes(),
-        b"2",
-        key,
-        &token_key(key),
-        value,
-    ]);
-    let masters = ctx.masters();
-    Action::Defer(Box::pin(async move {
-        // The masters that hold the value answer the same token (one grant wrote it); the
-        // others answer null: null unless a majority answers the token.
-        Outcome::Reply(masters.quorum_reply(&payload, MergeRule::Known).await)
-    }))
+    let token_key = token_key(key);
+    let keys: [&[u8]; 2] = [key, &token_key];
+    eval_by_quorum(ctx, TOKEN_SCRIPT, &keys, value, MergeRule::Known)
 }
 
 /// `LOCK.RELEASE key value`
 pub fn lock_release(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     let (key, value) = (&request.args[1], &request.args[2]);
-    let payload = encode_command(&[
-        b"EVAL".as_ref(),
-        COMPARE_AND_DELETE.as_bytes(),
-        b"1",
-        key,
-        value,
-    ]);
+    eval_by_quorum(ctx, COMPARE_AND_DELETE, &[key], value, MergeRule::Release)
+}
+
+/// `EVAL script keys… value` on every master, answered by the quorum rule `rule`.
+fn eval_by_quorum(
+    ctx: &Ctx<'_>,
+    script: &str,
+    keys: &[&[u8]],
+    value: &[u8],
+    rule: MergeRule,
+) -> Action {
+    let count = keys.len().to_string();
+    let mut args: Vec<&[u8]> = vec![b"EVAL", script.as_bytes(), count.as_bytes()];
+    args.extend_from_slice(keys);
+    args.push(value);
+    let payload = encode_command(&args);
     let masters = ctx.masters();
     Action::Defer(Box::pin(async move {
-        Outcome::Reply(masters.quorum_reply(&payload, MergeRule::Release).await)
+        Outcome::Reply(masters.quorum_reply(&payload, rule).await)
     }))
 }
 
