@@ -14,9 +14,9 @@ use super::{Action, Ctx, Session};
 use crate::error::ProxyError;
 use crate::health::{ARMED_KEY, QUARANTINE_KEY};
 use crate::lease::{Granted, Lease, Outcome};
-use crate::lock::{token_key, COMPARE_AND_DELETE};
+use crate::lock::{token_key, COMPARE_AND_DELETE, UNARMED};
 use crate::protocol::{encode_command, Reply, Request};
-use crate::redlock::{backend_ttl_ms, quorum, validity_window, MergeRule};
+use crate::redlock::{backend_ttl_ms, quorum, validity_window, MergeRule, Vote};
 
 /// `KEYS` = key, its token counter; `ARGV` = value. The token (`<token>:<attempt id>`), while
 /// `value` holds `key`.
@@ -107,16 +107,21 @@ pub fn lock_extend(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> A
     ]);
     let masters = ctx.masters();
     Action::Defer(Box::pin(async move {
-        let q = quorum(masters.voters().len());
-        let extended = |votes: &[crate::redlock::Vote]| {
+        let n = masters.voters().len();
+        let q = quorum(n);
+        let yes = Vote::Replied(Reply::Integer(1));
+        let extended = |votes: &[Vote]| votes.iter().filter(|v| **v == yes).count();
+        let refused = |votes: &[Vote]| {
             votes
                 .iter()
-                .filter(|v| **v == crate::redlock::Vote::Replied(Reply::Integer(1)))
+                .filter(|v| **v != yes && **v != Vote::Pending)
                 .count()
         };
-        let votes = masters.fan_out(&payload, 1, |v| extended(v) >= q).await;
+        // Decided as soon as a majority extended, or can no longer.
+        let decided = |votes: &[Vote]| extended(votes) >= q || refused(votes) > n - q;
+        let votes = masters.fan_out(&payload, 1, decided).await;
         for (vote, voter) in votes.iter().zip(masters.voters()) {
-            if *vote == crate::redlock::Vote::Replied(Reply::Integer(-1)) {
+            if *vote == Vote::Replied(UNARMED) {
                 voter.health.recheck();
             }
         }

@@ -7,7 +7,7 @@ mod acquire;
 mod flights;
 mod rollback;
 
-pub use acquire::{token_key, Attempt, ACQUIRE_SCRIPT};
+pub use acquire::{token_key, Attempt, ACQUIRE_SCRIPT, UNARMED};
 pub use flights::Started;
 pub use rollback::{COMPARE_AND_DELETE, UNDO_SCRIPT};
 
