@@ -377,6 +377,9 @@ async fn serve(master: Arc<FakeMaster>, stream: tokio::io::DuplexStream, conn: u
     }
 }
 
+/// The lease bound of [`masters`] (the default one).
+pub const LEASE_BOUND: Duration = Duration::from_secs(61);
+
 /// Masters over `fakes`, watched by the health monitor as in production (quarantine on, a
 /// 100 ms poll interval, the default lease bound).
 pub fn masters(fakes: &[Arc<FakeMaster>], node_timeout: Duration) -> Arc<Masters> {
@@ -392,7 +395,7 @@ pub fn masters(fakes: &[Arc<FakeMaster>], node_timeout: Duration) -> Arc<Masters
             health: crate::health::Policy {
                 interval: Duration::from_millis(100),
                 quarantine: true,
-                lease_bound: Duration::from_secs(61),
+                lease_bound: LEASE_BOUND,
                 preload: vec![ACQUIRE_SCRIPT],
             },
         },

@@ -220,11 +220,6 @@ impl Masters {
         self.settings.health.quarantine
     }
 
-    /// The lease bound the health monitors quarantine for.
-    pub fn lease_bound(&self) -> Duration {
-        self.settings.health.lease_bound
-    }
-
     pub fn quorum(&self) -> usize {
         quorum(self.voters.len())
     }

@@ -3,10 +3,10 @@
 //! control (tokens proposed without the masters' clocks go backwards after such a loss).
 
 use redlock_proxy::{Config, LocalCluster};
-use redlock_testkit::key;
 use redlock_testkit::launcher::{Proxy, BEHAVIOUR_NODE_TIMEOUT_MS};
 use redlock_testkit::masters::{master_cmd, signal};
 use redlock_testkit::resp::Client;
+use redlock_testkit::{key, lock_grant};
 use std::time::{Duration, Instant};
 
 /// A short TTL cap, so the quarantine of a master that lost its data (the cap + drift) is
@@ -31,19 +31,12 @@ async fn up(c: &mut Client, n: usize) {
     }
 }
 
-/// `[token, validity]` from a `LOCK.ACQUIRE` reply, or `None` for null.
-fn granted(reply: &str) -> Option<(u64, u64)> {
-    let inner = reply.strip_prefix("*[:")?.strip_suffix(']')?;
-    let (token, validity) = inner.split_once(",:")?;
-    Some((token.parse().ok()?, validity.parse().ok()?))
-}
-
 async fn acquire(c: &mut Client, k: &str, v: &str) -> Option<u64> {
     let reply = c.cmd(&["LOCK.ACQUIRE", k, v, "1000"]).await;
     if reply == "*nil" || reply == "$nil" {
         return None;
     }
-    let (token, validity) = granted(&reply).unwrap_or_else(|| panic!("{reply}"));
+    let (token, validity) = lock_grant(&reply).unwrap_or_else(|| panic!("{reply}"));
     assert!(validity > 900 && validity <= 1000, "{reply}");
     Some(token)
 }
@@ -225,12 +218,12 @@ async fn a_holder_paused_past_its_lease_is_fenced_off() {
     let reply = paused
         .cmd(&["LOCK.ACQUIRE", &k, "a", &ttl_ms.to_string()])
         .await;
-    let (old, _) = granted(&reply).expect(&reply);
+    let (old, _) = lock_grant(&reply).expect(&reply);
     tokio::time::sleep(Duration::from_millis(2 * ttl_ms)).await;
     let reply = other
         .cmd(&["LOCK.ACQUIRE", &k, "b", &ttl_ms.to_string()])
         .await;
-    let (new, _) = granted(&reply).expect(&reply);
+    let (new, _) = lock_grant(&reply).expect(&reply);
     resource.write(new, "b").expect("the new holder writes");
     let late = resource.write(old, "a");
     assert!(late.is_err(), "the paused holder's write was accepted");

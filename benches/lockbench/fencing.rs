@@ -5,7 +5,9 @@
 //! side by side show what that costs.
 
 use crate::settings::Settings;
+use redlock_testkit::lock_grant;
 use redlock_testkit::resp::Client;
+use redlock_testkit::workload::Rng;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -33,22 +35,18 @@ pub async fn run(s: &Settings, tag: &str, ports: &[u16]) -> FenceResult {
             tokio::spawn(async move {
                 let mut c = Client::connect(port).await;
                 let (mut grants, mut attempts, mut regressions) = (0u64, 0u64, 0u64);
-                let mut seq = conn as u64;
-                while Instant::now() < end {
-                    seq = seq
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    let slot = (seq >> 33) as usize % KEYS;
+                let mut rng = Rng::new(conn as u64 + 1);
+                for n in 0u64.. {
+                    if Instant::now() >= end {
+                        break;
+                    }
+                    let slot = rng.below(KEYS);
                     let key = format!("fence:{tag}:{slot}");
-                    let value = format!("{conn}-{seq:x}");
+                    let value = format!("{conn}-{n}");
                     let reply = c.cmd(&["LOCK.ACQUIRE", &key, &value, "30000"]).await;
                     let counted = Instant::now() >= start;
                     attempts += u64::from(counted);
-                    let Some(token) = reply
-                        .strip_prefix("*[:")
-                        .and_then(|r| r.split(',').next())
-                        .and_then(|t| t.parse::<u64>().ok())
-                    else {
+                    let Some((token, _)) = lock_grant(&reply) else {
                         continue;
                     };
                     {

@@ -58,7 +58,7 @@ pub fn info(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
             masters.node_timeout().as_millis(),
             policy.drift_factor,
             policy.max_lock_ttl_ms,
-            masters.lease_bound().as_millis(),
+            policy.lease_bound().as_millis(),
         );
         for (i, voter) in masters.voters().iter().enumerate() {
             let clock = voter.health.clock_reading();

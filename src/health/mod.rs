@@ -292,7 +292,7 @@ impl Monitor {
 #[cfg(test)]
 mod tests {
     //! Deterministic: scripted in-process masters and tokio's paused clock.
-    use crate::fake_master::{masters, until, FakeMaster};
+    use crate::fake_master::{masters, until, FakeMaster, LEASE_BOUND};
     use std::time::Duration;
 
     const NODE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -319,8 +319,7 @@ mod tests {
         assert!(!second.voters()[0].eligible());
         assert!(second.voters()[0].state().starts_with("quarantined ("));
         // Both let it vote again only once every lease it may have held has expired.
-        let bound = first.lease_bound();
-        tokio::time::sleep(bound - Duration::from_secs(1)).await;
+        tokio::time::sleep(LEASE_BOUND - Duration::from_secs(1)).await;
         assert!(!wiped.eligible() && !second.voters()[0].eligible());
         until(Duration::from_secs(2), || {
             wiped.eligible() && second.voters()[0].eligible()

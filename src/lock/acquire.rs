@@ -76,16 +76,21 @@ impl Tokens {
     /// A proposal above `floor` and everything proposed before, at least the masters' clocks.
     fn propose(&self, masters: &Masters, floor: u64) -> u64 {
         let now = Instant::now();
-        let clocks = masters
-            .voters()
-            .iter()
-            .filter(|_| self.clock)
-            .filter_map(|v| v.health.master_clock_estimate_us(now));
+        // Read once: each estimate locks that master's health record.
+        let clocks: Vec<u64> = if self.clock {
+            masters
+                .voters()
+                .iter()
+                .filter_map(|v| v.health.master_clock_estimate_us(now))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut token = 0;
         let _ = self
             .last
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
-                token = propose_token(clocks.clone(), last.max(floor));
+                token = propose_token(clocks.iter().copied(), last.max(floor));
                 Some(token)
             });
         token

@@ -28,6 +28,14 @@ pub mod rig;
 pub mod scripts;
 pub mod workload;
 
+/// `(token, validity_ms)` from a granted `LOCK.ACQUIRE` as the kit's client renders it
+/// (`*[:token,:validity]`); `None` for anything else (null, an error).
+pub fn lock_grant(reply: &str) -> Option<(u64, u64)> {
+    let inner = reply.strip_prefix("*[:")?.strip_suffix(']')?;
+    let (token, validity) = inner.split_once(",:")?;
+    Some((token.parse().ok()?, validity.parse().ok()?))
+}
+
 /// A fresh key name for one test (distinct per test process).
 pub fn key(name: &str) -> String {
     format!("test:{name}:{}", std::process::id())

@@ -387,13 +387,11 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
                 .await
         };
         let t_reply = now_ns();
-        // `*[:token,:validity]` to a granted `LOCK.ACQUIRE`.
         let fence = reply
             .as_deref()
             .filter(|_| via_lock)
-            .and_then(|r| r.strip_prefix("*[:"))
-            .and_then(|r| r.split(',').next())
-            .and_then(|t| t.parse::<u64>().ok());
+            .and_then(crate::lock_grant)
+            .map(|(token, _)| token);
         h.attempts += 1;
         h.reply_us.push((t_reply - t_send) / 1000);
         if t_reply - t_send > SLOW_REPLY.as_nanos() as u64 {
