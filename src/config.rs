@@ -1,7 +1,9 @@
 //! Configuration: the defaults of docs/PROTOCOL.md §2, a TOML file, and flags on top.
 
+use crate::dial::Backend;
+use crate::tls::{ClientCerts, MasterTlsFiles, ServerTlsFiles};
 use serde::Deserialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, clap::ValueEnum)]
@@ -12,16 +14,35 @@ pub enum LogFormat {
     Json,
 }
 
-/// Everything the proxy needs to run.
+/// Everything the proxy needs to run. Its `Debug` shows no secret (masters' passwords print
+/// as `***`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Listen address.
     pub bind: String,
-    /// Listen port (`0` = any free port).
+    /// Listen port (`0` = any free port; with `tls_port` set, `0` = no plain listener, as
+    /// Redis).
     pub port: u16,
-    /// Independent Redis masters, `host:port`.
-    pub backends: Vec<String>,
+    /// TLS listen port (Redis' `tls-port`; `0` = any free port). Needs `tls_cert_file` and
+    /// `tls_key_file`.
+    pub tls_port: Option<u16>,
+    /// The listener's certificate chain (PEM), re-read on SIGHUP.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The listener's private key (PEM), re-read on SIGHUP.
+    pub tls_key_file: Option<PathBuf>,
+    /// CA of client certificates (PEM), re-read on SIGHUP.
+    pub tls_ca_cert_file: Option<PathBuf>,
+    /// Whether TLS clients must present a certificate signed by `tls_ca_cert_file`.
+    pub tls_auth_clients: ClientCerts,
+    /// Independent Redis masters: `host:port`, `redis://[user:password@]host:port` or
+    /// `rediss://…` (TLS).
+    pub backends: Vec<Backend>,
+    /// CA that signs the certificates of `rediss://` masters (PEM).
+    pub backend_tls_ca_cert_file: Option<PathBuf>,
+    /// Certificate and key the proxy presents to `rediss://` masters (mutual TLS).
+    pub backend_tls_cert_file: Option<PathBuf>,
+    pub backend_tls_key_file: Option<PathBuf>,
     /// Start this many local `redis-server` masters and use them as the backends.
     pub local: Option<usize>,
     /// How long one master may take to answer one request before its vote counts as "no".
@@ -63,7 +84,15 @@ impl Default for Config {
         Config {
             bind: "127.0.0.1".into(),
             port: 7379,
+            tls_port: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_ca_cert_file: None,
+            tls_auth_clients: ClientCerts::Yes,
             backends: Vec::new(),
+            backend_tls_ca_cert_file: None,
+            backend_tls_cert_file: None,
+            backend_tls_key_file: None,
             local: None,
             node_timeout_ms: 50,
             drift_factor: 0.01,
@@ -137,7 +166,60 @@ impl Config {
         if self.proto_max_bulk_len < 1024 {
             return invalid("proto_max_bulk_len must be at least 1024 bytes");
         }
+        if self.tls_port.is_some() && self.server_tls().is_none() {
+            return invalid("tls-port needs tls-cert-file and tls-key-file");
+        }
+        if self.tls_port.is_some()
+            && self.tls_auth_clients != ClientCerts::No
+            && self.tls_ca_cert_file.is_none()
+        {
+            return invalid(
+                "tls-auth-clients yes|optional needs tls-ca-cert-file (or set tls-auth-clients no)",
+            );
+        }
+        if self.backends.iter().any(|b| b.tls) && self.backend_tls_ca_cert_file.is_none() {
+            return invalid("rediss:// masters need backend-tls-ca-cert-file");
+        }
+        if self.backend_tls_cert_file.is_some() != self.backend_tls_key_file.is_some() {
+            return invalid("backend-tls-cert-file and backend-tls-key-file go together");
+        }
         Ok(())
+    }
+
+    /// Reads the masters' TLS files now, so that unusable ones stop the proxy from starting
+    /// rather than leave its `rediss://` masters down.
+    pub fn check_files(&self) -> Result<(), ConfigError> {
+        if self.backends.iter().any(|b| b.tls) {
+            crate::tls::master_client_config(&self.master_tls())
+                .map_err(|err| ConfigError::Invalid(err.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// The TLS listener's files, when `tls_port` and both files are set.
+    pub fn server_tls(&self) -> Option<ServerTlsFiles> {
+        self.tls_port?;
+        Some(ServerTlsFiles {
+            cert: self.tls_cert_file.clone()?,
+            key: self.tls_key_file.clone()?,
+            ca: self.tls_ca_cert_file.clone(),
+            client_certs: self.tls_auth_clients,
+        })
+    }
+
+    /// The TLS files for `rediss://` masters.
+    pub fn master_tls(&self) -> MasterTlsFiles {
+        MasterTlsFiles {
+            ca: self.backend_tls_ca_cert_file.clone(),
+            cert: self.backend_tls_cert_file.clone(),
+            key: self.backend_tls_key_file.clone(),
+        }
+    }
+
+    /// Whether the plain (non-TLS) listener is on: always, unless `port` is 0 with `tls_port`
+    /// set (TLS only, as Redis).
+    pub fn plain_listener(&self) -> bool {
+        self.port != 0 || self.tls_port.is_none()
     }
 
     pub fn node_timeout(&self) -> std::time::Duration {
@@ -151,7 +233,7 @@ mod tests {
 
     #[test]
     fn example_configs_parse_and_validate() {
-        for name in ["local.toml", "five-masters.toml"] {
+        for name in ["local.toml", "five-masters.toml", "secure.toml"] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("configs")
                 .join(name);
@@ -169,7 +251,7 @@ mod tests {
     #[test]
     fn bad_values_are_refused() {
         let mut config = Config {
-            backends: vec!["127.0.0.1:1".into()],
+            backends: vec![Backend::plain("127.0.0.1", 1)],
             ..Config::default()
         };
         config.validate().unwrap();

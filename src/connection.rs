@@ -32,6 +32,7 @@
 //!   as long as the client takes it; a client that takes nothing for `CLOSE_STALL` (1 s) is
 //!   dropped, so a client that does not read cannot hold its task.
 
+use crate::client_stream::{self, ClientStream, ReplyWriter};
 use crate::commands::{self, Action, Ctx, Session};
 use crate::error::ProxyError;
 use crate::lease::{Lease, Outcome};
@@ -48,9 +49,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -206,7 +205,7 @@ impl Output {
     }
 
     /// Hands the socket what it takes now, without waiting for it; false if the client is gone.
-    async fn write_now(&mut self, wr: &OwnedWriteHalf) -> bool {
+    async fn write_now(&mut self, wr: &mut impl ReplyWriter) -> bool {
         while !self.buf.is_empty() && !self.blocked {
             let rollbacks = self.expire_stale(Instant::now());
             if !rollbacks.is_empty() {
@@ -248,7 +247,7 @@ async fn abandon_in_flight(mut in_flight: FuturesOrdered<Slot>) {
 }
 
 /// Answers a connection the proxy will not serve (too many clients) and closes it.
-pub async fn refuse(mut stream: TcpStream, why: ProxyError) {
+pub async fn refuse(mut stream: impl AsyncWrite + Unpin, why: ProxyError) {
     let mut out = BytesMut::new();
     Reply::from(why).encode(Protocol::Resp2, &mut out);
     let _ = stream.write_all(&out).await;
@@ -256,14 +255,17 @@ pub async fn refuse(mut stream: TcpStream, why: ProxyError) {
 
 /// Serves one client until it disconnects, sends `QUIT`, breaks the protocol, does not read
 /// its replies past the output limit, or `stop` is set.
-pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+pub async fn serve(
+    stream: impl ClientStream,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) {
     shared.clients.fetch_add(1, Ordering::Relaxed);
-    let _ = stream.set_nodelay(true);
-    let (Ok(peer), Ok(local)) = (stream.peer_addr(), stream.local_addr()) else {
+    let Ok((peer, local)) = client_stream::addresses(&stream) else {
         shared.clients.fetch_sub(1, Ordering::Relaxed);
         return;
     };
-    let (mut rd, wr) = stream.into_split();
+    let (mut rd, mut wr) = stream.split();
     let mut session = Session {
         id: shared.next_client_id(),
         protocol: Protocol::Resp2,
@@ -331,7 +333,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
         if rbuf.is_empty() && rbuf.capacity() > KEEP_BUFFER {
             rbuf = BytesMut::new();
         }
-        if closing && in_flight.is_empty() && out.buf.is_empty() {
+        if closing && in_flight.is_empty() && out.buf.is_empty() && !wr.has_buffered() {
             break;
         }
         closing |= *stop.borrow();
@@ -345,7 +347,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
         let event = tokio::select! {
             biased;
             Some(done) = in_flight.next(), if !in_flight.is_empty() => Event::Done(done),
-            ready = wr.writable(), if !out.buf.is_empty() => Event::Writable(ready.is_ok()),
+            ready = wr.ready(), if !out.buf.is_empty() || wr.has_buffered() => Event::Writable(ready.is_ok()),
             read = read_more(&mut rd, &mut rbuf), if can_read => Event::Read(read),
             _ = stop.changed(), if !closing => Event::Stop,
             _ = tokio::time::sleep_until(stall_deadline), if only_writes_left => Event::Stalled,
@@ -356,7 +358,8 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
                 out.push(protocol, outcome).await;
                 // Mid-burst, write early what has piled up (and, before judging the limit,
                 // what the socket takes now).
-                if (out.buf.len() >= FLUSH_AT || over_limit(&out)) && !out.write_now(&wr).await {
+                if (out.buf.len() >= FLUSH_AT || over_limit(&out)) && !out.write_now(&mut wr).await
+                {
                     break;
                 }
                 if over_limit(&out) {
@@ -373,7 +376,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
             Event::Writable(ready) => {
                 out.blocked = false;
                 let sent = out.sent;
-                if !ready || !out.write_now(&wr).await {
+                if !ready || !out.write_now(&mut wr).await {
                     break;
                 }
                 if out.sent > sent {
@@ -400,7 +403,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
 }
 
 /// Reads more bytes; false at end of stream or on error.
-async fn read_more(rd: &mut OwnedReadHalf, buf: &mut BytesMut) -> bool {
+async fn read_more(rd: &mut (impl AsyncRead + Unpin), buf: &mut BytesMut) -> bool {
     buf.reserve(READ_CHUNK);
     matches!(rd.read_buf(buf).await, Ok(n) if n > 0)
 }

@@ -10,6 +10,8 @@
 //!    proxy makes), [`config`], [`lease`] (a reply that promises a lock until a deadline).
 //! 2. [`transport`]: one pipelined FIFO connection per master (send, replies in order,
 //!    reconnect, watchdog, clean-ups that survive reconnects). Knows nothing of votes.
+//!    [`dial`] opens its streams: the masters' addresses and credentials, TCP or TLS, `AUTH`.
+//!    [`tls`] loads the TLS material of both sides (rustls).
 //! 3. [`health`]: whether each master may vote (the monitor, quarantine of masters that lost
 //!    data, clock readings), behind [`health::MasterHealth`].
 //! 4. [`masters`]: the voting set, one voter (link + health) per master, and the fan-out into
@@ -17,14 +19,17 @@
 //! 5. [`lock`] (the acquire: single flight, rollback, its scripts) and [`script_cache`].
 //! 6. [`shared`]: the state every connection shares.
 //! 7. [`commands`]: the command table and one module per command family.
-//! 8. [`connection`]: one client session (ordered replies, bounded pipelining, grant re-check).
-//! 9. [`server`]: the accept loop and graceful shutdown.
+//! 8. [`connection`]: one client session (ordered replies, bounded pipelining, grant re-check),
+//!    over a [`client_stream`] (plain TCP, or TLS).
+//! 9. [`server`]: the listeners (plain and TLS), the accept loop and graceful shutdown.
 //!
 //! Beside them, [`local`] starts child `redis-server` masters (`--local`, tests, benches).
 
+mod client_stream;
 mod commands;
 mod config;
 mod connection;
+mod dial;
 mod error;
 mod health;
 mod lease;
@@ -37,16 +42,19 @@ mod redlock;
 mod script_cache;
 mod server;
 mod shared;
+mod tls;
 mod transport;
 
 #[cfg(test)]
 mod fake_master;
 
 pub use config::{Config, ConfigError, LogFormat};
+pub use dial::{Backend, BackendError, PASSWORD_ENV};
 pub use local::{LocalCluster, LocalError, LocalMaster};
 pub use masters::MAX_FANOUTS;
 pub use redlock::{backend_ttl_ms, drift_ms};
-pub use server::run;
+pub use server::{run, ListenError, Listeners};
+pub use tls::{ClientCerts, MasterTlsFiles, ServerTlsFiles, TlsAcceptorHandle, TlsError};
 
 /// What the proxy keeps on every master, for tests and tools that inspect the masters.
 pub mod on_master {

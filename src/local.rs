@@ -105,8 +105,13 @@ pub struct LocalCluster {
 
 impl LocalCluster {
     pub fn start(n: usize) -> Result<LocalCluster, LocalError> {
+        LocalCluster::start_with(n, &[])
+    }
+
+    /// N masters, each started with `extra_args` (`--requirepass`, `--tls-port`, …).
+    pub fn start_with(n: usize, extra_args: &[&str]) -> Result<LocalCluster, LocalError> {
         let masters = (0..n)
-            .map(|_| LocalMaster::start(None, &[]))
+            .map(|_| LocalMaster::start(None, extra_args))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(LocalCluster { masters })
     }
@@ -153,6 +158,7 @@ fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// Whether the server on `port` answers; `NOAUTH` (a master with a password) counts.
 fn ping(port: u16) -> bool {
     let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
         return false;
@@ -161,5 +167,5 @@ fn ping(port: u16) -> bool {
     let mut buf = [0u8; 7];
     stream.write_all(b"PING\r\n").is_ok()
         && stream.read_exact(&mut buf).is_ok()
-        && &buf == b"+PONG\r\n"
+        && (&buf == b"+PONG\r\n" || &buf == b"-NOAUTH")
 }

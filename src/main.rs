@@ -1,8 +1,9 @@
-//! The `redlock-proxy` binary: flags (docs/PROTOCOL.md §2), logging, `--local` masters, then
-//! [`redlock_proxy::run`] until SIGINT/SIGTERM.
+//! The `redlock-proxy` binary: flags (docs/PROTOCOL.md §2), logging, `--local` masters, the
+//! listeners, then [`redlock_proxy::run`] until SIGINT/SIGTERM; SIGHUP re-reads the TLS
+//! certificate files.
 
 use clap::Parser;
-use redlock_proxy::{Config, LocalCluster, LogFormat};
+use redlock_proxy::{Backend, ClientCerts, Config, Listeners, LocalCluster, LogFormat};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -17,12 +18,39 @@ struct Cli {
     /// Listen address [default: 127.0.0.1].
     #[arg(long)]
     bind: Option<String>,
-    /// Listen port; 0 picks a free one and prints it [default: 7379].
+    /// Listen port; 0 picks a free one and prints it (with --tls-port: 0 = TLS only)
+    /// [default: 7379].
     #[arg(long)]
     port: Option<u16>,
-    /// One independent Redis master HOST:PORT; repeat for each master.
-    #[arg(long = "backend", value_name = "HOST:PORT")]
+    /// TLS listen port (0 picks a free one); needs --tls-cert-file and --tls-key-file.
+    #[arg(long)]
+    tls_port: Option<u16>,
+    /// The TLS listener's certificate chain (PEM); re-read on SIGHUP.
+    #[arg(long, value_name = "FILE")]
+    tls_cert_file: Option<PathBuf>,
+    /// The TLS listener's private key (PEM); re-read on SIGHUP.
+    #[arg(long, value_name = "FILE")]
+    tls_key_file: Option<PathBuf>,
+    /// CA of the clients' certificates (PEM); re-read on SIGHUP.
+    #[arg(long, value_name = "FILE")]
+    tls_ca_cert_file: Option<PathBuf>,
+    /// Whether TLS clients must present a certificate signed by the CA [default: yes].
+    #[arg(long, value_enum)]
+    tls_auth_clients: Option<ClientCerts>,
+    /// One independent Redis master: HOST:PORT, redis://[USER:PASSWORD@]HOST:PORT or
+    /// rediss://… (TLS); repeat for each master. A password not in the URL comes from
+    /// $REDLOCK_PROXY_BACKEND_PASSWORD.
+    #[arg(long = "backend", value_name = "ADDRESS")]
     backends: Vec<String>,
+    /// CA that signs the certificates of rediss:// masters (PEM).
+    #[arg(long, value_name = "FILE")]
+    backend_tls_ca_cert_file: Option<PathBuf>,
+    /// Certificate the proxy presents to rediss:// masters (mutual TLS; PEM).
+    #[arg(long, value_name = "FILE")]
+    backend_tls_cert_file: Option<PathBuf>,
+    /// Key of --backend-tls-cert-file (PEM).
+    #[arg(long, value_name = "FILE")]
+    backend_tls_key_file: Option<PathBuf>,
     /// Start N local redis-server masters on free loopback ports and use them.
     #[arg(long, value_name = "N")]
     local: Option<usize>,
@@ -58,7 +86,38 @@ impl Cli {
             config.port = v;
         }
         if !self.backends.is_empty() {
-            config.backends = self.backends;
+            // Parsed here rather than by clap: clap's error would quote a password.
+            config.backends = self
+                .backends
+                .iter()
+                .map(|b| b.parse::<Backend>())
+                .collect::<Result<_, _>>()
+                .map_err(|err| redlock_proxy::ConfigError::Invalid(err.to_string()))?;
+        }
+        if self.tls_port.is_some() {
+            config.tls_port = self.tls_port;
+        }
+        let files = [
+            (self.tls_cert_file, &mut config.tls_cert_file),
+            (self.tls_key_file, &mut config.tls_key_file),
+            (self.tls_ca_cert_file, &mut config.tls_ca_cert_file),
+            (
+                self.backend_tls_ca_cert_file,
+                &mut config.backend_tls_ca_cert_file,
+            ),
+            (
+                self.backend_tls_cert_file,
+                &mut config.backend_tls_cert_file,
+            ),
+            (self.backend_tls_key_file, &mut config.backend_tls_key_file),
+        ];
+        for (flag, setting) in files {
+            if flag.is_some() {
+                *setting = flag;
+            }
+        }
+        if let Some(v) = self.tls_auth_clients {
+            config.tls_auth_clients = v;
         }
         if self.local.is_some() {
             config.local = self.local;
@@ -79,6 +138,7 @@ impl Cli {
             config.threads = v;
         }
         config.validate()?;
+        config.check_files()?;
         Ok(config)
     }
 }
@@ -108,6 +168,26 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+/// Re-reads the TLS certificate files on every SIGHUP (a bad file keeps the old ones; the
+/// handle logs why).
+async fn reload_on_sighup(acceptor: redlock_proxy::TlsAcceptorHandle) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+            tracing::warn!(
+                "cannot install a SIGHUP handler: TLS certificates will not be reloaded"
+            );
+            return;
+        };
+        while hangup.recv().await.is_some() {
+            let _ = acceptor.reload();
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = acceptor;
 }
 
 fn main() -> ExitCode {
@@ -143,7 +223,11 @@ async fn serve(mut config: Config) -> ExitCode {
     let _local = match config.local {
         Some(n) => match LocalCluster::start(n) {
             Ok(local) => {
-                config.backends = local.addrs();
+                config.backends = local
+                    .masters
+                    .iter()
+                    .map(|m| Backend::plain("127.0.0.1", m.port))
+                    .collect();
                 Some(local)
             }
             Err(err) => {
@@ -153,28 +237,34 @@ async fn serve(mut config: Config) -> ExitCode {
         },
         None => None,
     };
-    let listener = match tokio::net::TcpListener::bind((config.bind.as_str(), config.port)).await {
-        Ok(listener) => listener,
+    let listeners = match Listeners::bind(&config).await {
+        Ok(listeners) => listeners,
         Err(err) => {
-            eprintln!(
-                "redlock-proxy: cannot listen on {}:{}: {err}",
-                config.bind, config.port
-            );
+            eprintln!("redlock-proxy: {err}");
             return ExitCode::from(1);
         }
     };
-    let addr = listener
-        .local_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
+    let shown = |addr: Option<std::net::SocketAddr>| addr.map(|a| a.to_string());
+    let (plain, tls) = (shown(listeners.plain_addr()), shown(listeners.tls_addr()));
+    // The first address is the one tools read from this line (the plain one, if any).
+    let addr = match (&plain, &tls) {
+        (Some(plain), Some(tls)) => format!("{plain} (TLS on {tls})"),
+        (Some(plain), None) => plain.clone(),
+        (None, Some(tls)) => format!("{tls} (TLS only)"),
+        (None, None) => String::new(),
+    };
+    let masters: Vec<String> = config.backends.iter().map(Backend::to_string).collect();
     tracing::info!(
         listen = %addr,
-        masters = %config.backends.join(","),
+        masters = %masters.join(","),
         quorum = config.backends.len() / 2 + 1,
         "redlock-proxy listening on {addr} with {} masters",
         config.backends.len()
     );
-    redlock_proxy::run(config, listener, shutdown_signal()).await;
+    if let Some(acceptor) = listeners.tls_acceptor() {
+        tokio::spawn(reload_on_sighup(acceptor));
+    }
+    redlock_proxy::run(config, listeners, shutdown_signal()).await;
     tracing::info!("redlock-proxy stopped");
     ExitCode::SUCCESS
 }

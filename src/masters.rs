@@ -15,9 +15,11 @@
 //! - Every missing vote carries its reason, counted per master ([`VoteStats`], `INFO`).
 
 use crate::config::Config;
+use crate::dial::{Dial, Secret, PASSWORD_ENV};
 use crate::health::{self, MasterHealth};
 use crate::protocol::Reply;
 use crate::redlock::{merge, no_quorum, quorum, MergeRule, MissingReason, Vote};
+use crate::tls::master_client_config;
 use crate::transport::{Link, NoReply};
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -91,10 +93,14 @@ impl Voter {
         self.link.is_connected() && self.health.eligible(self.link.connect_count())
     }
 
-    /// `up`, `down`, `connecting`, `quarantined (…)` or `unsafe (…)`, for `INFO`.
+    /// `up`, `down`, `auth_failed (…)`, `connecting`, `quarantined (…)` or `unsafe (…)`, for
+    /// `INFO`.
     pub fn state(&self) -> String {
         if !self.link.is_connected() {
-            return "down".into();
+            return match self.link.auth_refused() {
+                Some(reason) => format!("auth_failed ({reason})"),
+                None => "down".into(),
+            };
         }
         self.health.state(self.link.connect_count())
     }
@@ -161,13 +167,24 @@ pub struct Masters {
 }
 
 impl Masters {
-    /// Connects to, and watches, every master of `config.backends` over TCP.
+    /// Connects to, and watches, every master of `config.backends` (TCP or TLS, with their
+    /// credentials: [`crate::dial`]). TLS material that cannot be loaded leaves the `rediss://`
+    /// masters down, with the reason logged on every attempt's change (the binary refuses to
+    /// start with it: [`Config::check_files`]).
     pub fn connect(config: &Config, health: health::Policy) -> Arc<Masters> {
         let node_timeout = config.node_timeout();
+        let env_password = std::env::var(PASSWORD_ENV).ok().map(Secret::new);
+        let tls = match config.backends.iter().any(|b| b.tls) {
+            true => Some(master_client_config(&config.master_tls()).map_err(|e| e.to_string())),
+            false => None,
+        };
         let links = config
             .backends
             .iter()
-            .map(|addr| Link::new(addr.clone(), node_timeout))
+            .map(|backend| {
+                let dial = Dial::new(backend, tls.as_ref(), env_password.as_ref());
+                Link::with_connector(backend.to_string(), Box::new(dial), node_timeout)
+            })
             .collect();
         Masters::start(
             links,

@@ -1,53 +1,166 @@
-//! The listener: accepts clients (up to `maxclients`), serves each on its own task, and shuts
-//! down gracefully (stop accepting, let every connection finish what it has in flight, bounded).
+//! The listeners: accept clients (up to `maxclients`, plain and TLS together), serve each on
+//! its own task, and shut down gracefully (stop accepting, let every connection finish what it
+//! has in flight, bounded).
+//!
+//! A TLS client holds its `maxclients` place from its handshake on; a handshake that does not
+//! finish within [`TLS_HANDSHAKE_LIMIT`] is dropped, so silent connections cannot pile up.
 
+use crate::client_stream::ClientStream;
 use crate::config::Config;
 use crate::connection;
 use crate::error::ProxyError;
 use crate::shared::Shared;
+use crate::tls::{TlsAcceptorHandle, TlsError};
 use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 /// How long shutdown waits for connections to finish their in-flight requests.
 const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+/// How long a TLS client may take to complete its handshake.
+pub const TLS_HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
 
-/// Serves clients on `listener` with the masters in `config.backends` until `shutdown`
+/// Where clients connect: a plain listener, a TLS listener, or both.
+#[derive(Debug, Default)]
+pub struct Listeners {
+    pub plain: Option<TcpListener>,
+    pub tls: Option<(TcpListener, TlsAcceptorHandle)>,
+}
+
+/// Why the listeners could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: io::Error },
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
+impl Listeners {
+    /// Opens what `config` asks for: the plain listener on `port` (unless `port` is 0 with
+    /// `tls_port` set: TLS only, as Redis) and the TLS listener on `tls_port`, its certificate
+    /// read now.
+    pub async fn bind(config: &Config) -> Result<Listeners, ListenError> {
+        let open = |port: u16| async move {
+            TcpListener::bind((config.bind.as_str(), port))
+                .await
+                .map_err(|source| ListenError::Bind {
+                    addr: format!("{}:{port}", config.bind),
+                    source,
+                })
+        };
+        let plain = match config.plain_listener() {
+            true => Some(open(config.port).await?),
+            false => None,
+        };
+        let tls = match (config.tls_port, config.server_tls()) {
+            (Some(port), Some(files)) => {
+                let acceptor = TlsAcceptorHandle::load(files)?;
+                Some((open(port).await?, acceptor))
+            }
+            _ => None,
+        };
+        Ok(Listeners { plain, tls })
+    }
+
+    /// The plain listener's address.
+    pub fn plain_addr(&self) -> Option<SocketAddr> {
+        self.plain.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// The TLS listener's address.
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls.as_ref().and_then(|(l, _)| l.local_addr().ok())
+    }
+
+    /// The handle that reloads the TLS certificate (SIGHUP), when TLS is on.
+    pub fn tls_acceptor(&self) -> Option<TlsAcceptorHandle> {
+        self.tls.as_ref().map(|(_, acceptor)| acceptor.clone())
+    }
+}
+
+impl From<TcpListener> for Listeners {
+    fn from(plain: TcpListener) -> Listeners {
+        Listeners {
+            plain: Some(plain),
+            tls: None,
+        }
+    }
+}
+
+/// The next connection on `listener`; never resolves without one.
+async fn accept(listener: Option<&TcpListener>) -> io::Result<TcpStream> {
+    match listener {
+        Some(listener) => listener.accept().await.map(|(stream, _)| stream),
+        None => std::future::pending().await,
+    }
+}
+
+/// Serves one accepted client, or refuses it past `maxclients`.
+async fn serve_or_refuse(
+    stream: impl ClientStream + tokio::io::AsyncWrite + Unpin,
+    permit: Option<OwnedSemaphorePermit>,
+    shared: Arc<Shared>,
+    stop: watch::Receiver<bool>,
+) {
+    match permit {
+        Some(_permit) => connection::serve(stream, shared, stop).await,
+        None => connection::refuse(stream, ProxyError::MaxClients).await,
+    }
+}
+
+/// Serves clients on `listeners` with the masters in `config.backends` until `shutdown`
 /// completes, then drains connections and returns.
-pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future) {
+pub async fn run(config: Config, listeners: impl Into<Listeners>, shutdown: impl Future) {
+    let Listeners { plain, tls } = listeners.into();
     let limit = Arc::new(Semaphore::new(config.maxclients));
     let shared = Shared::start(config);
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::pin!(shutdown);
     loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let permit = limit.clone().try_acquire_owned();
-                    let shared = shared.clone();
-                    let stop = stop_rx.clone();
-                    tokio::spawn(async move {
-                        match permit {
-                            Ok(_permit) => connection::serve(stream, shared, stop).await,
-                            Err(_) => connection::refuse(stream, ProxyError::MaxClients).await,
-                        }
-                    });
-                }
-                Err(err) => {
-                    // EMFILE and friends: keep serving the clients we have (Redis CVE-2025-48367
-                    // was an accept-error loop), retry shortly.
-                    tracing::warn!(error = %err, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
+        let (accepted, over_tls) = tokio::select! {
+            accepted = accept(plain.as_ref()) => (accepted, false),
+            accepted = accept(tls.as_ref().map(|(l, _)| l)) => (accepted, true),
             _ = &mut shutdown => break,
+        };
+        match accepted {
+            Ok(stream) => {
+                let _ = stream.set_nodelay(true);
+                let permit = limit.clone().try_acquire_owned().ok();
+                let shared = shared.clone();
+                let stop = stop_rx.clone();
+                let acceptor = tls
+                    .as_ref()
+                    .filter(|_| over_tls)
+                    .and_then(|(_, handle)| handle.acceptor());
+                tokio::spawn(async move {
+                    let Some(acceptor) = acceptor else {
+                        return serve_or_refuse(stream, permit, shared, stop).await;
+                    };
+                    match tokio::time::timeout(TLS_HANDSHAKE_LIMIT, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => serve_or_refuse(stream, permit, shared, stop).await,
+                        Ok(Err(err)) => {
+                            tracing::debug!(error = %err, "TLS handshake failed");
+                        }
+                        Err(_) => tracing::debug!("TLS handshake timed out"),
+                    }
+                });
+            }
+            Err(err) => {
+                // EMFILE and friends: keep serving the clients we have (Redis CVE-2025-48367
+                // was an accept-error loop), retry shortly.
+                tracing::warn!(error = %err, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         }
     }
-    drop(listener);
+    drop((plain, tls));
     stop_tx.send_replace(true);
     let deadline = Instant::now() + DRAIN_LIMIT;
     while shared.clients.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {

@@ -24,8 +24,10 @@
 //!   buffer and writes it with one call (one syscall per burst across all clients).
 //! - A caller never waits longer than the node timeout for one reply ([`Pending::wait`]).
 //!
-//! The byte stream comes from a [`Connect`]: TCP in production; the deterministic tests use
-//! in-memory pipes to a scripted master and tokio's paused clock.
+//! The byte stream comes from a [`Connect`]: TCP or TLS with its `AUTH` done in production
+//! ([`crate::dial`]); the deterministic tests use in-memory pipes to a scripted master and
+//! tokio's paused clock. A master that refuses the credentials is kept as
+//! [`Link::auth_refused`] (for `INFO`), logged once per change of reason.
 
 use crate::protocol::{decode_reply, Reply};
 use bytes::{Bytes, BytesMut};
@@ -36,7 +38,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
@@ -56,24 +57,16 @@ pub type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
 /// The writing half of a connection to a master.
 pub type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
 
-/// Opens byte streams to one master.
+/// A connection failure that is the master refusing our credentials: its error text
+/// (`WRONGPASS …`), with `,` made `;` (it is shown in `INFO`'s comma-separated fields).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct AuthRefused(pub String);
+
+/// Opens byte streams to one master. A connector that authenticates reports a refusal as an
+/// `io::Error` wrapping [`AuthRefused`].
 pub trait Connect: Send + Sync + 'static {
     fn connect(&self) -> BoxFuture<'static, io::Result<(ReadHalf, WriteHalf)>>;
-}
-
-/// TCP to `addr` (`host:port`), Nagle off.
-pub struct Tcp(pub String);
-
-impl Connect for Tcp {
-    fn connect(&self) -> BoxFuture<'static, io::Result<(ReadHalf, WriteHalf)>> {
-        let addr = self.0.clone();
-        Box::pin(async move {
-            let stream = TcpStream::connect(addr).await?;
-            stream.set_nodelay(true)?;
-            let (rd, wr) = stream.into_split();
-            Ok((Box::new(rd) as ReadHalf, Box::new(wr) as WriteHalf))
-        })
-    }
 }
 
 /// Why a request got no reply.
@@ -181,6 +174,9 @@ pub struct Link {
     connected: AtomicBool,
     connects: AtomicU64,
     retired: AtomicU64,
+    /// Why the last connection attempt failed, if the master refused our credentials (cleared
+    /// by the next connection that succeeds).
+    auth_refused: Mutex<Option<String>>,
     new_connection: Notify,
     /// Clean-ups whose connection ended before they were confirmed.
     cleanups: Mutex<VecDeque<PendingCleanup>>,
@@ -193,13 +189,8 @@ impl std::fmt::Debug for Link {
 }
 
 impl Link {
-    /// A link to the master at `addr` over TCP; call [`Link::spawn`] to start connecting.
-    pub fn new(addr: String, node_timeout: Duration) -> Arc<Link> {
-        let connector = Box::new(Tcp(addr.clone()));
-        Link::with_connector(addr, connector, node_timeout)
-    }
-
-    /// A link that opens its connections with `connector`.
+    /// A link that opens its connections with `connector` (for the masters:
+    /// [`crate::dial::Dial`]); call [`Link::spawn`] to start connecting.
     pub fn with_connector(
         addr: String,
         connector: Box<dyn Connect>,
@@ -213,6 +204,7 @@ impl Link {
             connected: AtomicBool::new(false),
             connects: AtomicU64::new(0),
             retired: AtomicU64::new(0),
+            auth_refused: Mutex::new(None),
             new_connection: Notify::new(),
             cleanups: Mutex::new(VecDeque::new()),
         })
@@ -246,6 +238,17 @@ impl Link {
                 return;
             }
             notified.await;
+        }
+    }
+
+    /// The master's refusal of our credentials on the last attempt, while not connected.
+    pub fn auth_refused(&self) -> Option<String> {
+        self.auth_refused.lock().ok()?.clone()
+    }
+
+    fn set_auth_refused(&self, reason: Option<String>) {
+        if let Ok(mut slot) = self.auth_refused.lock() {
+            *slot = reason;
         }
     }
 
@@ -359,18 +362,54 @@ impl Link {
     }
 }
 
+/// Why connecting failed, as far as logging goes: logged once per change, not per retry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Failure {
+    Unreachable,
+    TimedOut,
+    AuthRefused(String),
+}
+
 /// Keeps one live connection to the master, replacing it whenever it is aborted or fails.
 async fn supervise(link: Arc<Link>, mut stop: watch::Receiver<bool>) {
     let mut backoff = BACKOFF_MIN;
-    let mut warned = false;
+    let mut failing: Option<Failure> = None;
     while !*stop.borrow() {
-        match timeout(CONNECT_TIMEOUT, link.connector.connect()).await {
+        let attempt = timeout(CONNECT_TIMEOUT, link.connector.connect()).await;
+        let failure = match &attempt {
+            Ok(Ok(_)) => None,
+            Ok(Err(err)) => Some(
+                match err.get_ref().and_then(|e| e.downcast_ref::<AuthRefused>()) {
+                    Some(refused) => Failure::AuthRefused(refused.0.clone()),
+                    None => Failure::Unreachable,
+                },
+            ),
+            Err(_) => Some(Failure::TimedOut),
+        };
+        if let Some(failure) = &failure {
+            link.set_auth_refused(match failure {
+                Failure::AuthRefused(reason) => Some(reason.clone()),
+                _ => None,
+            });
+            if failing.as_ref() != Some(failure) {
+                match (failure, &attempt) {
+                    (Failure::AuthRefused(reason), _) => {
+                        tracing::error!(master = %link.addr, %reason, "master refused the credentials; retrying")
+                    }
+                    (_, Ok(Err(err))) => {
+                        tracing::warn!(master = %link.addr, error = %err, "master unreachable; retrying")
+                    }
+                    _ => tracing::warn!(master = %link.addr, "connect timed out; retrying"),
+                }
+            }
+        }
+        match attempt {
             Ok(Ok((rd, wr))) => {
                 link.connects.fetch_add(1, Ordering::Relaxed);
-                if warned {
+                link.set_auth_refused(None);
+                if failing.take().is_some() {
                     tracing::info!(master = %link.addr, "master reachable again");
                 }
-                warned = false;
                 backoff = BACKOFF_MIN;
                 let (conn, mut aborted) = start_connection(rd, wr, &link);
                 // Clean-ups left by older connections go first, before anything else can.
@@ -389,15 +428,7 @@ async fn supervise(link: Arc<Link>, mut stop: watch::Receiver<bool>) {
                 link.retired.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(master = %link.addr, "connection aborted");
             }
-            Ok(Err(err)) if !warned => {
-                tracing::warn!(master = %link.addr, error = %err, "master unreachable; retrying");
-                warned = true;
-            }
-            Err(_) if !warned => {
-                tracing::warn!(master = %link.addr, "connect timed out; retrying");
-                warned = true;
-            }
-            _ => {}
+            _ => failing = failure,
         }
         tokio::select! {
             _ = sleep(backoff) => {}

@@ -11,7 +11,7 @@ use crate::masters::master_get;
 use crate::relay::Relay;
 use crate::resp::{Client, Reply};
 use redlock_proxy::on_master::COMPARE_AND_DELETE;
-use redlock_proxy::{Config, LocalCluster};
+use redlock_proxy::{Config, Listeners, LocalCluster, TlsAcceptorHandle};
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -30,6 +30,9 @@ pub const BEHAVIOUR_NODE_TIMEOUT_MS: u64 = 2000;
 /// A proxy running in this process (in the current tokio runtime) over a set of masters.
 pub struct Proxy {
     pub port: u16,
+    /// The TLS listener's port, when the configuration sets `tls_port` (any value: the
+    /// listener takes a free loopback port beside the plain one).
+    pub tls_port: Option<u16>,
     config: Config,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -41,7 +44,10 @@ impl Proxy {
     pub async fn start(backends: Vec<String>, tweak: impl FnOnce(&mut Config)) -> Proxy {
         let mut config = Config {
             port: 0,
-            backends,
+            backends: backends
+                .iter()
+                .map(|b| b.parse().expect("a valid master address"))
+                .collect(),
             node_timeout_ms: BEHAVIOUR_NODE_TIMEOUT_MS,
             ..Config::default()
         };
@@ -49,17 +55,25 @@ impl Proxy {
         Proxy::start_config(config).await
     }
 
-    /// Starts the proxy with exactly `config` (its port is ignored: a free loopback port).
+    /// Starts the proxy with exactly `config` (its ports are ignored: free loopback ports).
     pub async fn start_config(config: Config) -> Proxy {
         config.validate().unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
+        let mut listeners = Listeners::from(listener);
+        if let Some(files) = config.server_tls() {
+            let tls = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let acceptor = TlsAcceptorHandle::load(files).expect("usable TLS files");
+            listeners.tls = Some((tls, acceptor));
+        }
+        let tls_port = listeners.tls_addr().map(|a| a.port());
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(redlock_proxy::run(config.clone(), listener, async move {
+        let task = tokio::spawn(redlock_proxy::run(config.clone(), listeners, async move {
             let _ = stopped.await;
         }));
         let proxy = Proxy {
             port,
+            tls_port,
             config,
             stop: Some(stop),
             task: Some(task),

@@ -1,0 +1,422 @@
+//! TLS and authentication between the proxy and its masters and clients, with real processes
+//! on loopback: masters started with `--requirepass`, an ACL user and `--tls-port`; clients
+//! redis-cli, redis-py and ioredis over TLS (installed by tests/clients/install.sh). The
+//! certificates (a CA, a server certificate for localhost/127.0.0.1, a client certificate)
+//! are made here with rcgen.
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose,
+};
+use redlock_proxy::{ClientCerts, Config, LocalMaster};
+use redlock_testkit::key;
+use redlock_testkit::launcher::Proxy;
+use redlock_testkit::resp::Client;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// A CA and the certificates it signed, as PEM files in a directory of their own.
+struct Pki {
+    dir: PathBuf,
+}
+
+impl Pki {
+    fn new(name: &str) -> Pki {
+        let dir = std::env::temp_dir().join(format!("redlock-tls-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(DnType::CommonName, "redlock-proxy test CA");
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca_key = KeyPair::generate().unwrap();
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        std::fs::write(dir.join("ca.pem"), ca_cert.pem()).unwrap();
+        for (name, usage) in [
+            ("server", ExtendedKeyUsagePurpose::ServerAuth),
+            ("client", ExtendedKeyUsagePurpose::ClientAuth),
+        ] {
+            let mut params =
+                CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+                    .unwrap();
+            params.distinguished_name.push(DnType::CommonName, name);
+            params.extended_key_usages = vec![usage];
+            let key = KeyPair::generate().unwrap();
+            let cert = params.signed_by(&key, &ca_cert, &ca_key).unwrap();
+            std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
+            std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
+        }
+        Pki { dir }
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn arg(&self, name: &str) -> String {
+        self.file(name).display().to_string()
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits (at most 5 s) until `INFO masters` of the proxy on `port` shows `needle` `count`
+/// times; returns that INFO.
+async fn wait_for_info(port: u16, needle: &str, count: usize) -> String {
+    let mut c = Client::connect(port).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let info = c.cmd(&["INFO", "masters"]).await;
+        if info.matches(needle).count() == count {
+            return info;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "expected {count}× {needle:?} in {info}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A command on a master that wants a password.
+async fn authed_cmd(port: u16, password: &str, args: &[&str]) -> String {
+    let mut c = Client::connect(port).await;
+    assert_eq!(c.cmd(&["AUTH", password]).await, "+OK");
+    c.cmd(args).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authenticated_masters_vote_and_a_refused_password_is_auth_failed_until_fixed() {
+    const PASSWORD: &str = "s3cret";
+    let masters: Vec<LocalMaster> = (0..3)
+        .map(|_| {
+            LocalMaster::start(
+                None,
+                &[
+                    "--requirepass",
+                    PASSWORD,
+                    "--user",
+                    "locker on >p@ss:w ~* &* +@all",
+                ],
+            )
+            .unwrap()
+        })
+        .collect();
+    let port = |i: usize| masters[i].port;
+    let backends = vec![
+        format!("redis://:{PASSWORD}@127.0.0.1:{}", port(0)),
+        // An ACL user, its password percent-encoded as URLs do.
+        format!("redis://locker:p%40ss%3Aw@127.0.0.1:{}", port(1)),
+        format!("redis://:hunter2@127.0.0.1:{}", port(2)),
+    ];
+    let proxy = Proxy::start(backends.clone(), |_| {}).await;
+    let info = wait_for_info(proxy.port, "state=up", 2).await;
+    assert!(
+        info.contains(&format!(
+            "addr=redis://:***@127.0.0.1:{},state=auth_failed (WRONGPASS",
+            port(2)
+        )),
+        "{info}"
+    );
+    assert!(info.contains(&format!("addr=redis://locker:***@127.0.0.1:{}", port(1))));
+    assert!(
+        !info.contains("hunter2") && !info.contains(PASSWORD),
+        "{info}"
+    );
+    // Two of three vote: granted, and held on exactly those two.
+    let mut c = proxy.client().await;
+    let k = key("auth");
+    assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "10000"]).await, "+OK");
+    for (i, held) in [(0, "$v"), (1, "$v"), (2, "$nil")] {
+        assert_eq!(
+            authed_cmd(port(i), PASSWORD, &["GET", &k]).await,
+            held,
+            "master {i}"
+        );
+    }
+    // Nothing shows a password: not the config's Debug, not CLIENT LIST.
+    let config = Config {
+        backends: backends.iter().map(|b| b.parse().unwrap()).collect(),
+        ..Config::default()
+    };
+    let debug = format!("{config:?}");
+    assert!(
+        !debug.contains("hunter2") && !debug.contains(PASSWORD),
+        "{debug}"
+    );
+    assert!(
+        !debug.contains("p%40ss") && !debug.contains("p@ss"),
+        "{debug}"
+    );
+    let clients = c.cmd(&["CLIENT", "LIST"]).await;
+    assert!(!clients.contains(PASSWORD), "{clients}");
+
+    // Only one master accepts this proxy's credentials: no quorum, no grant, nothing left.
+    let wrong = vec![
+        backends[0].clone(),
+        format!("redis://locker:nope@127.0.0.1:{}", port(1)),
+        backends[2].clone(),
+    ];
+    let lonely = Proxy::start(wrong, |_| {}).await;
+    wait_for_info(lonely.port, "state=auth_failed", 2).await;
+    let k2 = key("auth-no-quorum");
+    let mut c2 = lonely.client().await;
+    assert_eq!(
+        c2.cmd(&["SET", &k2, "v", "NX", "PX", "10000"]).await,
+        "$nil"
+    );
+    assert_eq!(authed_cmd(port(0), PASSWORD, &["GET", &k2]).await, "$nil");
+
+    // The master's password changed to what the first proxy sends: it recovers by itself.
+    assert_eq!(
+        authed_cmd(
+            port(2),
+            PASSWORD,
+            &["CONFIG", "SET", "requirepass", "hunter2"]
+        )
+        .await,
+        "+OK"
+    );
+    wait_for_info(proxy.port, "state=up", 3).await;
+    let k3 = key("auth-fixed");
+    assert_eq!(c.cmd(&["SET", &k3, "v", "NX", "PX", "10000"]).await, "+OK");
+    assert_eq!(authed_cmd(port(2), "hunter2", &["GET", &k3]).await, "$v");
+    lonely.stop().await;
+    proxy.stop().await;
+}
+
+/// A master with a plain port (for direct checks) and a TLS port.
+fn tls_master(pki: &Pki, auth_clients: &str) -> (LocalMaster, u16) {
+    let tls_port = free_port().to_string();
+    let (cert, key, ca) = (
+        pki.arg("server.pem"),
+        pki.arg("server.key"),
+        pki.arg("ca.pem"),
+    );
+    let master = LocalMaster::start(
+        None,
+        &[
+            "--tls-port",
+            &tls_port,
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+            "--tls-auth-clients",
+            auth_clients,
+        ],
+    )
+    .unwrap();
+    (master, tls_port.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_masters_with_a_ca_file_and_with_mutual_tls() {
+    let pki = Pki::new("masters");
+    for auth_clients in ["no", "yes"] {
+        let masters: Vec<(LocalMaster, u16)> =
+            (0..3).map(|_| tls_master(&pki, auth_clients)).collect();
+        let backends: Vec<String> = masters
+            .iter()
+            .map(|(_, tls)| format!("rediss://127.0.0.1:{tls}"))
+            .collect();
+        let with_client_cert = auth_clients == "yes";
+        let proxy = Proxy::start(backends.clone(), |c| {
+            c.backend_tls_ca_cert_file = Some(pki.file("ca.pem"));
+            if with_client_cert {
+                c.backend_tls_cert_file = Some(pki.file("client.pem"));
+                c.backend_tls_key_file = Some(pki.file("client.key"));
+            }
+        })
+        .await;
+        wait_for_info(proxy.port, "state=up", 3).await;
+        let k = key(&format!("rediss-{auth_clients}"));
+        let mut c = proxy.client().await;
+        assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "10000"]).await, "+OK");
+        for (master, _) in &masters {
+            let got = Client::connect(master.port).await.cmd(&["GET", &k]).await;
+            assert_eq!(got, "$v", "master {}", master.port);
+        }
+        if with_client_cert {
+            // The same masters refuse a proxy without a certificate: no vote, no grant.
+            let anonymous = Proxy::start(backends, |c| {
+                c.backend_tls_ca_cert_file = Some(pki.file("ca.pem"));
+            })
+            .await;
+            wait_for_info(anonymous.port, "state=down", 3).await;
+            let mut c = anonymous.client().await;
+            let k = key("rediss-anonymous");
+            assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "10000"]).await, "$nil");
+            anonymous.stop().await;
+        }
+        proxy.stop().await;
+    }
+}
+
+/// Where tests/clients/install.sh put the real clients.
+fn client_deps() -> PathBuf {
+    std::env::var_os("CLIENT_DEPS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/.deps"))
+}
+
+/// Runs a client program to completion (at most 60 s); its stdout, or its failure.
+fn run_client(program: &Path, args: &[&str]) -> Result<String, String> {
+    let mut child = Command::new(program)
+        .args(args)
+        .env("NODE_PATH", client_deps().join("node/node_modules"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|err| {
+            format!(
+                "cannot run {}: {err} (run tests/clients/install.sh)",
+                program.display()
+            )
+        })?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().map_err(|e| e.to_string())?.is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return Err(format!("{} did not finish within 60 s", program.display()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if out.status.success() {
+        Ok(stdout)
+    } else {
+        Err(format!(
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+const REDIS_PY: &str = r#"
+import sys, redis
+port, ca, cert, key, lock = sys.argv[1:6]
+r = redis.Redis(host="localhost", port=int(port), ssl=True, ssl_ca_certs=ca,
+                ssl_certfile=cert or None, ssl_keyfile=key or None, socket_timeout=10)
+print(r.set(lock, "py", nx=True, px=10000), r.get(lock).decode(), r.delete(lock))
+"#;
+
+const IOREDIS: &str = r#"
+const fs = require("fs");
+const Redis = require("ioredis");
+const [port, ca, cert, key, lock] = process.argv.slice(2);
+const tls = { ca: fs.readFileSync(ca), servername: "localhost" };
+if (cert) { tls.cert = fs.readFileSync(cert); tls.key = fs.readFileSync(key); }
+const r = new Redis({ host: "127.0.0.1", port: Number(port), tls, maxRetriesPerRequest: 0,
+                      retryStrategy: () => null, enableOfflineQueue: true });
+r.on("error", () => {});
+(async () => {
+  const set = await r.set(lock, "node", "PX", 10000, "NX");
+  const got = await r.get(lock);
+  const del = await r.del(lock);
+  console.log(set, got, del);
+  r.disconnect();
+})().catch((e) => { console.error(String(e)); process.exit(1); });
+"#;
+
+/// One lock taken, read and released through the proxy's TLS port by each real client, with
+/// or without a client certificate; the output of each, or why it failed.
+fn tls_clients(
+    pki: &Pki,
+    tls_port: u16,
+    with_cert: bool,
+    lock: &str,
+) -> Vec<Result<String, String>> {
+    let port = tls_port.to_string();
+    let (ca, cert, key) = (
+        pki.arg("ca.pem"),
+        pki.arg("client.pem"),
+        pki.arg("client.key"),
+    );
+    let (cert, key) = if with_cert {
+        (cert, key)
+    } else {
+        (String::new(), String::new())
+    };
+    let mut cli = vec!["-p", &port, "--tls", "--cacert", &ca];
+    if with_cert {
+        cli.extend(["--cert", &cert, "--key", &key]);
+    }
+    let redis_cli = |args: &[&str]| {
+        let mut all = cli.clone();
+        all.extend(args);
+        run_client(Path::new("redis-cli"), &all)
+    };
+    let cli_run = redis_cli(&["SET", lock, "cli", "NX", "PX", "10000"]).and_then(|set| {
+        Ok(format!(
+            "{set} {} {}",
+            redis_cli(&["GET", lock])?,
+            redis_cli(&["DEL", lock])?
+        ))
+    });
+    let python = client_deps().join("venv/bin/python");
+    let py = run_client(&python, &["-c", REDIS_PY, &port, &ca, &cert, &key, lock]);
+    let node = run_client(
+        Path::new("node"),
+        &["-e", IOREDIS, &port, &ca, &cert, &key, lock],
+    );
+    vec![cli_run, py, node]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_clients_over_tls_with_and_without_client_certificates() {
+    let pki = Pki::new("clients");
+    let masters = redlock_proxy::LocalCluster::start(3).unwrap();
+    let with_tls = |mode: ClientCerts| {
+        let pki = &pki;
+        move |c: &mut Config| {
+            c.tls_port = Some(0);
+            c.tls_cert_file = Some(pki.file("server.pem"));
+            c.tls_key_file = Some(pki.file("server.key"));
+            c.tls_ca_cert_file = Some(pki.file("ca.pem"));
+            c.tls_auth_clients = mode;
+        }
+    };
+    let expected = ["OK cli 1", "True py 1", "OK node 1"];
+    let strict = Proxy::start(masters.addrs(), with_tls(ClientCerts::Yes)).await;
+    let tls_port = strict.tls_port.unwrap();
+    let lock = key("tls-clients");
+    let outputs = tls_clients(&pki, tls_port, true, &lock);
+    let outputs: Vec<String> = outputs.into_iter().map(Result::unwrap).collect();
+    assert_eq!(outputs, expected);
+    // Without a certificate every client is refused by the handshake: nothing is served.
+    for (refused, served) in tls_clients(&pki, tls_port, false, &lock)
+        .iter()
+        .zip(expected)
+    {
+        assert!(
+            refused.as_ref().is_err() || refused.as_deref() != Ok(served),
+            "served without a certificate: {refused:?}"
+        );
+    }
+    let mut plain = strict.client().await;
+    assert_eq!(plain.cmd(&["GET", &lock]).await, "$nil");
+    strict.stop().await;
+
+    let open = Proxy::start(masters.addrs(), with_tls(ClientCerts::No)).await;
+    let outputs = tls_clients(&pki, open.tls_port.unwrap(), false, &lock);
+    let outputs: Vec<String> = outputs.into_iter().map(Result::unwrap).collect();
+    assert_eq!(outputs, expected);
+    open.stop().await;
+}
