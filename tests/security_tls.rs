@@ -109,7 +109,12 @@ async fn authenticated_masters_vote_and_a_refused_password_is_auth_failed_until_
                     "--requirepass",
                     PASSWORD,
                     "--user",
-                    "locker on >p@ss:w ~* &* +@all",
+                    "locker",
+                    "on",
+                    ">p@ss:w",
+                    "~*",
+                    "&*",
+                    "+@all",
                 ],
             )
             .unwrap()
@@ -122,6 +127,19 @@ async fn authenticated_masters_vote_and_a_refused_password_is_auth_failed_until_
         format!("redis://locker:p%40ss%3Aw@127.0.0.1:{}", port(1)),
         format!("redis://:hunter2@127.0.0.1:{}", port(2)),
     ];
+    // A deployment in use: every master armed by a proxy with the right credentials (a
+    // brand-new set of masters waits until it has seen every one of them: docs/SAFETY.md).
+    let right = Proxy::start(
+        vec![
+            backends[0].clone(),
+            backends[1].clone(),
+            format!("redis://:{PASSWORD}@127.0.0.1:{}", port(2)),
+        ],
+        |_| {},
+    )
+    .await;
+    wait_for_info(right.port, "state=up", 3).await;
+    right.stop().await;
     let proxy = Proxy::start(backends.clone(), |_| {}).await;
     let info = wait_for_info(proxy.port, "state=up", 2).await;
     assert!(
@@ -320,7 +338,7 @@ print(r.set(lock, "py", nx=True, px=10000), r.get(lock).decode(), r.delete(lock)
 const IOREDIS: &str = r#"
 const fs = require("fs");
 const Redis = require("ioredis");
-const [port, ca, cert, key, lock] = process.argv.slice(2);
+const [port, ca, cert, key, lock] = process.argv.slice(1);
 const tls = { ca: fs.readFileSync(ca), servername: "localhost" };
 if (cert) { tls.cert = fs.readFileSync(cert); tls.key = fs.readFileSync(key); }
 const r = new Redis({ host: "127.0.0.1", port: Number(port), tls, maxRetriesPerRequest: 0,
