@@ -15,6 +15,7 @@ use redlock_testkit::resp::Client;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A CA and the certificates it signed, as PEM files in a directory of their own.
 struct Pki {
@@ -437,4 +438,85 @@ async fn real_clients_over_tls_with_and_without_client_certificates() {
     let outputs: Vec<String> = outputs.into_iter().map(Result::unwrap).collect();
     assert_eq!(outputs, expected);
     open.stop().await;
+}
+
+/// `PING` through redis-cli over TLS to `port`, trusting `ca`: its output, or why it failed.
+fn tls_ping(port: u16, ca: &str) -> Result<String, String> {
+    let port = port.to_string();
+    run_client(
+        Path::new("redis-cli"),
+        &["-p", &port, "--tls", "--cacert", ca, "PING"],
+    )
+}
+
+/// Waits (at most 10 s) until `tls_ping` gives `PONG`.
+fn wait_for_pong(port: u16, ca: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = tls_ping(port, ca);
+        if got.as_deref() == Ok("PONG") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "PING over TLS trusting {ca}: {got:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_only_binary_reloads_its_certificate_on_sighup_and_keeps_it_on_a_bad_file() {
+    let (first, second) = (Pki::new("reload-first"), Pki::new("reload-second"));
+    let masters = redlock_proxy::LocalCluster::start(3).unwrap();
+    let tls_args: Vec<String> = [
+        "--tls-port",
+        "0",
+        "--tls-cert-file",
+        &first.arg("server.pem"),
+        "--tls-key-file",
+        &first.arg("server.key"),
+        "--tls-auth-clients",
+        "no",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    // `--port 0` with `--tls-port`: TLS only; the port in the log line is the TLS one.
+    let bin = Path::new(env!("CARGO_BIN_EXE_redlock-proxy"));
+    let mut proxy =
+        redlock_testkit::launcher::ProxyProcess::start(bin, &masters.addrs(), &tls_args).unwrap();
+    let (ca_first, ca_second) = (first.arg("ca.pem"), second.arg("ca.pem"));
+    wait_for_pong(proxy.port, &ca_first);
+    // A plain client on that port gets no RESP reply (at most a TLS alert).
+    let mut plain = tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
+        .await
+        .unwrap();
+    plain.write_all(b"PING\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(2), plain.read_to_end(&mut answer)).await;
+    assert!(!answer.starts_with(b"+PONG"), "{read:?} {answer:?}");
+
+    // New files in place, then SIGHUP: new handshakes show the new certificate.
+    for name in ["server.pem", "server.key"] {
+        std::fs::copy(second.file(name), first.file(name)).unwrap();
+    }
+    redlock_testkit::masters::signal(proxy.pid(), "HUP");
+    wait_for_pong(proxy.port, &ca_second);
+    assert!(tls_ping(proxy.port, &ca_first).is_err());
+    assert_eq!(proxy.warnings.load(std::sync::atomic::Ordering::Relaxed), 0);
+
+    // A file that cannot be used: logged, and the certificate in use stays.
+    std::fs::write(first.file("server.pem"), "not a certificate").unwrap();
+    redlock_testkit::masters::signal(proxy.pid(), "HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proxy.warnings.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no error logged for a bad certificate file"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(tls_ping(proxy.port, &ca_second).as_deref(), Ok("PONG"));
+    assert_eq!(proxy.exited(), None);
 }
