@@ -250,7 +250,10 @@ async fn abandon_in_flight(mut in_flight: FuturesOrdered<Slot>) {
 pub async fn refuse(mut stream: impl AsyncWrite + Unpin, why: ProxyError) {
     let mut out = BytesMut::new();
     Reply::from(why).encode(Protocol::Resp2, &mut out);
-    let _ = stream.write_all(&out).await;
+    // Shutdown flushes (TLS: what rustls still holds, then its close_notify).
+    if stream.write_all(&out).await.is_ok() {
+        let _ = stream.shutdown().await;
+    }
 }
 
 /// Serves one client until it disconnects, sends `QUIT`, breaks the protocol, does not read

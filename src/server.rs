@@ -135,10 +135,10 @@ pub async fn run(config: Config, listeners: impl Into<Listeners>, shutdown: impl
                 let permit = limit.clone().try_acquire_owned().ok();
                 let shared = shared.clone();
                 let stop = stop_rx.clone();
-                let acceptor = tls
-                    .as_ref()
-                    .filter(|_| over_tls)
-                    .and_then(|(_, handle)| handle.acceptor());
+                let acceptor = match (&tls, over_tls) {
+                    (Some((_, handle)), true) => Some(handle.acceptor()),
+                    _ => None,
+                };
                 tokio::spawn(async move {
                     let Some(acceptor) = acceptor else {
                         return serve_or_refuse(stream, permit, shared, stop).await;

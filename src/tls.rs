@@ -13,7 +13,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 use tokio_rustls::rustls::crypto::{ring, CryptoProvider};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{ClientConfig, RootCertStore, ServerConfig};
@@ -179,9 +179,8 @@ impl TlsAcceptorHandle {
     pub fn reload(&self) -> Result<(), TlsError> {
         match self.files.server_config() {
             Ok(config) => {
-                if let Ok(mut current) = self.current.write() {
-                    *current = TlsAcceptor::from(config);
-                }
+                *self.current.write().unwrap_or_else(PoisonError::into_inner) =
+                    TlsAcceptor::from(config);
                 tracing::info!(cert = %self.files.cert.display(), "TLS certificate reloaded");
                 Ok(())
             }
@@ -193,8 +192,12 @@ impl TlsAcceptorHandle {
     }
 
     /// The acceptor for the next handshake.
-    pub fn acceptor(&self) -> Option<TlsAcceptor> {
-        self.current.read().ok().map(|a| a.clone())
+    pub fn acceptor(&self) -> TlsAcceptor {
+        // A poisoned lock still holds a whole acceptor: replacing it is one assignment.
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 

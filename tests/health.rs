@@ -2,25 +2,9 @@
 
 use redlock_proxy::{LocalCluster, LocalMaster};
 use redlock_testkit::key;
-use redlock_testkit::launcher::Proxy;
+use redlock_testkit::launcher::{wait_for_info, Proxy};
 use redlock_testkit::masters::{master_cmd, master_get};
-use redlock_testkit::resp::Client;
 use std::time::{Duration, Instant};
-
-async fn wait_for_info(c: &mut Client, needle: &str, count: usize) -> String {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        let info = c.cmd(&["INFO", "masters"]).await;
-        if info.matches(needle).count() == count {
-            return info;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "expected {count}× {needle:?} in {info}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushall_on_a_master_quarantines_it_for_the_longest_lease() {

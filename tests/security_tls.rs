@@ -10,7 +10,7 @@ use rcgen::{
 };
 use redlock_proxy::{ClientCerts, Config, LocalMaster};
 use redlock_testkit::key;
-use redlock_testkit::launcher::Proxy;
+use redlock_testkit::launcher::{wait_for_info, Proxy};
 use redlock_testkit::resp::Client;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -74,22 +74,9 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Waits (at most 5 s) until `INFO masters` of the proxy on `port` shows `needle` `count`
-/// times; returns that INFO.
-async fn wait_for_info(port: u16, needle: &str, count: usize) -> String {
-    let mut c = Client::connect(port).await;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let info = c.cmd(&["INFO", "masters"]).await;
-        if info.matches(needle).count() == count {
-            return info;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "expected {count}× {needle:?} in {info}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// [`wait_for_info`] on a fresh connection to the proxy on `port`.
+async fn wait_for_masters(port: u16, needle: &str, count: usize) -> String {
+    wait_for_info(&mut Client::connect(port).await, needle, count).await
 }
 
 /// A command on a master that wants a password.
@@ -139,10 +126,10 @@ async fn authenticated_masters_vote_and_a_refused_password_is_auth_failed_until_
         |_| {},
     )
     .await;
-    wait_for_info(right.port, "state=up", 3).await;
+    wait_for_masters(right.port, "state=up", 3).await;
     right.stop().await;
     let proxy = Proxy::start(backends.clone(), |_| {}).await;
-    let info = wait_for_info(proxy.port, "state=up", 2).await;
+    let info = wait_for_masters(proxy.port, "state=up", 2).await;
     assert!(
         info.contains(&format!(
             "addr=redis://:***@127.0.0.1:{},state=auth_failed (WRONGPASS",
@@ -190,7 +177,7 @@ async fn authenticated_masters_vote_and_a_refused_password_is_auth_failed_until_
         backends[2].clone(),
     ];
     let lonely = Proxy::start(wrong, |_| {}).await;
-    wait_for_info(lonely.port, "state=auth_failed", 2).await;
+    wait_for_masters(lonely.port, "state=auth_failed", 2).await;
     let k2 = key("auth-no-quorum");
     let mut c2 = lonely.client().await;
     assert_eq!(
@@ -209,7 +196,7 @@ async fn authenticated_masters_vote_and_a_refused_password_is_auth_failed_until_
         .await,
         "+OK"
     );
-    wait_for_info(proxy.port, "state=up", 3).await;
+    wait_for_masters(proxy.port, "state=up", 3).await;
     let k3 = key("auth-fixed");
     assert_eq!(c.cmd(&["SET", &k3, "v", "NX", "PX", "10000"]).await, "+OK");
     assert_eq!(authed_cmd(port(2), "hunter2", &["GET", &k3]).await, "$v");
@@ -263,7 +250,7 @@ async fn rediss_masters_with_a_ca_file_and_with_mutual_tls() {
             }
         })
         .await;
-        wait_for_info(proxy.port, "state=up", 3).await;
+        wait_for_masters(proxy.port, "state=up", 3).await;
         let k = key(&format!("rediss-{auth_clients}"));
         let mut c = proxy.client().await;
         assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "10000"]).await, "+OK");
@@ -277,7 +264,7 @@ async fn rediss_masters_with_a_ca_file_and_with_mutual_tls() {
                 c.backend_tls_ca_cert_file = Some(pki.file("ca.pem"));
             })
             .await;
-            wait_for_info(anonymous.port, "state=down", 3).await;
+            wait_for_masters(anonymous.port, "state=down", 3).await;
             let mut c = anonymous.client().await;
             let k = key("rediss-anonymous");
             assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "10000"]).await, "$nil");
@@ -432,6 +419,26 @@ async fn real_clients_over_tls_with_and_without_client_certificates() {
     let mut plain = strict.client().await;
     assert_eq!(plain.cmd(&["GET", &lock]).await, "$nil");
     strict.stop().await;
+
+    // Optional: asked for, not required.
+    let optional = Proxy::start(masters.addrs(), with_tls(ClientCerts::Optional)).await;
+    let port = optional.tls_port.unwrap().to_string();
+    let (ca, cert, key) = (
+        pki.arg("ca.pem"),
+        pki.arg("client.pem"),
+        pki.arg("client.key"),
+    );
+    let anonymous = ["-p", &port, "--tls", "--cacert", &ca, "PING"];
+    let with_cert = [
+        "-p", &port, "--tls", "--cacert", &ca, "--cert", &cert, "--key", &key, "PING",
+    ];
+    for args in [&anonymous[..], &with_cert[..]] {
+        assert_eq!(
+            run_client(Path::new("redis-cli"), args).as_deref(),
+            Ok("PONG")
+        );
+    }
+    optional.stop().await;
 
     let open = Proxy::start(masters.addrs(), with_tls(ClientCerts::No)).await;
     let outputs = tls_clients(&pki, open.tls_port.unwrap(), false, &lock);

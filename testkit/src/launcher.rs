@@ -316,6 +316,23 @@ fn listening_port(line: &str) -> Option<u16> {
     addr.rsplit(':').next()?.parse().ok()
 }
 
+/// Waits (at most 5 s) until the proxy's `INFO masters` on `client` shows `needle` exactly
+/// `count` times (`state=up` 3 times, say); returns that INFO. Panics past the limit.
+pub async fn wait_for_info(client: &mut Client, needle: &str, count: usize) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let info = client.cmd(&["INFO", "masters"]).await;
+        if info.matches(needle).count() == count {
+            return info;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "expected {count}× {needle:?} in {info}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits (at most 10 s) until a server (a redis-server or a fresh proxy) is ready for load:
 /// every master the proxy lists in `INFO masters` is `state=up` (not connecting, down or
 /// quarantined), and the compare-and-delete release is loaded (`SCRIPT LOAD` fans out through
