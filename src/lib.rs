@@ -22,6 +22,7 @@
 //!
 //! Beside them, [`local`] starts child `redis-server` masters (`--local`, tests, benches).
 
+mod auth;
 mod commands;
 mod config;
 mod connection;
