@@ -427,3 +427,20 @@ async fn a_slowloris_costs_bounded_memory_and_is_closed() {
     );
     let _ = std::fs::remove_file(config);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tenants_example_config_works_as_its_comments_say() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tenants.toml");
+    let example = Config::from_file(&path).unwrap();
+    example.validate().unwrap();
+    let env = Env::start_with(3, |config| config.users = example.users.clone()).await;
+    let mut c = env.proxy.client().await;
+    assert_eq!(c.cmd(&["PING"]).await, "-NOAUTH Authentication required.");
+    assert_eq!(c.cmd(&["AUTH", "orders-svc", "orders-pw"]).await, "+OK");
+    let lock = format!("orders:{}", key("example"));
+    assert_eq!(c.cmd(&["SET", &lock, "me", "NX", "PX", "5000"]).await, "+OK");
+    assert!(c
+        .cmd(&["SET", "billing:1", "me", "NX", "PX", "5000"])
+        .await
+        .starts_with("-NOPERM"));
+}
