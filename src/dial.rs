@@ -4,7 +4,7 @@
 //!
 //! Invariants:
 //! - A password never leaves this module in text: [`Backend`]'s `Display` and `Debug` show
-//!   `***` in its place, and so do the config's `Debug`, logs and `INFO` (which print it).
+//!   `***` in its place ([`Secret`] itself prints as `<redacted>`), and so do the config's `Debug`, logs and `INFO` (which print it).
 //! - Every connection, first or re-made, sends `AUTH` first when the master has credentials,
 //!   and is handed to the transport only once the master said `OK`. A refusal is a
 //!   connection failure carrying the master's own error text ([`AuthRefused`]), which the
@@ -14,6 +14,7 @@
 //! - A password that is not in the address comes from the environment variable
 //!   [`PASSWORD_ENV`], read when the proxy starts.
 
+use crate::config::Secret;
 use crate::protocol::{decode_reply, encode_command, Reply};
 use crate::transport::{AuthRefused, Connect, ReadHalf, WriteHalf};
 use bytes::BytesMut;
@@ -33,26 +34,6 @@ pub const PASSWORD_ENV: &str = "REDLOCK_PROXY_BACKEND_PASSWORD";
 
 /// Most bytes of a master's answer to `AUTH` read before giving up on it.
 const AUTH_REPLY_MAX: usize = 4096;
-
-/// A secret that prints as `***`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(secret: impl Into<String>) -> Secret {
-        Secret(secret.into())
-    }
-
-    fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("***")
-    }
-}
 
 /// One master as configured.
 #[derive(Clone, PartialEq, Eq, Deserialize)]
@@ -113,7 +94,7 @@ impl FromStr for Backend {
                 // `redis://:password@host` (no user) is the `AUTH password` form.
                 Some((user, password)) => (
                     Some(decode(user)?).filter(|u| !u.is_empty()),
-                    Some(Secret(decode(password)?)),
+                    Some(Secret::new(decode(password)?)),
                 ),
                 None => (Some(decode(userinfo)?).filter(|u| !u.is_empty()), None),
             },
@@ -335,7 +316,7 @@ mod tests {
         assert_eq!(url.password.as_ref().map(Secret::expose), Some("p@ss:w0rd"));
         let no_user = parse("redis://:secret@[::1]:7000");
         assert_eq!((no_user.host.as_str(), no_user.user), ("::1", None));
-        assert_eq!(no_user.password, Some(Secret::new("secret")));
+        assert_eq!(no_user.password, Some(Secret::new("secret".into())));
         for bad in [
             "localhost",
             "http://h:1",

@@ -7,7 +7,8 @@
 //! 1. Leaves, no I/O: [`protocol`] (RESP both ways: client requests, replies, commands to the
 //!    masters), [`redlock`] (the pure Redlock decisions: quorum, validity, merge rules),
 //!    [`lease_script`] (what a client's Lua script means), [`error`] (every error reply the
-//!    proxy makes), [`config`], [`lease`] (a reply that promises a lock until a deadline).
+//!    proxy makes), [`config`], [`lease`] (a reply that promises a lock until a deadline),
+//!    [`auth`] (users, password checks, key patterns).
 //! 2. [`transport`]: one pipelined FIFO connection per master (send, replies in order,
 //!    reconnect, watchdog, clean-ups that survive reconnects). Knows nothing of votes.
 //!    [`dial`] opens its streams: the masters' addresses and credentials, TCP or TLS, `AUTH`.
@@ -25,6 +26,7 @@
 //!
 //! Beside them, [`local`] starts child `redis-server` masters (`--local`, tests, benches).
 
+mod auth;
 mod client_stream;
 mod commands;
 mod config;
@@ -48,7 +50,7 @@ mod transport;
 #[cfg(test)]
 mod fake_master;
 
-pub use config::{Config, ConfigError, LogFormat};
+pub use config::{Config, ConfigError, LogFormat, Secret};
 pub use dial::{Backend, BackendError, PASSWORD_ENV};
 pub use local::{LocalCluster, LocalError, LocalMaster};
 pub use masters::MAX_FANOUTS;

@@ -14,8 +14,8 @@
 //!   quarantined.
 //! - Every missing vote carries its reason, counted per master ([`VoteStats`], `INFO`).
 
-use crate::config::Config;
-use crate::dial::{Dial, Secret, PASSWORD_ENV};
+use crate::config::{Config, Secret};
+use crate::dial::{Dial, PASSWORD_ENV};
 use crate::health::{self, MasterHealth};
 use crate::protocol::Reply;
 use crate::redlock::{merge, no_quorum, quorum, MergeRule, MissingReason, Vote};
