@@ -263,7 +263,7 @@ impl Spec {
                 .get(self.numkeys_at)
                 .and_then(|n| crate::protocol::parse_strict_i64(n))
                 .and_then(|n| usize::try_from(n).ok())
-                .filter(|n| *n <= args.len() - self.numkeys_at - 1)
+                .filter(|n| *n < args.len() - self.numkeys_at)
                 .unwrap_or(0);
             return &args[self.numkeys_at + 1..self.numkeys_at + 1 + count];
         }
