@@ -300,7 +300,7 @@ fn set(db: &mut Db, key: Bytes, value: Bytes, nx: bool, px: Option<u64>) -> Repl
     Reply::ok()
 }
 
-/// The token of a counter record `<16-digit token>:<attempt id>`.
+/// The token of a counter record `<16-digit token>:<proxy instance>`.
 fn counter_token(record: &[u8]) -> u64 {
     number(&record[..record.len().min(16)]).unwrap_or(0)
 }
