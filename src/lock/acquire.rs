@@ -258,28 +258,23 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
             .min(latest);
         deadlines[i].store(deadline, Ordering::Relaxed);
         let deadline = deadline.to_string();
-        let call = |how: &[u8], script: &[u8]| {
-            encode_command(&[
-                how,
-                script,
-                b"4",
-                key,
-                ARMED_KEY.as_bytes(),
-                QUARANTINE_KEY.as_bytes(),
-                &token_key,
-                value,
-                px.as_bytes(),
-                record.as_bytes(),
-                deadline.as_bytes(),
-                token_arg,
-                earliest.as_bytes(),
-                counter_px.as_bytes(),
-            ])
-        };
-        Some((
-            call(b"EVALSHA", acquirer.acquire_sha.as_bytes()),
-            Some(call(b"EVAL", ACQUIRE_SCRIPT.as_bytes())),
-        ))
+        let evalsha = encode_command(&[
+            b"EVALSHA".as_ref(),
+            acquirer.acquire_sha.as_bytes(),
+            b"4",
+            key,
+            ARMED_KEY.as_bytes(),
+            QUARANTINE_KEY.as_bytes(),
+            &token_key,
+            value,
+            px.as_bytes(),
+            record.as_bytes(),
+            deadline.as_bytes(),
+            token_arg,
+            earliest.as_bytes(),
+            counter_px.as_bytes(),
+        ]);
+        Some((evalsha, Some(ACQUIRE_SCRIPT)))
     };
     let (votes, late) = masters
         .fan_out_each(ask, 1, |v| {
