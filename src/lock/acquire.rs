@@ -50,7 +50,7 @@ pub const ACQUIRE_SCRIPT: &str = "local t = redis.call('time') local now = t[1] 
 /// The vote of a master that was unarmed or quarantined at acquire time.
 pub const UNARMED: Reply = Reply::Integer(-1);
 
-/// Where the masters keep the fencing token counter of `key` (`<token>:<attempt id>`).
+/// Where the masters keep the fencing token counter of `key` (`<token>:<proxy instance>`).
 pub fn token_key(key: &[u8]) -> Bytes {
     let mut name = BytesMut::with_capacity(key.len() + 20);
     name.extend_from_slice(b"redlock-proxy:token:");
@@ -224,7 +224,7 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
     let deadline = received_at + window;
     let px_ms = backend_ttl_ms(ttl_ms, drift_factor);
     let px = px_ms.to_string();
-    // With quarantine on, the write is the acquire script (markers, deadline, attempt id: see
+    // With quarantine on, the write is the acquire script (markers, deadline, token: see
     // `ACQUIRE_SCRIPT`), called by SHA1 (the health monitor loads it on every master); a master
     // that lost its script cache answers NOSCRIPT and gets the body at once. Each master's
     // deadline is the latest its clock can show when the node timeout runs out, computed as the

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 pub const UNDO_SCRIPT: &str = "if redis.call('get', KEYS[1]) == ARGV[1] and redis.call('get', KEYS[2]) == ARGV[2] then return redis.call('del', KEYS[1]) end return 0";
 
 /// The compare-and-delete (`KEYS[1]` = key, `ARGV[1]` = value): the clean-up when quarantine
-/// is off and the acquire is a plain `SET NX PX` (no attempt id), and the release every
+/// is off and the acquire is a plain `SET NX PX` (no token record), and the release every
 /// client library sends.
 pub const COMPARE_AND_DELETE: &str =
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
