@@ -151,10 +151,10 @@ impl FakeMaster {
         match name.as_str() {
             "PING" => Reply::simple("PONG"),
             "TIME" => {
-                let ms = self.clock_ms();
+                let us = self.clock_us();
                 Reply::Array(vec![
-                    Reply::bulk((ms / 1000).to_string()),
-                    Reply::bulk((ms % 1000 * 1000).to_string()),
+                    Reply::bulk((us / 1_000_000).to_string()),
+                    Reply::bulk((us % 1_000_000).to_string()),
                 ])
             }
             "INFO" => Reply::bulk(format!(
@@ -226,15 +226,16 @@ impl FakeMaster {
             );
             Reply::Integer(pttl(keys_db, &keys[1]))
         } else if body == ACQUIRE_SCRIPT {
-            let now = self.clock_ms();
-            if now > n(3) {
+            // In µs, as the script compares it (ms with the µs as a fraction).
+            let now = self.clock_us();
+            if now > n(3) * 1000 {
                 return Reply::Integer(-2);
             }
             let refuse = |code: i64, seen: u64| {
                 Reply::Array(vec![Reply::Integer(code), Reply::Integer(seen as i64)])
             };
-            if now < n(5) {
-                return refuse(-3, now * 1000);
+            if now < n(5) * 1000 {
+                return refuse(-3, now);
             }
             if !exists(keys_db, &keys[1]) || exists(keys_db, &keys[2]) {
                 return Reply::Integer(-1);
@@ -267,8 +268,8 @@ impl FakeMaster {
         }
     }
 
-    fn clock_ms(&self) -> u64 {
-        EPOCH_MS + self.born.elapsed().as_millis() as u64
+    fn clock_us(&self) -> u64 {
+        EPOCH_MS * 1000 + self.born.elapsed().as_micros() as u64
     }
 }
 
@@ -300,7 +301,7 @@ fn set(db: &mut Db, key: Bytes, value: Bytes, nx: bool, px: Option<u64>) -> Repl
     Reply::ok()
 }
 
-/// The token of a counter record `<16-digit token>:<attempt id>`.
+/// The token of a counter record `<16-digit token>:<proxy instance>`.
 fn counter_token(record: &[u8]) -> u64 {
     number(&record[..record.len().min(16)]).unwrap_or(0)
 }

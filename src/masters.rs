@@ -17,7 +17,7 @@
 use crate::config::{Config, Secret};
 use crate::dial::{Dial, PASSWORD_ENV};
 use crate::health::{self, MasterHealth};
-use crate::protocol::Reply;
+use crate::protocol::{evalsha_as_eval, Reply};
 use crate::redlock::{merge, no_quorum, quorum, MergeRule, MissingReason, Vote};
 use crate::tls::master_client_config;
 use crate::transport::{Link, NoReply};
@@ -37,9 +37,9 @@ pub const MAX_FANOUTS: usize = 256;
 /// Votes of a fan-out still pending when it was decided, as `(master index, vote)`.
 pub type LateVotes = FuturesUnordered<BoxFuture<'static, (usize, Vote)>>;
 
-/// A request for one master in [`Masters::fan_out_each`]: the payload, and the payload to send
-/// instead if the master answers `NOSCRIPT` (the same call as `EVAL`).
-pub type Ask = (Bytes, Option<Bytes>);
+/// A request for one master in [`Masters::fan_out_each`]: the payload, and if it is an
+/// `EVALSHA`, the script's body, to call with `EVAL` instead if the master answers `NOSCRIPT`.
+pub type Ask = (Bytes, Option<&'static str>);
 
 /// How a master's votes went, for `INFO`.
 #[derive(Debug, Default)]
@@ -137,11 +137,14 @@ impl Voter {
     }
 
     /// Asks `first`; if the master lost the script it calls (restart, `SCRIPT FLUSH`), asks
-    /// `retry` (the same call as `EVAL`).
-    async fn ask_with_retry(&self, (first, retry): Ask, replies: usize) -> Vote {
-        match (self.ask(first, replies).await, retry) {
-            (Vote::Replied(r), Some(eval)) if r.is_error_code("NOSCRIPT") => {
-                self.ask(eval, replies).await
+    /// the same call as `EVAL` of `body`.
+    async fn ask_with_retry(&self, (first, body): Ask, replies: usize) -> Vote {
+        match (self.ask(first.clone(), replies).await, body) {
+            (Vote::Replied(r), Some(body)) if r.is_error_code("NOSCRIPT") => {
+                match evalsha_as_eval(&first, body.as_bytes()) {
+                    Some(eval) => self.ask(eval, replies).await,
+                    None => Vote::Replied(r),
+                }
             }
             (vote, _) => vote,
         }

@@ -18,8 +18,8 @@ use crate::lock::{token_key, COMPARE_AND_DELETE, UNARMED};
 use crate::protocol::{encode_command, Reply, Request};
 use crate::redlock::{backend_ttl_ms, quorum, validity_window, MergeRule, Vote};
 
-/// `KEYS` = key, its token counter; `ARGV` = value. The token (`<token>:<attempt id>`), while
-/// `value` holds `key`.
+/// `KEYS` = key, its token counter; `ARGV` = value. The token (of `<token>:<proxy instance>`),
+/// while `value` holds `key`.
 const TOKEN_SCRIPT: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then local c = redis.call('get', KEYS[2]) if c then return tonumber(string.sub(c, 1, 16)) end end return false";
 
 /// `KEYS` = key, its token counter, the two markers; `ARGV` = value, `PX`. `1` if extended,

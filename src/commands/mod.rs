@@ -281,7 +281,7 @@ impl Spec {
 }
 
 /// Keys under this prefix hold the proxy's own state on the masters (the shared markers, the
-/// attempt ids: see [`crate::health`] and [`crate::lock`]); a client that could delete or change
+/// token counters: see [`crate::health`] and [`crate::lock`]); a client that could delete or change
 /// them could end a quarantine early or make every master look wiped.
 pub const RESERVED_PREFIX: &[u8] = b"redlock-proxy:";
 

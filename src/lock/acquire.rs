@@ -18,10 +18,10 @@ use tokio::time::Instant;
 
 /// The acquire on one master. `KEYS` = the lock key, [`ARMED_KEY`], [`QUARANTINE_KEY`], the
 /// key's token counter ([`token_key`]); `ARGV` = the value, `PX`, the counter's new record
-/// (`<token>:<attempt id>`), the deadline, the proposed fencing token (µs, 16 digits
-/// zero-padded: a record `<token>:<id>` is at least the proposal, as strings, exactly when its
-/// token is), the earliest master clock that may take the token, the counter's `PX` (clocks
-/// in ms since the epoch, in the master's clock).
+/// (`<token>:<proxy instance>`, [`Tokens::record`]), the deadline, the proposed fencing token
+/// (µs, 16 digits zero-padded: a record `<token>:<instance>` is at least the proposal, as
+/// strings, exactly when its token is), the earliest master clock that may take the token, the
+/// counter's `PX` (clocks in ms since the epoch, in the master's clock).
 /// - Nothing is written after the deadline (`-2`): a write held up in a paused master's socket
 ///   buffer cannot take effect once the proxy has given up on it, so the clean-up sent after
 ///   the deadline is final (no phantom holder). The deadline is also the latest clock at which
@@ -33,20 +33,24 @@ use tokio::time::Instant;
 ///   no wipe can fall between the check and the write.
 /// - The token is refused if it is not above the key's counter (`[-4, counter]`).
 /// - Then `SET key value NX PX`: null if the key is held. If it is set, the counter becomes
-///   `<token>:<attempt id>` for at least its lifetime: the token for later acquires, and the
-///   attempt id so that the clean-up of a refused attempt deletes only what *that* attempt
-///   wrote, never the grant of a later attempt with the same value (redis-py retries with the
-///   same token).
+///   the record for at least its lifetime: the token for later acquires, and with the proxy
+///   instance it names this attempt (a proxy never proposes a token twice), so the clean-up of
+///   a refused attempt deletes only what *that* attempt wrote, never the grant of a later
+///   attempt with the same value (redis-py retries with the same token).
 ///
-/// Four calls (`TIME`, one `MGET` for both markers and the counter, two `SET`s), one number
-/// conversion more than the acquire without tokens, and the strings it writes come ready-made
-/// from the proxy.
-pub const ACQUIRE_SCRIPT: &str = "local t = redis.call('time') local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) if now > tonumber(ARGV[4]) then return -2 end if now < tonumber(ARGV[6]) then return {-3, now * 1000} end local m = redis.call('mget', KEYS[2], KEYS[3], KEYS[4]) if not m[1] or m[2] then return -1 end if m[3] and m[3] >= ARGV[5] then return {-4, tonumber(string.sub(m[3], 1, 16))} end local ok = redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) if not ok then return false end redis.call('set', KEYS[4], ARGV[3], 'PX', ARGV[7]) return ok";
+/// The clock is compared in ms with its µs as a fraction (`t[1] * 1000 + t[2] / 1000`): the
+/// deadline check is then at least as strict as with whole ms, and the earliest check (an
+/// integer bound) the same. Lua's own string-to-number coercion instead of `tonumber` and
+/// `math.floor`, and a record of at most 44 bytes (Redis keeps it in one allocation), keep the
+/// master's work close to the acquire without tokens (BENCHMARKS.md §6). Four calls (`TIME`,
+/// one `MGET` for both markers and the counter, two `SET`s); the strings it writes come
+/// ready-made from the proxy.
+pub const ACQUIRE_SCRIPT: &str = "local t = redis.call('time') local now = t[1] * 1000 + t[2] / 1000 if now > ARGV[4] + 0 then return -2 end if now < ARGV[6] + 0 then return {-3, t[1] * 1000000 + t[2]} end local m = redis.call('mget', KEYS[2], KEYS[3], KEYS[4]) if not m[1] or m[2] then return -1 end if m[3] and m[3] >= ARGV[5] then return {-4, tonumber(string.sub(m[3], 1, 16))} end local ok = redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) if not ok then return false end redis.call('set', KEYS[4], ARGV[3], 'PX', ARGV[7]) return ok";
 
 /// The vote of a master that was unarmed or quarantined at acquire time.
 pub const UNARMED: Reply = Reply::Integer(-1);
 
-/// Where the masters keep the fencing token counter of `key` (`<token>:<attempt id>`).
+/// Where the masters keep the fencing token counter of `key` (`<token>:<proxy instance>`).
 pub fn token_key(key: &[u8]) -> Bytes {
     let mut name = BytesMut::with_capacity(key.len() + 20);
     name.extend_from_slice(b"redlock-proxy:token:");
@@ -62,6 +66,8 @@ pub(super) struct Tokens {
     pub(super) clock: bool,
     /// The highest token this proxy proposed or saw refused.
     last: AtomicU64,
+    /// Names these proposals among all proxies, past and present (see [`Tokens::record`]).
+    instance: String,
 }
 
 impl Tokens {
@@ -70,30 +76,39 @@ impl Tokens {
             rules,
             clock,
             last: AtomicU64::new(0),
+            instance: instance_name(),
         }
     }
 
     /// A proposal above `floor` and everything proposed before, at least the masters' clocks.
     fn propose(&self, masters: &Masters, floor: u64) -> u64 {
-        let now = Instant::now();
-        // Read once: each estimate locks that master's health record.
-        let clocks: Vec<u64> = if self.clock {
+        // Read once, not on every compare-and-swap retry: each estimate locks that master's
+        // health record.
+        let clock = if self.clock {
+            let now = Instant::now();
             masters
                 .voters()
                 .iter()
                 .filter_map(|v| v.health.master_clock_estimate_us(now))
-                .collect()
+                .max()
         } else {
-            Vec::new()
+            None
         };
         let mut token = 0;
         let _ = self
             .last
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
-                token = propose_token(clocks.iter().copied(), last.max(floor));
+                token = propose_token(clock, last.max(floor));
                 Some(token)
             });
         token
+    }
+
+    /// The counter record of an attempt with `token`: `<token, 16 digits>:<instance>`. It
+    /// names the attempt: this proxy proposes every token once ([`Tokens::propose`] only goes
+    /// up), and no other proxy has the same instance.
+    fn record(&self, token: u64) -> String {
+        format!("{token:016}:{}", self.instance)
     }
 
     /// The master clocks (ms) at which a master may accept `token` (any, with the clock off).
@@ -106,27 +121,17 @@ impl Tokens {
     }
 }
 
-/// Attempt ids, unique across proxies and restarts: `<pid>.<start ns>.<n>`.
-pub(super) struct AttemptIds {
-    instance: String,
-    next: AtomicU64,
-}
-
-impl AttemptIds {
-    pub(super) fn new() -> AttemptIds {
-        let started = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        AttemptIds {
-            instance: format!("{}.{started}", std::process::id()),
-            next: AtomicU64::new(0),
-        }
-    }
-
-    fn next(&self) -> String {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        format!("{}.{n}", self.instance)
-    }
+/// A name no other token proposer has, across proxies and restarts: `<pid>.<start ns>.<n>` in
+/// hex, `n` counting the proposers of this process. Short (about 25 bytes, so a record
+/// stays within the 44 bytes Redis keeps in one allocation), since every acquire sends it and
+/// every master stores it.
+fn instance_name() -> String {
+    static PROPOSERS: AtomicU64 = AtomicU64::new(0);
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let n = PROPOSERS.fetch_add(1, Ordering::Relaxed);
+    format!("{:x}.{started:x}.{n:x}", std::process::id())
 }
 
 /// One client's acquire request: `SET key value NX PX ttl_ms` (or `LOCK.ACQUIRE`), read at
@@ -219,16 +224,16 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
     let deadline = received_at + window;
     let px_ms = backend_ttl_ms(ttl_ms, drift_factor);
     let px = px_ms.to_string();
-    // With quarantine on, the write is the acquire script (markers, deadline, attempt id: see
+    // With quarantine on, the write is the acquire script (markers, deadline, token: see
     // `ACQUIRE_SCRIPT`), called by SHA1 (the health monitor loads it on every master); a master
     // that lost its script cache answers NOSCRIPT and gets the body at once. Each master's
     // deadline is the latest its clock can show when the node timeout runs out, computed as the
     // request leaves (after the fan-out permit).
     let quarantine = masters.quarantine();
-    let attempt_id = acquirer.ids.next();
     let token_key = token_key(key);
-    let token_arg = format!("{token:016}");
-    let record = format!("{token_arg}:{attempt_id}");
+    let record = acquirer.tokens.record(token);
+    // The record starts with the token as the script compares it.
+    let token_arg = &record.as_bytes()[..16];
     let (earliest, latest) = acquirer.tokens.accepted_clocks_ms(token);
     let earliest = earliest.to_string();
     let counter_px = acquirer.tokens.rules.counter_life_ms.max(px_ms).to_string();
@@ -253,28 +258,23 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
             .min(latest);
         deadlines[i].store(deadline, Ordering::Relaxed);
         let deadline = deadline.to_string();
-        let call = |how: &[u8], script: &[u8]| {
-            encode_command(&[
-                how,
-                script,
-                b"4",
-                key,
-                ARMED_KEY.as_bytes(),
-                QUARANTINE_KEY.as_bytes(),
-                &token_key,
-                value,
-                px.as_bytes(),
-                record.as_bytes(),
-                deadline.as_bytes(),
-                token_arg.as_bytes(),
-                earliest.as_bytes(),
-                counter_px.as_bytes(),
-            ])
-        };
-        Some((
-            call(b"EVALSHA", acquirer.acquire_sha.as_bytes()),
-            Some(call(b"EVAL", ACQUIRE_SCRIPT.as_bytes())),
-        ))
+        let evalsha = encode_command(&[
+            b"EVALSHA".as_ref(),
+            acquirer.acquire_sha.as_bytes(),
+            b"4",
+            key,
+            ARMED_KEY.as_bytes(),
+            QUARANTINE_KEY.as_bytes(),
+            &token_key,
+            value,
+            px.as_bytes(),
+            record.as_bytes(),
+            deadline.as_bytes(),
+            token_arg,
+            earliest.as_bytes(),
+            counter_px.as_bytes(),
+        ]);
+        Some((evalsha, Some(ACQUIRE_SCRIPT)))
     };
     let (votes, late) = masters
         .fan_out_each(ask, 1, |v| {

@@ -14,7 +14,7 @@ pub use rollback::{COMPARE_AND_DELETE, UNDO_SCRIPT};
 use crate::masters::Masters;
 use crate::redlock::{Policy, TokenRules};
 use crate::script_cache::script_sha;
-use acquire::{AttemptIds, Tokens};
+use acquire::Tokens;
 use flights::Flights;
 use std::sync::Arc;
 
@@ -22,7 +22,6 @@ use std::sync::Arc;
 pub struct Acquirer {
     masters: Arc<Masters>,
     policy: Policy,
-    ids: AttemptIds,
     tokens: Tokens,
     /// SHA1 of [`ACQUIRE_SCRIPT`].
     acquire_sha: String,
@@ -36,7 +35,6 @@ impl Acquirer {
         Arc::new(Acquirer {
             masters,
             policy,
-            ids: AttemptIds::new(),
             tokens: Tokens::new(rules, token_clock),
             acquire_sha: script_sha(ACQUIRE_SCRIPT.as_bytes()),
             flights: Flights::default(),

@@ -11,12 +11,12 @@ use tokio::time::Instant;
 
 /// The clean-up of one acquire attempt: deletes the lock only if it still holds the attempt's
 /// value and the key's token counter is still the attempt's record (`KEYS` = lock key, token
-/// counter; `ARGV` = value, the record `<token>:<attempt id>`). The counter stays: tokens may
-/// only go up.
+/// counter; `ARGV` = value, the record `<token>:<proxy instance>`, which names the attempt).
+/// The counter stays: tokens may only go up.
 pub const UNDO_SCRIPT: &str = "if redis.call('get', KEYS[1]) == ARGV[1] and redis.call('get', KEYS[2]) == ARGV[2] then return redis.call('del', KEYS[1]) end return 0";
 
 /// The compare-and-delete (`KEYS[1]` = key, `ARGV[1]` = value): the clean-up when quarantine
-/// is off and the acquire is a plain `SET NX PX` (no attempt id), and the release every
+/// is off and the acquire is a plain `SET NX PX` (no token record), and the release every
 /// client library sends.
 pub const COMPARE_AND_DELETE: &str =
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
@@ -65,7 +65,7 @@ pub(super) struct RollbackPlan {
 impl RollbackPlan {
     /// Queues the clean-up on every master that may hold the value and waits (briefly) for the
     /// confirmation of those that said `OK`. Safety: the clean-up deletes only what this
-    /// attempt wrote (its attempt id), so however late it runs it never deletes a later grant,
+    /// attempt wrote (its counter record), so however late it runs it never deletes a later grant,
     /// even one with the same value. Liveness (no phantom holder): votes still pending are
     /// awaited first (each within its node timeout); where the answer never came, the clean-up
     /// is sent again once the master's clock is past the write's deadline, after which the

@@ -9,12 +9,40 @@ use redis_protocol::resp2::{decode::decode_bytes_mut, types::BytesFrame};
 
 /// Encodes a command as a RESP array of bulk strings, the form every master accepts.
 pub fn encode_command<A: AsRef<[u8]>>(args: &[A]) -> Bytes {
-    let mut out = BytesMut::new();
+    // Sized once (each header takes at most 16 bytes with its CRLFs): no regrowth and copy
+    // for every argument appended.
+    let capacity = 16 + args.iter().map(|a| a.as_ref().len() + 16).sum::<usize>();
+    let mut out = BytesMut::with_capacity(capacity);
     header(&mut out, b'*', args.len());
     for arg in args {
         bulk(&mut out, b'$', arg.as_ref());
     }
     out.freeze()
+}
+
+/// The `EVAL` of `body` with the keys and arguments of `evalsha`, an `EVALSHA` as
+/// [`encode_command`] writes it: what a master that answered `NOSCRIPT` is sent instead.
+/// Built only then, so that a script call does not encode the script's body every time.
+/// `None` if `evalsha` is not such an `EVALSHA`.
+pub fn evalsha_as_eval(evalsha: &[u8], body: &[u8]) -> Option<Bytes> {
+    let (count, rest) = split_header(evalsha, b'*')?;
+    let rest = rest.strip_prefix(b"$7\r\nEVALSHA\r\n".as_slice())?;
+    let (sha_len, rest) = split_header(rest, b'$')?;
+    let keys_and_args = rest.get(sha_len + 2..)?;
+    let mut out = BytesMut::with_capacity(body.len() + keys_and_args.len() + 48);
+    header(&mut out, b'*', count);
+    bulk(&mut out, b'$', b"EVAL");
+    bulk(&mut out, b'$', body);
+    out.extend_from_slice(keys_and_args);
+    Some(out.freeze())
+}
+
+/// `<prefix><n>\r\n` at the start of `buf`: `n` and what follows.
+fn split_header(buf: &[u8], prefix: u8) -> Option<(usize, &[u8])> {
+    let rest = buf.strip_prefix(&[prefix])?;
+    let end = rest.windows(2).position(|w| w == b"\r\n")?;
+    let n = std::str::from_utf8(&rest[..end]).ok()?.parse().ok()?;
+    Some((n, &rest[end + 2..]))
 }
 
 /// A master's reply stream broke the protocol: the connection cannot be trusted further.
@@ -62,5 +90,29 @@ mod tests {
         assert_eq!(decode_reply(&mut buf).unwrap(), None);
         let mut bad = BytesMut::from(&b"?what\r\n"[..]);
         assert!(decode_reply(&mut bad).is_err());
+    }
+
+    #[test]
+    fn an_evalsha_becomes_the_eval_of_the_body() {
+        let body = "return {KEYS[1], ARGV[1]}";
+        let sha = crate::script_cache::script_sha(body.as_bytes());
+        let evalsha = encode_command(&["EVALSHA", &sha, "1", "k", "v\r\n"]);
+        assert_eq!(
+            evalsha_as_eval(&evalsha, body.as_bytes()),
+            Some(encode_command(&["EVAL", body, "1", "k", "v\r\n"]))
+        );
+        let no_args = encode_command(&["EVALSHA", &sha, "0"]);
+        assert_eq!(
+            evalsha_as_eval(&no_args, body.as_bytes()),
+            Some(encode_command(&["EVAL", body, "0"]))
+        );
+        for other in [
+            encode_command(&["EVAL", body, "0"]),
+            encode_command(&["EVALSHA"]),
+            Bytes::from_static(b"*3\r\n$7\r\nEVALSHA\r\n$40\r\nabc"),
+            Bytes::new(),
+        ] {
+            assert_eq!(evalsha_as_eval(&other, body.as_bytes()), None, "{other:?}");
+        }
     }
 }
