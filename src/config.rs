@@ -56,6 +56,12 @@ pub struct Config {
     /// Reply bytes waiting for a client that does not read before it is disconnected, like
     /// Redis' `client-output-buffer-limit normal` hard limit (0 = no limit).
     pub client_output_buffer_limit: u64,
+    /// `ADDR:PORT` of the HTTP endpoint for `/metrics`, `/healthz` and `/readyz` (off unless
+    /// given).
+    pub metrics: Option<String>,
+    /// The log filter (`info`, `debug`, `redlock_proxy=trace`, …) when `RUST_LOG` is not set;
+    /// changed live by a reload.
+    pub log_level: String,
 }
 
 impl Default for Config {
@@ -78,6 +84,8 @@ impl Default for Config {
             max_lock_ttl_ms: 60_000,
             threads: 1,
             client_output_buffer_limit: 64 * 1024 * 1024,
+            metrics: None,
+            log_level: "info".into(),
         }
     }
 }
@@ -136,6 +144,19 @@ impl Config {
         }
         if self.proto_max_bulk_len < 1024 {
             return invalid("proto_max_bulk_len must be at least 1024 bytes");
+        }
+        if let Some(addr) = &self.metrics {
+            if addr
+                .rsplit_once(':')
+                .is_none_or(|(_, port)| port.parse::<u16>().is_err())
+            {
+                return invalid("metrics must be ADDR:PORT, e.g. 127.0.0.1:9379");
+            }
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log_level).is_err() {
+            return invalid(
+                "log_level is not a log filter (e.g. info, debug, redlock_proxy=trace)",
+            );
         }
         Ok(())
     }

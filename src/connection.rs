@@ -89,6 +89,8 @@ enum Event {
     Read(bool),
     Stop,
     Stalled,
+    /// `CLIENT KILL`: closed at once, like Redis.
+    Killed,
 }
 
 /// A granted lease whose `OK` is encoded in [`Output::buf`] but not completely handed to the
@@ -264,8 +266,12 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
         return;
     };
     let (mut rd, wr) = stream.into_split();
+    let id = shared.next_client_id();
+    // Listed in `CLIENT LIST` until this task ends, however it ends.
+    let registration = shared.registry.register(id, peer, local);
     let mut session = Session {
-        id: shared.next_client_id(),
+        id,
+        client: registration.handle.clone(),
         protocol: Protocol::Resp2,
         name: None,
         lib_name: None,
@@ -273,10 +279,12 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
         peer,
         local,
     };
-    let max_inflight = shared.config.max_inflight_per_client;
-    let output_limit = shared.config.client_output_buffer_limit;
+    // Limits as last reloaded, fixed for the life of the connection.
+    let settings = shared.settings();
+    let max_inflight = settings.max_inflight_per_client;
+    let output_limit = settings.client_output_buffer_limit;
     let over_limit = |out: &Output| output_limit > 0 && out.buf.len() as u64 > output_limit;
-    let mut parser = RequestParser::new(shared.config.proto_max_bulk_len);
+    let mut parser = RequestParser::new(settings.proto_max_bulk_len);
     let mut rbuf = BytesMut::new();
     let mut out = Output::default();
     let mut in_flight: FuturesOrdered<Slot> = FuturesOrdered::new();
@@ -349,6 +357,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
             read = read_more(&mut rd, &mut rbuf), if can_read => Event::Read(read),
             _ = stop.changed(), if !closing => Event::Stop,
             _ = tokio::time::sleep_until(stall_deadline), if only_writes_left => Event::Stalled,
+            _ = registration.handle.killed() => Event::Killed,
         };
         match event {
             Event::Done((protocol, outcome)) => {
@@ -387,7 +396,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
                 }
             }
             Event::Stop => closing = true,
-            Event::Stalled => break,
+            Event::Stalled | Event::Killed => break,
         }
     }
     // Whatever was not handed to the socket is dropped with the connection: the grants in it

@@ -18,7 +18,10 @@
 //! 6. [`shared`]: the state every connection shares.
 //! 7. [`commands`]: the command table and one module per command family.
 //! 8. [`connection`]: one client session (ordered replies, bounded pipelining, grant re-check).
-//! 9. [`server`]: the accept loop and graceful shutdown.
+//! 9. [`server`]: the accept loop and graceful shutdown; beside it [`ops`] (metrics and
+//!    probes over HTTP, live reload).
+//!
+//! [`stats`] (client and command counters, the client registry) sits beside [`shared`].
 //!
 //! Beside them, [`local`] starts child `redis-server` masters (`--local`, tests, benches).
 
@@ -32,11 +35,13 @@ mod lease_script;
 mod local;
 mod lock;
 mod masters;
+mod ops;
 mod protocol;
 mod redlock;
 mod script_cache;
 mod server;
 mod shared;
+mod stats;
 mod transport;
 
 #[cfg(test)]
@@ -45,8 +50,10 @@ mod fake_master;
 pub use config::{Config, ConfigError, LogFormat};
 pub use local::{LocalCluster, LocalError, LocalMaster};
 pub use masters::MAX_FANOUTS;
+pub use ops::metrics::METRIC_NAMES;
+pub use ops::reload::{Reload, ReloadHook, Reloader};
 pub use redlock::{backend_ttl_ms, drift_ms};
-pub use server::run;
+pub use server::{run, run_with};
 
 /// What the proxy keeps on every master, for tests and tools that inspect the masters.
 pub mod on_master {

@@ -6,6 +6,7 @@
 //! (plain key commands under the quorum reply rule), [`handshake`] (connection commands
 //! answered by the proxy itself), [`introspection`] (`INFO`, `COMMAND`).
 
+pub mod clients;
 pub mod fencing;
 pub mod handshake;
 pub mod introspection;
@@ -18,6 +19,7 @@ use crate::lease::Outcome;
 use crate::masters::Masters;
 use crate::protocol::{Protocol, Reply, Request};
 use crate::shared::Shared;
+use crate::stats::ClientHandle;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::net::SocketAddr;
@@ -28,6 +30,8 @@ use tokio::time::Instant;
 #[derive(Debug)]
 pub struct Session {
     pub id: u64,
+    /// This client in the registry behind `CLIENT LIST` / `CLIENT KILL`.
+    pub client: Arc<ClientHandle>,
     pub protocol: Protocol,
     pub name: Option<Bytes>,
     pub lib_name: Option<Bytes>,
@@ -245,19 +249,37 @@ pub fn is_reserved_key(key: &Bytes) -> bool {
 
 /// Looks a command name up, case-insensitively.
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
-    COMMANDS
-        .iter()
-        .find(|s| s.name.as_bytes().eq_ignore_ascii_case(name))
+    slot_of(name).map(|slot| &COMMANDS[slot])
 }
 
-/// Serves one request.
+/// The row of the command table of a command name, case-insensitively.
+pub fn slot_of(name: &[u8]) -> Option<usize> {
+    COMMANDS
+        .iter()
+        .position(|s| s.name.as_bytes().eq_ignore_ascii_case(name))
+}
+
+/// Serves one request, counted per command and noted as the client's last.
 pub fn dispatch(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
-    let Some(name) = request.args.first() else {
+    let slot = request.args.first().and_then(|name| slot_of(name));
+    ctx.shared.stats.count_command(slot);
+    session.client.touch(slot, ctx.received_at);
+    let Some(spec) = slot.map(|slot| &COMMANDS[slot]) else {
         return Action::error(ProxyError::unknown_command(&request.args));
     };
-    let Some(spec) = lookup(name) else {
-        return Action::error(ProxyError::unknown_command(&request.args));
-    };
+    let action = serve(ctx, session, spec, request);
+    // Commands that rename the client or change its protocol show in `CLIENT LIST`.
+    if matches!(spec.name, "client" | "hello" | "reset") {
+        session.client.set_names(
+            &session.name,
+            (&session.lib_name, &session.lib_ver),
+            session.protocol,
+        );
+    }
+    action
+}
+
+fn serve(ctx: &Ctx<'_>, session: &mut Session, spec: &'static Spec, request: Request) -> Action {
     match spec.kind {
         Kind::Refused(reason) => Action::error(ProxyError::Refused {
             command: spec.name.to_ascii_uppercase(),

@@ -51,7 +51,7 @@ use judge::{
     decide_deployment, first_sight_wait, marker_step, parse_info, parse_time, Deployment,
     MarkerStep,
 };
-pub use state::MasterHealth;
+pub use state::{MasterHealth, QUARANTINE_CAUSES};
 
 use crate::protocol::{encode_command, Reply};
 use crate::transport::Link;
