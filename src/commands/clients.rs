@@ -141,8 +141,8 @@ impl KillFilter {
     }
 
     fn matches(&self, client: &ClientHandle, me: u64, now: Instant) -> bool {
-        !self.other_type
-            && !(self.skip_me && client.id == me)
+        let skipped = self.skip_me && client.id == me;
+        !(self.other_type || skipped)
             && self.id.is_none_or(|id| id == client.id)
             && self
                 .addr
