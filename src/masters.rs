@@ -298,6 +298,11 @@ impl Masters {
         self.settings.node_timeout
     }
 
+    /// How often the masters are polled (a reload may change it).
+    pub fn health_interval(&self) -> &health::Interval {
+        &self.settings.health.interval
+    }
+
     /// Whether masters that lost data are quarantined (and acquires check the markers).
     pub fn quarantine(&self) -> bool {
         self.settings.health.quarantine

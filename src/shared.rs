@@ -51,7 +51,7 @@ impl Shared {
         let masters = Masters::connect(
             &config,
             health::Policy {
-                interval: Duration::from_millis(config.health_interval_ms),
+                interval: health::Interval::new(Duration::from_millis(config.health_interval_ms)),
                 quarantine: config.quarantine,
                 lease_bound: policy.lease_bound(),
                 preload: Acquirer::preload(),

@@ -67,21 +67,10 @@ pub fn info(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
             stats.ops_per_sec(),
             stats.rejected_connections.get(),
         );
-        for result in AcquireResult::ALL {
-            let _ = write!(
-                out,
-                "acquires_{}:{}\r\n",
-                result.label(),
-                locks.acquires(result)
-            );
-        }
-        for result in ReleaseResult::ALL {
-            let _ = write!(
-                out,
-                "releases_{}:{}\r\n",
-                result.label(),
-                stats.releases(result)
-            );
+        let acquires = AcquireResult::ALL.map(|r| ("acquires", r.label(), locks.acquires(r)));
+        let releases = ReleaseResult::ALL.map(|r| ("releases", r.label(), stats.releases(r)));
+        for (what, result, n) in acquires.into_iter().chain(releases) {
+            let _ = write!(out, "{what}_{result}:{n}\r\n");
         }
         let _ = write!(
             out,

@@ -3,8 +3,9 @@
 //!
 //! - What is safe to change live is applied: the per-connection limits
 //!   (`max_inflight_per_client`, `proto_max_bulk_len`, `client_output_buffer_limit`, read by
-//!   each new connection), `maxclients` (the permits of new connections), and whatever the
-//!   registered [`ReloadHook`]s re-read (the binary registers the log level).
+//!   each new connection), `maxclients` (the permits of new connections), the health poll
+//!   interval, and whatever the registered [`ReloadHook`]s re-read (the binary registers the
+//!   log level).
 //! - A change of what only a restart may change (the masters, the drift factor, the lock TTL
 //!   bound whose quarantine every proxy must share, the listeners, …) refuses the whole
 //!   reload: nothing changes, and the log names the keys and says a restart is needed.
@@ -18,6 +19,7 @@
 use crate::config::{Config, ConfigError};
 use crate::shared::Shared;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
 /// Re-reads what one part owns from a new configuration.
@@ -86,10 +88,6 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         "node_timeout_ms",
         old.node_timeout_ms != new.node_timeout_ms,
     );
-    check(
-        "health_interval_ms",
-        old.health_interval_ms != new.health_interval_ms,
-    );
     check("quarantine", old.quarantine != new.quarantine);
     check("token_clock", old.token_clock != new.token_clock);
     check("bind", old.bind != new.bind);
@@ -121,6 +119,10 @@ fn live_changes(old: &Config, new: &Config) -> Vec<&'static str> {
             old.client_output_buffer_limit != new.client_output_buffer_limit,
         ),
         ("log_level", old.log_level != new.log_level),
+        (
+            "health_interval_ms",
+            old.health_interval_ms != new.health_interval_ms,
+        ),
     ]
     .into_iter()
     .filter_map(|(key, differs)| differs.then_some(key))
@@ -142,6 +144,8 @@ pub fn apply(
     let changed = live_changes(&old, &new);
     hooks.run_hooks(&new);
     resize_client_slots(shared, old.maxclients, new.maxclients);
+    let interval = Duration::from_millis(new.health_interval_ms);
+    shared.masters.health_interval().set(interval);
     shared.set_settings(new);
     Ok(changed)
 }
@@ -213,8 +217,12 @@ mod tests {
         let mut new = old.clone();
         new.maxclients = 5;
         new.log_level = "debug".into();
+        new.health_interval_ms = 250;
         assert!(restart_only_changes(&old, &new).is_empty());
-        assert_eq!(live_changes(&old, &new), vec!["maxclients", "log_level"]);
+        assert_eq!(
+            live_changes(&old, &new),
+            vec!["maxclients", "log_level", "health_interval_ms"]
+        );
         new.backends.pop();
         new.drift_factor = 0.02;
         assert_eq!(
