@@ -269,6 +269,10 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
     let id = shared.next_client_id();
     // Listed in `CLIENT LIST` until this task ends, however it ends.
     let registration = shared.registry.register(id, peer, local);
+    // Waited on across the whole loop, so it registers with the kill switch once, not on
+    // every event.
+    let killed = registration.handle.killed();
+    tokio::pin!(killed);
     let mut session = Session {
         id,
         client: registration.handle.clone(),
@@ -357,7 +361,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
             read = read_more(&mut rd, &mut rbuf), if can_read => Event::Read(read),
             _ = stop.changed(), if !closing => Event::Stop,
             _ = tokio::time::sleep_until(stall_deadline), if only_writes_left => Event::Stalled,
-            _ = registration.handle.killed() => Event::Killed,
+            _ = &mut killed => Event::Killed,
         };
         match event {
             Event::Done((protocol, outcome)) => {
