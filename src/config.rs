@@ -77,6 +77,12 @@ pub struct Config {
     /// Reply bytes waiting for a client that does not read before it is disconnected, like
     /// Redis' `client-output-buffer-limit normal` hard limit (0 = no limit).
     pub client_output_buffer_limit: u64,
+    /// `ADDR:PORT` of the HTTP endpoint for `/metrics`, `/healthz` and `/readyz` (off unless
+    /// given).
+    pub metrics: Option<String>,
+    /// The log filter (`info`, `debug`, `redlock_proxy=trace`, …) when `RUST_LOG` is not set;
+    /// changed live by a reload.
+    pub log_level: String,
     /// Request bytes one client may have buffered (a request still arriving) before it is
     /// disconnected, like Redis' `client-query-buffer-limit` (1 GB; at least 1 MB).
     pub client_query_buffer_limit: u64,
@@ -111,7 +117,7 @@ impl std::fmt::Debug for Secret {
 }
 
 /// One `[[users]]` table: a Redis ACL user reduced to what a lock service needs.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UserConfig {
     pub name: String,
@@ -166,6 +172,8 @@ impl Default for Config {
             timeout: 0,
             requirepass: None,
             users: Vec::new(),
+            metrics: None,
+            log_level: "info".into(),
         }
     }
 }
@@ -247,6 +255,19 @@ impl Config {
         }
         if self.backend_tls_cert_file.is_some() != self.backend_tls_key_file.is_some() {
             return invalid("backend-tls-cert-file and backend-tls-key-file go together");
+        }
+        if let Some(addr) = &self.metrics {
+            if addr
+                .rsplit_once(':')
+                .is_none_or(|(_, port)| port.parse::<u16>().is_err())
+            {
+                return invalid("metrics must be ADDR:PORT, e.g. 127.0.0.1:9379");
+            }
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log_level).is_err() {
+            return invalid(
+                "log_level is not a log filter (e.g. info, debug, redlock_proxy=trace)",
+            );
         }
         Ok(())
     }

@@ -92,6 +92,8 @@ enum Event {
     Stop,
     Stalled,
     Idle,
+    /// `CLIENT KILL`: closed at once, like Redis.
+    Killed,
 }
 
 /// A granted lease whose `OK` is encoded in [`Output::buf`] but not completely handed to the
@@ -273,10 +275,19 @@ pub async fn serve(
         return;
     };
     let (mut rd, mut wr) = stream.split();
-    let mut session = Session::new(&shared, peer, local);
-    let max_inflight = shared.config.max_inflight_per_client;
-    let output_limit = shared.config.client_output_buffer_limit;
-    let query_limit = shared.config.client_query_buffer_limit;
+    let id = shared.next_client_id();
+    // Listed in `CLIENT LIST` until this task ends, however it ends.
+    let registration = shared.registry.register(id, peer, local);
+    // Waited on across the whole loop, so it registers with the kill switch once, not on
+    // every event.
+    let killed = registration.handle.killed();
+    tokio::pin!(killed);
+    let mut session = Session::new(&shared, id, registration.handle.clone(), peer, local);
+    // Limits as last reloaded, fixed for the life of the connection.
+    let settings = shared.settings();
+    let max_inflight = settings.max_inflight_per_client;
+    let output_limit = settings.client_output_buffer_limit;
+    let query_limit = settings.client_query_buffer_limit;
     // Before authentication a client gets only short errors: Redis caps what it may queue
     // far lower (CVE-2025-21605).
     let over_limit = |out: &Output, session: &Session| {
@@ -287,10 +298,9 @@ pub async fn serve(
         };
         limit > 0 && out.buf.len() as u64 > limit
     };
-    let idle_timeout =
-        (shared.config.timeout > 0).then(|| Duration::from_secs(shared.config.timeout));
+    let idle_timeout = (settings.timeout > 0).then(|| Duration::from_secs(settings.timeout));
     let mut last_activity = Instant::now();
-    let mut parser = RequestParser::new(shared.config.proto_max_bulk_len);
+    let mut parser = RequestParser::new(settings.proto_max_bulk_len);
     let mut rbuf = BytesMut::new();
     let mut out = Output::default();
     let mut in_flight: FuturesOrdered<Slot> = FuturesOrdered::new();
@@ -369,6 +379,7 @@ pub async fn serve(
             _ = stop.changed(), if !closing => Event::Stop,
             _ = tokio::time::sleep_until(stall_deadline), if only_writes_left => Event::Stalled,
             _ = sleep_until_some(idle_deadline), if idle => Event::Idle,
+            _ = &mut killed => Event::Killed,
         };
         match event {
             Event::Done((protocol, outcome)) => {
@@ -431,7 +442,7 @@ pub async fn serve(
                 break;
             }
             Event::Stop => closing = true,
-            Event::Stalled => break,
+            Event::Stalled | Event::Killed => break,
         }
     }
     // Whatever was not handed to the socket is dropped with the connection: the grants in it

@@ -55,6 +55,12 @@ pub enum ProxyError {
     ClientInfo(String),
     #[error("ERR Unrecognized option '{0}'")]
     UnrecognizedOption(String),
+    #[error("ERR Unknown client type '{0}'")]
+    UnknownClientType(String),
+    #[error("ERR client-id should be greater than 0")]
+    InvalidClientId,
+    #[error("ERR No such client")]
+    NoSuchClient,
     /// No password is configured on the proxy: Redis' answer for that case.
     #[error("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?")]
     NoPassword,

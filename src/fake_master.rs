@@ -394,7 +394,7 @@ pub fn masters(fakes: &[Arc<FakeMaster>], node_timeout: Duration) -> Arc<Masters
         Settings {
             node_timeout,
             health: crate::health::Policy {
-                interval: Duration::from_millis(100),
+                interval: crate::health::Interval::new(Duration::from_millis(100)),
                 quarantine: true,
                 lease_bound: LEASE_BOUND,
                 preload: vec![ACQUIRE_SCRIPT],

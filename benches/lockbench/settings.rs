@@ -15,6 +15,7 @@
 //! | `BENCH_TTL_MS` | `30000` | lock TTL |
 //! | `BENCH_PROXY_BIN` | this build's `redlock-proxy` | proxy binary to measure |
 //! | `BENCH_PROXY_ARGS` | none | extra proxy flags, e.g. `--node-timeout-ms 200` |
+//! | `BENCH_BASELINE_BIN` | `BENCH_PROXY_BIN` | `metrics`: the proxy of the cells without metrics (e.g. a build without the metrics code) |
 //! | `BENCH_MEM_CONNS` | `10000` | idle connections of `memory` |
 //! | `BENCH_HOT_CLIENTS` / `BENCH_HOT_INTERVAL_MS` | `100` / `5` | `contention` pollers and their sleep |
 //! | `BENCH_OUT` | `target/bench-results.md` | where the report is written |
@@ -25,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Every section, in the order they run.
-pub const SECTIONS: [&str; 7] = [
+pub const SECTIONS: [&str; 8] = [
     "cycles",
     "clientside",
     "node",
@@ -33,6 +34,7 @@ pub const SECTIONS: [&str; 7] = [
     "memory",
     "contention",
     "fencing",
+    "metrics",
 ];
 
 /// Which server a load runs against.
@@ -87,6 +89,8 @@ pub struct Settings {
     pub ttl_ms: u64,
     pub proxy_bin: PathBuf,
     pub proxy_args: Vec<String>,
+    /// The proxy of `metrics`' cells without metrics.
+    pub baseline_bin: Option<PathBuf>,
     pub mem_conns: usize,
     pub hot_clients: usize,
     pub hot_interval_ms: u64,
@@ -195,6 +199,7 @@ impl Settings {
                 .split_whitespace()
                 .map(str::to_string)
                 .collect(),
+            baseline_bin: std::env::var("BENCH_BASELINE_BIN").ok().map(PathBuf::from),
             mem_conns: env_num("BENCH_MEM_CONNS", "10000"),
             hot_clients: env_num("BENCH_HOT_CLIENTS", "100"),
             hot_interval_ms: env_num("BENCH_HOT_INTERVAL_MS", "5"),

@@ -9,7 +9,7 @@
 //!   with the acquire's padding and validity rule, counted only on armed, unquarantined
 //!   masters; it also keeps the key's token counter at least as long as the lock.
 
-use super::lock::acquire;
+use super::lock::{acquire, refuse_acquire};
 use super::{Action, Ctx, Session};
 use crate::error::ProxyError;
 use crate::health::{ARMED_KEY, QUARANTINE_KEY};
@@ -43,7 +43,7 @@ fn ttl_arg(ctx: &Ctx<'_>, arg: &[u8], command: &'static str) -> Result<u64, Prox
 pub fn lock_acquire(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     match ttl_arg(ctx, &request.args[3], "lock.acquire") {
         Ok(ttl_ms) => acquire(ctx, &request, ttl_ms, true),
-        Err(err) => Action::error(err),
+        Err(err) => refuse_acquire(ctx, err),
     }
 }
 
@@ -76,8 +76,11 @@ fn eval_by_quorum(
     args.push(value);
     let payload = encode_command(&args);
     let masters = ctx.masters();
+    let stats = ctx.shared.stats.clone();
     Action::Defer(Box::pin(async move {
-        Outcome::Reply(masters.quorum_reply(&payload, rule).await)
+        let reply = masters.quorum_reply(&payload, rule).await;
+        stats.count_if_release(rule, &reply);
+        Outcome::Reply(reply)
     }))
 }
 

@@ -9,7 +9,6 @@ use super::{Action, Ctx, Session};
 use crate::auth::DEFAULT_USER;
 use crate::error::ProxyError;
 use crate::protocol::{Protocol, Reply, Request};
-use bytes::Bytes;
 
 /// The Redis version the proxy presents itself as (the protocol level it implements).
 pub const REDIS_VERSION: &str = "7.0.15";
@@ -170,31 +169,9 @@ fn check_client_name(name: &[u8]) -> Result<(), ProxyError> {
     Ok(())
 }
 
-fn client_info_line(session: &Session) -> String {
-    let text = |b: &Option<Bytes>| {
-        b.as_ref()
-            .map(|b| String::from_utf8_lossy(b).into_owned())
-            .unwrap_or_default()
-    };
-    let resp = match session.protocol {
-        Protocol::Resp2 => 2,
-        Protocol::Resp3 => 3,
-    };
-    format!(
-        "id={} addr={} laddr={} fd=0 name={} db=0 resp={} lib-name={} lib-ver={}\n",
-        session.id,
-        session.peer,
-        session.local,
-        text(&session.name),
-        resp,
-        text(&session.lib_name),
-        text(&session.lib_ver)
-    )
-}
-
-/// `CLIENT ID|SETNAME|GETNAME|SETINFO|INFO|LIST|HELP`; other subcommands get Redis'
+/// `CLIENT ID|SETNAME|GETNAME|SETINFO|INFO|LIST|KILL`; other subcommands get Redis'
 /// unknown-subcommand error (clients ignore it, e.g. `CLIENT MAINT_NOTIFICATIONS`).
-pub fn client(_ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
+pub fn client(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
     let args = &request.args;
     let sub = args[1].to_ascii_uppercase();
     let reply = match (sub.as_slice(), args.len()) {
@@ -225,9 +202,10 @@ pub fn client(_ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action
                     .into(),
             }
         }
-        (b"INFO", 2) => Reply::Verbatim(Bytes::from(client_info_line(session))),
-        (b"LIST", 2) => Reply::Verbatim(Bytes::from(client_info_line(session))),
-        (b"ID" | b"GETNAME" | b"SETNAME" | b"SETINFO" | b"INFO" | b"LIST", _) => {
+        (b"INFO", 2) => super::clients::info(session),
+        (b"LIST", _) => super::clients::list(ctx, args),
+        (b"KILL", n) if n >= 3 => return super::clients::kill(ctx, session, args),
+        (b"ID" | b"GETNAME" | b"SETNAME" | b"SETINFO" | b"INFO" | b"KILL", _) => {
             ProxyError::subcommand_arity("client", &sub).into()
         }
         _ => ProxyError::unknown_subcommand(&args[1], "CLIENT").into(),

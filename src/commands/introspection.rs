@@ -1,18 +1,21 @@
-//! Commands that describe the proxy: `INFO` (Redis' format, with a `masters` section on the
+//! Commands that describe the proxy: `INFO` (Redis' format and sections where they apply:
+//! `server`, `clients`, `persistence`, `stats`, `replication`, plus a `masters` section on the
 //! state and votes of each master) and `COMMAND` (the command table in Redis' shapes, so
 //! redis-cli's hints and clients' command discovery work).
 
 use super::handshake::REDIS_VERSION;
 use super::{Action, Ctx, Session, COMMANDS};
 use crate::error::ProxyError;
+use crate::lock::AcquireResult;
 use crate::protocol::{Reply, Request};
+use crate::stats::ReleaseResult;
 use bytes::Bytes;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// `INFO [section …]`: Redis' format (`# Section` then `field:value` lines). ioredis' ready
-/// check needs a string reply with `loading:0`; the `masters` section shows each master's
-/// state and votes.
+/// `INFO [section …]`: Redis' format (`# Section` then `field:value` lines); no section,
+/// `default`, `all` or `everything` give every section. ioredis' ready check needs a string
+/// reply with `loading:0`; the `masters` section shows each master's state and votes.
 pub fn info(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
     let wanted: Vec<String> = request.args[1..]
         .iter()
@@ -29,25 +32,55 @@ pub fn info(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
     let policy = &shared.policy;
     let mut out = String::new();
     if show("server") {
+        let uptime = shared.started.elapsed().as_secs();
         let _ = write!(
             out,
-            "# Server\r\nredis_version:{REDIS_VERSION}\r\nredlock_proxy_version:{}\r\nredis_mode:standalone\r\narch_bits:64\r\nprocess_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{}\r\n\r\n",
+            "# Server\r\nredis_version:{REDIS_VERSION}\r\nredlock_proxy_version:{}\r\nredis_mode:standalone\r\narch_bits:64\r\nprocess_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{uptime}\r\nuptime_in_days:{}\r\n",
             env!("CARGO_PKG_VERSION"),
             std::process::id(),
             session.local.port(),
-            shared.started.elapsed().as_secs()
+            uptime / 86_400,
         );
+        if let Some(addr) = shared.metrics_addr.get() {
+            let _ = write!(out, "metrics_addr:{addr}\r\n");
+        }
+        out.push_str("\r\n");
     }
     if show("clients") {
         let _ = write!(
             out,
-            "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n\r\n",
+            "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:0\r\n\r\n",
             shared.clients.load(Ordering::Relaxed),
-            shared.config.maxclients
+            shared.settings().maxclients
         );
     }
     if show("persistence") {
         out.push_str("# Persistence\r\nloading:0\r\n\r\n");
+    }
+    if show("stats") {
+        let (stats, locks) = (&shared.stats, &shared.acquirer.stats);
+        let _ = write!(
+            out,
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:{}\r\nrejected_connections:{}\r\n",
+            stats.connections_received.get(),
+            stats.total_commands(),
+            stats.ops_per_sec(),
+            stats.rejected_connections.get(),
+        );
+        let acquires = AcquireResult::ALL.map(|r| ("acquires", r.label(), locks.acquires(r)));
+        let releases = ReleaseResult::ALL.map(|r| ("releases", r.label(), stats.releases(r)));
+        for (what, result, n) in acquires.into_iter().chain(releases) {
+            let _ = write!(out, "{what}_{result}:{n}\r\n");
+        }
+        let _ = write!(
+            out,
+            "rollbacks:{}\r\nlate_cleanups:{}\r\n\r\n",
+            locks.rollbacks.get(),
+            locks.late_cleanups.get()
+        );
+    }
+    if show("replication") {
+        out.push_str("# Replication\r\nrole:master\r\nconnected_slaves:0\r\n\r\n");
     }
     if show("masters") {
         let _ = write!(

@@ -97,7 +97,11 @@ pub fn set(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
             .map(|at| at.saturating_sub(unix_now_ms()).max(0) as u64)
     });
     if let Some(Err(err)) = relative.map(|ms| ctx.shared.policy.check_ttl(ms)) {
-        return Action::error(err);
+        return if opts.nx {
+            refuse_acquire(ctx, err)
+        } else {
+            Action::error(err)
+        };
     }
     if !opts.nx {
         return forward_request(masters, request);
@@ -106,12 +110,18 @@ pub fn set(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
         return forward_request(masters, request);
     }
     let ttl_ms = match (opts.get, opts.expire_at_ms.is_some(), opts.ttl_ms) {
-        (true, _, _) => return Action::error(ProxyError::SetNxGet),
-        (_, true, _) => return Action::error(ProxyError::SetNxAbsoluteExpiry),
-        (_, _, None) => return Action::error(ProxyError::SetNxWithoutExpiry),
+        (true, _, _) => return refuse_acquire(ctx, ProxyError::SetNxGet),
+        (_, true, _) => return refuse_acquire(ctx, ProxyError::SetNxAbsoluteExpiry),
+        (_, _, None) => return refuse_acquire(ctx, ProxyError::SetNxWithoutExpiry),
         (_, _, Some(ttl_ms)) => ttl_ms,
     };
     acquire(ctx, &request, ttl_ms, false)
+}
+
+/// An acquire refused by rule before it reaches the masters: counted, then answered `err`.
+pub fn refuse_acquire(ctx: &Ctx<'_>, err: ProxyError) -> Action {
+    ctx.shared.acquirer.stats.refused_by_rule();
+    Action::error(err)
 }
 
 /// Starts the Redlock acquire of `request`'s key and value (`args[1]`, `args[2]`).
@@ -136,7 +146,7 @@ pub fn setnx(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action 
     if ctx.shared.config.allow_locks_without_expiry {
         return forward_request(ctx.masters(), request);
     }
-    Action::error(ProxyError::Setnx)
+    refuse_acquire(ctx, ProxyError::Setnx)
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! (plain key commands under the quorum reply rule), [`handshake`] (connection commands
 //! answered by the proxy itself), [`introspection`] (`INFO`, `COMMAND`).
 
+pub mod clients;
 pub mod fencing;
 pub mod handshake;
 pub mod introspection;
@@ -19,6 +20,7 @@ use crate::lease::Outcome;
 use crate::masters::Masters;
 use crate::protocol::{Protocol, Reply, Request};
 use crate::shared::Shared;
+use crate::stats::ClientHandle;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::net::SocketAddr;
@@ -29,6 +31,8 @@ use tokio::time::Instant;
 #[derive(Debug)]
 pub struct Session {
     pub id: u64,
+    /// This client in the registry behind `CLIENT LIST` / `CLIENT KILL`.
+    pub client: Arc<ClientHandle>,
     pub protocol: Protocol,
     pub name: Option<Bytes>,
     pub lib_name: Option<Bytes>,
@@ -43,10 +47,17 @@ pub struct Session {
 
 impl Session {
     /// A new connection's session: authenticated as `default` unless that needs a password.
-    pub fn new(shared: &Shared, peer: SocketAddr, local: SocketAddr) -> Session {
+    pub fn new(
+        shared: &Shared,
+        id: u64,
+        client: Arc<ClientHandle>,
+        peer: SocketAddr,
+        local: SocketAddr,
+    ) -> Session {
         let (users, users_generation) = shared.users();
         Session {
-            id: shared.next_client_id(),
+            id,
+            client,
             protocol: Protocol::Resp2,
             name: None,
             lib_name: None,
@@ -292,20 +303,38 @@ pub fn is_reserved_key(key: &Bytes) -> bool {
 
 /// Looks a command name up, case-insensitively.
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
-    COMMANDS
-        .iter()
-        .find(|s| s.name.as_bytes().eq_ignore_ascii_case(name))
+    slot_of(name).map(|slot| &COMMANDS[slot])
 }
 
-/// Serves one request: the command table's checks in Redis' order (unknown command, arity,
-/// authentication, key permissions), then the handler.
+/// The row of the command table of a command name, case-insensitively.
+pub fn slot_of(name: &[u8]) -> Option<usize> {
+    COMMANDS
+        .iter()
+        .position(|s| s.name.as_bytes().eq_ignore_ascii_case(name))
+}
+
+/// Serves one request, counted per command and noted as the client's last.
 pub fn dispatch(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
-    let Some(name) = request.args.first() else {
+    let slot = request.args.first().and_then(|name| slot_of(name));
+    ctx.shared.stats.count_command(slot);
+    session.client.touch(slot, ctx.received_at);
+    let Some(spec) = slot.map(|slot| &COMMANDS[slot]) else {
         return Action::error(ProxyError::unknown_command(&request.args));
     };
-    let Some(spec) = lookup(name) else {
-        return Action::error(ProxyError::unknown_command(&request.args));
-    };
+    let action = serve(ctx, session, spec, request);
+    // Commands that rename the client, change its protocol or its user show in `CLIENT LIST`.
+    if matches!(spec.name, "client" | "hello" | "reset" | "auth") {
+        session.client.set_names(
+            &session.name,
+            (&session.lib_name, &session.lib_ver),
+            session.protocol,
+            session.user.as_ref().map(|u| u.name.as_str()),
+        );
+    }
+    action
+}
+
+fn serve(ctx: &Ctx<'_>, session: &mut Session, spec: &'static Spec, request: Request) -> Action {
     match spec.kind {
         Kind::Refused(reason) => Action::error(ProxyError::Refused {
             command: spec.name.to_ascii_uppercase(),

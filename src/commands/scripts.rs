@@ -137,12 +137,14 @@ fn run(ctx: &Ctx<'_>, request: Request, script: Script, numkeys: usize) -> Actio
     }
     let payload = payload.freeze();
     let rule = script.merge;
+    let stats = ctx.shared.stats.clone();
     Action::Defer(Box::pin(async move {
         let reply = if guarded {
             guarded_reply(&masters, &payload, rule, policy.max_lock_ttl_ms).await
         } else {
             masters.quorum_reply(&payload, rule).await
         };
+        stats.count_if_release(rule, &reply);
         settle(reply, deadline)
     }))
 }

@@ -51,12 +51,13 @@ use judge::{
     decide_deployment, first_sight_wait, marker_step, parse_info, parse_time, Deployment,
     MarkerStep,
 };
-pub use state::MasterHealth;
+pub use state::{MasterHealth, QUARANTINE_CAUSES};
 
 use crate::protocol::{encode_command, Reply};
 use crate::transport::Link;
 use bytes::Bytes;
 use state::ClockReading;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -118,8 +119,9 @@ impl DeploymentView {
 /// What the monitors need of the proxy's configuration.
 #[derive(Debug, Clone)]
 pub struct Policy {
-    /// How often each master is polled (besides on every new connection).
-    pub interval: Duration,
+    /// How often each master is polled (besides on every new connection); a reload may change
+    /// it ([`Interval::set`]).
+    pub interval: Interval,
     /// Quarantine masters that lost data (off only in the safety suite's negative controls).
     pub quarantine: bool,
     /// `B`: the longest any key the proxy sets can live, and so the length of a quarantine.
@@ -127,6 +129,25 @@ pub struct Policy {
     /// Scripts kept loaded on every master: acquires call them by SHA1 (a master that lost
     /// one gets the body from the acquire itself meanwhile).
     pub preload: Vec<&'static str>,
+}
+
+/// The poll interval, shared by every monitor and changed live by a reload.
+#[derive(Debug, Clone)]
+pub struct Interval(Arc<AtomicU64>);
+
+impl Interval {
+    pub fn new(every: Duration) -> Interval {
+        Interval(Arc::new(AtomicU64::new(every.as_millis() as u64)))
+    }
+
+    pub fn get(&self) -> Duration {
+        Duration::from_millis(self.0.load(Ordering::Relaxed))
+    }
+
+    /// Takes effect from each monitor's next wait.
+    pub fn set(&self, every: Duration) {
+        self.0.store(every.as_millis() as u64, Ordering::Relaxed);
+    }
 }
 
 /// Watches every master (its link and the health record its voter reads) until `stop`
@@ -187,7 +208,7 @@ impl Monitor {
                 }
             }
             tokio::select! {
-                _ = tokio::time::sleep(self.policy.interval) => {}
+                _ = tokio::time::sleep(self.policy.interval.get()) => {}
                 _ = self.link.wait_new_connection(connect_seen) => {}
                 _ = self.health.check_now.notified() => {}
                 _ = verdict.changed() => {}

@@ -38,6 +38,37 @@ struct HealthState {
     quarantined_until: Option<Instant>,
     quarantine_reason: Option<String>,
     unsafe_reason: Option<String>,
+    /// Quarantines begun, by [`quarantine_cause`] (for the metrics).
+    quarantines: std::collections::BTreeMap<&'static str, u64>,
+}
+
+/// The causes a quarantine is counted under: few and fixed, so a metric label never carries
+/// free text.
+pub const QUARANTINE_CAUSES: [&str; 6] = [
+    "restarted",
+    "data_wiped",
+    "marker_gone",
+    "shared_marker",
+    "loaded_from_disk",
+    "other",
+];
+
+/// The cause a quarantine reason (as logged and shown in `INFO`) is counted under.
+pub fn quarantine_cause(reason: &str) -> &'static str {
+    let starts = |p: &str| reason.starts_with(p);
+    if starts("restarted") {
+        "restarted"
+    } else if starts("data wiped") {
+        "data_wiped"
+    } else if starts("lock marker") {
+        "marker_gone"
+    } else if starts("quarantined by a proxy") {
+        "shared_marker"
+    } else if starts("loaded its data") {
+        "loaded_from_disk"
+    } else {
+        "other"
+    }
 }
 
 impl MasterHealth {
@@ -120,6 +151,14 @@ impl MasterHealth {
         "up".into()
     }
 
+    /// Quarantines begun so far, by cause (see [`quarantine_cause`]).
+    pub fn quarantines(&self) -> Vec<(&'static str, u64)> {
+        self.state.lock().map_or_else(
+            |_| Vec::new(),
+            |h| h.quarantines.iter().map(|(c, n)| (*c, *n)).collect(),
+        )
+    }
+
     /// The master answered an acquire or guard with "unarmed or quarantined": no vote until
     /// the next poll has looked at its markers (which happens at once).
     pub fn recheck(&self) {
@@ -142,6 +181,7 @@ impl MasterHealth {
         // A quarantine still running keeps its reason (the first cause seen); only its end moves.
         if h.quarantined_until.is_none_or(|t| t <= Instant::now()) {
             h.quarantine_reason = Some(reason.to_string());
+            *h.quarantines.entry(quarantine_cause(reason)).or_default() += 1;
         }
         h.quarantined_until = Some(until);
     }

@@ -2,7 +2,7 @@
 //! master runs for it ([`ACQUIRE_SCRIPT`]).
 
 use super::rollback::{RollbackPlan, COMPARE_AND_DELETE, UNDO_SCRIPT};
-use super::Acquirer;
+use super::{AcquireResult, Acquirer};
 use crate::health::{ARMED_KEY, QUARANTINE_KEY};
 use crate::lease::{Granted, Lease, Outcome};
 use crate::masters::Masters;
@@ -152,6 +152,8 @@ pub(super) struct Decided {
     /// Whether this settles the question for concurrent acquires of the key (granted, held
     /// by a majority, or no majority reachable).
     pub(super) settled: bool,
+    /// How it ended, for the metrics.
+    pub(super) result: AcquireResult,
     /// The rollback a refusal needs before its null may be written.
     undo: Option<RollbackPlan>,
 }
@@ -161,10 +163,11 @@ impl Decided {
         matches!(self.outcome, Outcome::Reply(Reply::Null))
     }
 
-    fn refused(settled: bool, undo: Option<RollbackPlan>) -> Decided {
+    fn refused(settled: bool, result: AcquireResult, undo: Option<RollbackPlan>) -> Decided {
         Decided {
             outcome: Outcome::Reply(Reply::Null),
             settled,
+            result,
             undo,
         }
     }
@@ -189,6 +192,18 @@ impl Decided {
 pub(super) async fn decide(acquirer: &Acquirer, attempt: Attempt) -> Decided {
     let token = acquirer.tokens.propose(&acquirer.masters, 0);
     let (decided, floor) = decide_once(acquirer, &attempt, token).await;
+    let decided = retry_above_floor(acquirer, &attempt, decided, floor).await;
+    acquirer.stats.record(decided.result, attempt.received_at);
+    decided
+}
+
+/// The retry of an acquire whose token a master refused, if it needs one.
+async fn retry_above_floor(
+    acquirer: &Acquirer,
+    attempt: &Attempt,
+    decided: Decided,
+    floor: Option<u64>,
+) -> Decided {
     // A master refused the token (another proxy granted the key with a higher one a moment
     // ago, or this proxy's reading of a master's clock is off): once more above what it
     // reported, after the clean-up of this attempt (its writes would block the retry).
@@ -198,7 +213,7 @@ pub(super) async fn decide(acquirer: &Acquirer, attempt: Attempt) -> Decided {
                 undo.run().await;
             }
             let token = acquirer.tokens.propose(&acquirer.masters, floor);
-            decide_once(acquirer, &attempt, token).await.0
+            decide_once(acquirer, attempt, token).await.0
         }
         _ => decided,
     }
@@ -219,7 +234,7 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
     let drift_factor = acquirer.policy.drift_factor;
     let Some(window) = validity_window(ttl_ms, drift_factor) else {
         // The drift allowance alone exceeds the TTL: no grant could ever be valid.
-        return (Decided::refused(false, None), None);
+        return (Decided::refused(false, AcquireResult::Expired, None), None);
     };
     let deadline = received_at + window;
     let px_ms = backend_ttl_ms(ttl_ms, drift_factor);
@@ -285,6 +300,7 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
         if *vote == Vote::Replied(UNARMED) {
             voter.health.recheck();
         }
+        voter.stats.count_acquire_vote(vote);
     }
     // Followers queued behind this acquire get the same null when it tells them nothing
     // different would happen now: the key is held, or no majority answered in time (they
@@ -314,6 +330,7 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
         drift_factor,
         payload: undo_payload,
         lives: Duration::from_millis(px_ms),
+        stats: acquirer.stats.clone(),
         votes: votes.clone(),
         late,
         deadlines: deadlines
@@ -322,7 +339,8 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
             .collect(),
     };
     let floor = token_floor(&votes);
-    if acquire_decision(&votes) == AcquireDecision::Quorum && Instant::now() < deadline {
+    let quorum = acquire_decision(&votes) == AcquireDecision::Quorum;
+    if quorum && Instant::now() < deadline {
         tracing::trace!(key = ?key, token, "granted");
         // Without quarantine (tests only) the acquire is a bare `SET`, which carries no token.
         let token = if quarantine { token } else { 0 };
@@ -339,9 +357,19 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
         let granted = Decided {
             outcome: Outcome::Lease(lease),
             settled: true,
+            result: AcquireResult::Granted,
             undo: None,
         };
         return (granted, None);
     }
-    (Decided::refused(settled, Some(undo)), floor)
+    let result = if held_by_majority(&votes) {
+        AcquireResult::Contended
+    } else if majority_unreachable(&votes) {
+        AcquireResult::NoQuorum
+    } else if quorum {
+        AcquireResult::Expired
+    } else {
+        AcquireResult::Refused
+    };
+    (Decided::refused(settled, result, Some(undo)), floor)
 }

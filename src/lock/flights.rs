@@ -23,7 +23,7 @@
 //!   of a batch whose leader vanished try for themselves.
 
 use super::acquire::{decide, Attempt};
-use super::Acquirer;
+use super::{AcquireResult, Acquirer};
 use crate::error::ProxyError;
 use crate::lease::Outcome;
 use crate::protocol::Reply;
@@ -50,8 +50,8 @@ enum Turn {
     Lead(Flight),
     /// The batch's refusal says nothing about the key: acquire on your own.
     TryYourself,
-    /// Answered by the batch.
-    Done(Outcome),
+    /// Answered by the batch (with how the batch ended for this member).
+    Done(Outcome, AcquireResult),
 }
 
 /// A queued acquire, as the flight sees it: where its turn goes.
@@ -89,7 +89,10 @@ impl Acquirer {
                 match turn.await {
                     Ok(Turn::Lead(flight)) => acquirer.lead(attempt, flight).await,
                     Ok(Turn::TryYourself) => decide(&acquirer, attempt).await.finish().await,
-                    Ok(Turn::Done(outcome)) => outcome,
+                    Ok(Turn::Done(outcome, result)) => {
+                        acquirer.stats.record(result, attempt.received_at);
+                        outcome
+                    }
                     Err(_) => Reply::from(ProxyError::AcquireAbandoned).into(),
                 }
             })),
@@ -100,8 +103,13 @@ impl Acquirer {
     async fn lead(self: Arc<Self>, attempt: Attempt, mut flight: Flight) -> Outcome {
         let decided = decide(&self, attempt).await;
         for member in std::mem::take(&mut flight.members) {
+            // A member of a granted batch finds the key held by its leader.
+            let result = match decided.result {
+                AcquireResult::Granted => AcquireResult::Contended,
+                other => other,
+            };
             let turn = if decided.settled {
-                Turn::Done(Reply::Null.into())
+                Turn::Done(Reply::Null.into(), result)
             } else {
                 Turn::TryYourself
             };

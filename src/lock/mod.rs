@@ -6,10 +6,12 @@
 mod acquire;
 mod flights;
 mod rollback;
+mod stats;
 
 pub use acquire::{token_key, Attempt, ACQUIRE_SCRIPT, UNARMED};
 pub use flights::Started;
 pub use rollback::{COMPARE_AND_DELETE, UNDO_SCRIPT};
+pub use stats::{latency_buckets, AcquireResult, LockStats};
 
 use crate::masters::Masters;
 use crate::redlock::{Policy, TokenRules};
@@ -26,6 +28,8 @@ pub struct Acquirer {
     /// SHA1 of [`ACQUIRE_SCRIPT`].
     acquire_sha: String,
     flights: Flights,
+    /// Acquires by result, their duration, rollbacks (exported by [`crate::ops`]).
+    pub stats: Arc<LockStats>,
 }
 
 impl Acquirer {
@@ -38,6 +42,7 @@ impl Acquirer {
             tokens: Tokens::new(rules, token_clock),
             acquire_sha: script_sha(ACQUIRE_SCRIPT.as_bytes()),
             flights: Flights::default(),
+            stats: Arc::default(),
         })
     }
 

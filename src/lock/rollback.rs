@@ -1,6 +1,7 @@
 //! The clean-up of a refused (or ungiven) acquire on every master that may hold its write
 //! ([`RollbackPlan`]), and the scripts it runs there.
 
+use super::LockStats;
 use crate::masters::{LateVotes, Masters};
 use crate::redlock::{may_hold_our_value, Vote};
 use bytes::Bytes;
@@ -60,6 +61,8 @@ pub(super) struct RollbackPlan {
     pub(super) late: LateVotes,
     /// Each master's deadline, as sent.
     pub(super) deadlines: Vec<u64>,
+    /// Counts rollbacks and late clean-ups.
+    pub(super) stats: Arc<LockStats>,
 }
 
 impl RollbackPlan {
@@ -82,6 +85,10 @@ impl RollbackPlan {
             .zip(&self.deadlines)
             .map(|(vote, deadline)| UndoStep::for_vote(vote, *deadline, script))
             .collect();
+        // Counted only if some master may hold the value (a plain refusal has nothing to undo).
+        if steps.iter().any(|step| *step != UndoStep::Skip) {
+            self.stats.rollbacks.inc();
+        }
         let node_timeout = self.masters.node_timeout();
         // Where the answer never came, the write may still run until its deadline: the clean-up
         // goes out now (it deletes only this attempt's write, so it is harmless if it runs
@@ -97,8 +104,10 @@ impl RollbackPlan {
             };
             let at = at.min(Instant::now() + 2 * node_timeout);
             let (link, payload, lives) = (voter.link.clone(), self.payload.clone(), self.lives);
+            let late_cleanups = self.stats.late_cleanups.clone();
             tokio::spawn(async move {
                 tokio::time::sleep_until(at).await;
+                late_cleanups.inc();
                 drop(link.send_cleanup(payload, lives));
             });
         }

@@ -4,6 +4,7 @@
 //! # Layout
 //! - [`resp`]: the one RESP client (async, pipelined, typed replies and their compact text),
 //!   a blocking one-shot command, a client that never reads, and `redis-cli`.
+//! - [`http`]: a one-shot HTTP GET for the operations endpoint, and reading a scrape.
 //! - [`launcher`]: running a proxy (in-process on an ephemeral port, or the release binary as
 //!   a child process) over local masters; [`launcher::Env`] is N masters and a proxy.
 //! - [`masters`]: direct access to one master (commands, `GET`, command statistics, signals).
@@ -19,6 +20,7 @@
 //! and `redlock_proxy::on_master`).
 
 pub mod checker;
+pub mod http;
 pub mod launcher;
 pub mod masters;
 pub mod nemesis;

@@ -1,0 +1,205 @@
+//! `CLIENT LIST`, `CLIENT INFO` and `CLIENT KILL` over the registry of connected clients
+//! ([`crate::stats::Clients`]), in Redis' formats: one `field=value` line per client, and
+//! Redis' old (`CLIENT KILL ip:port`) and filter (`CLIENT KILL ID n | ADDR ip:port | …`) forms.
+
+use super::{Action, Ctx, Session, COMMANDS};
+use crate::error::ProxyError;
+use crate::protocol::Reply;
+use crate::stats::ClientHandle;
+use bytes::Bytes;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+/// A client's line in Redis' `CLIENT LIST` format (fields the proxy does not have, such as
+/// memory and buffer sizes, are 0; every client is `flags=N`, db 0).
+fn line(client: &ClientHandle, now: Instant, out: &mut String) {
+    let names = client.names();
+    let text = |b: &Option<Bytes>| {
+        b.as_ref()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .unwrap_or_default()
+    };
+    let (idle, last) = client.idle_and_last(now);
+    let cmd = last.map_or("NULL", |slot| COMMANDS[slot].name);
+    let _ = writeln!(
+        out,
+        "id={} addr={} laddr={} fd=0 name={} age={} idle={idle} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 watch=0 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={cmd} user={} redir=-1 resp={} lib-name={} lib-ver={}",
+        client.id,
+        client.peer,
+        client.local,
+        text(&names.name),
+        now.saturating_duration_since(client.created).as_secs(),
+        names.user,
+        names.resp,
+        text(&names.lib_name),
+        text(&names.lib_ver),
+    );
+}
+
+/// `CLIENT INFO`: this client's line.
+pub fn info(session: &Session) -> Reply {
+    let mut out = String::new();
+    line(&session.client, Instant::now(), &mut out);
+    Reply::Verbatim(Bytes::from(out))
+}
+
+/// `CLIENT LIST [TYPE normal|master|replica|pubsub] [ID id …]`.
+pub fn list(ctx: &Ctx<'_>, args: &[Bytes]) -> Reply {
+    let mut ids: Option<Vec<u64>> = None;
+    let mut normal = true;
+    let mut i = 2;
+    while i < args.len() {
+        let opt = args[i].to_ascii_uppercase();
+        match opt.as_slice() {
+            b"TYPE" if i + 1 < args.len() => {
+                let kind = args[i + 1].to_ascii_lowercase();
+                match kind.as_slice() {
+                    b"normal" => normal = true,
+                    b"master" | b"replica" | b"slave" | b"pubsub" => normal = false,
+                    _ => {
+                        let shown = String::from_utf8_lossy(&args[i + 1]).into_owned();
+                        return ProxyError::UnknownClientType(shown).into();
+                    }
+                }
+                i += 2;
+            }
+            b"ID" if i + 1 < args.len() => {
+                let mut wanted = Vec::new();
+                for arg in &args[i + 1..] {
+                    match super::parse_int(arg) {
+                        Ok(id) if id > 0 => wanted.push(id as u64),
+                        _ => return ProxyError::InvalidClientId.into(),
+                    }
+                }
+                ids = Some(wanted);
+                i = args.len();
+            }
+            _ => return ProxyError::Syntax.into(),
+        }
+    }
+    let now = Instant::now();
+    let mut out = String::new();
+    if normal {
+        for client in ctx.shared.registry.list() {
+            if ids.as_ref().is_none_or(|ids| ids.contains(&client.id)) {
+                line(&client, now, &mut out);
+            }
+        }
+    }
+    Reply::Verbatim(Bytes::from(out))
+}
+
+/// Which clients a `CLIENT KILL` names.
+#[derive(Debug, Default)]
+struct KillFilter {
+    id: Option<u64>,
+    addr: Option<String>,
+    laddr: Option<String>,
+    max_age: Option<u64>,
+    user: Option<String>,
+    /// Only `normal` clients exist on the proxy: any other type matches none.
+    other_type: bool,
+    skip_me: bool,
+}
+
+impl KillFilter {
+    fn parse(args: &[Bytes]) -> Result<KillFilter, ProxyError> {
+        let mut filter = KillFilter {
+            skip_me: true,
+            ..KillFilter::default()
+        };
+        for pair in args.chunks(2) {
+            let [name, value] = pair else {
+                return Err(ProxyError::Syntax);
+            };
+            let text = String::from_utf8_lossy(value).into_owned();
+            match name.to_ascii_uppercase().as_slice() {
+                b"ID" => match super::parse_int(value) {
+                    Ok(id) if id > 0 => filter.id = Some(id as u64),
+                    _ => return Err(ProxyError::InvalidClientId),
+                },
+                b"ADDR" => filter.addr = Some(text),
+                b"LADDR" => filter.laddr = Some(text),
+                b"MAXAGE" => match super::parse_int(value) {
+                    Ok(age) if age >= 0 => filter.max_age = Some(age as u64),
+                    _ => return Err(ProxyError::NotAnInteger),
+                },
+                b"TYPE" => match text.to_ascii_lowercase().as_str() {
+                    "normal" => {}
+                    "master" | "replica" | "slave" | "pubsub" => filter.other_type = true,
+                    _ => return Err(ProxyError::UnknownClientType(text)),
+                },
+                b"USER" => filter.user = Some(text),
+                b"SKIPME" => match text.to_ascii_lowercase().as_str() {
+                    "yes" => filter.skip_me = true,
+                    "no" => filter.skip_me = false,
+                    _ => return Err(ProxyError::Syntax),
+                },
+                _ => return Err(ProxyError::Syntax),
+            }
+        }
+        Ok(filter)
+    }
+
+    fn matches(&self, client: &ClientHandle, me: u64, now: Instant) -> bool {
+        let skipped = self.skip_me && client.id == me;
+        !(self.other_type || skipped)
+            && self.id.is_none_or(|id| id == client.id)
+            && self
+                .addr
+                .as_ref()
+                .is_none_or(|a| *a == client.peer.to_string())
+            && self
+                .laddr
+                .as_ref()
+                .is_none_or(|a| *a == client.local.to_string())
+            && self.user.as_ref().is_none_or(|u| *u == client.names().user)
+            && self
+                .max_age
+                .is_none_or(|age| now.saturating_duration_since(client.created).as_secs() >= age)
+    }
+}
+
+/// `CLIENT KILL ip:port` (reply `OK` or `No such client`) or `CLIENT KILL <filter value> …`
+/// (reply how many were killed). A client that kills itself gets the reply, then is closed.
+pub fn kill(ctx: &Ctx<'_>, session: &Session, args: &[Bytes]) -> Action {
+    let now = Instant::now();
+    let old_form = args.len() == 3;
+    let filter = if old_form {
+        KillFilter {
+            addr: Some(String::from_utf8_lossy(&args[2]).into_owned()),
+            ..KillFilter::default()
+        }
+    } else {
+        match KillFilter::parse(&args[2..]) {
+            Ok(filter) => filter,
+            Err(err) => return Action::error(err),
+        }
+    };
+    let victims: Vec<Arc<ClientHandle>> = ctx
+        .shared
+        .registry
+        .list()
+        .into_iter()
+        .filter(|c| filter.matches(c, session.id, now))
+        .collect();
+    let mut killed_me = false;
+    for victim in &victims {
+        if victim.id == session.id {
+            killed_me = true;
+        } else {
+            victim.kill();
+        }
+    }
+    let reply = match (old_form, victims.len()) {
+        (true, 0) => ProxyError::NoSuchClient.into(),
+        (true, _) => Reply::ok(),
+        (false, n) => Reply::Integer(n as i64),
+    };
+    if killed_me {
+        Action::Close(reply)
+    } else {
+        Action::Ready(reply)
+    }
+}

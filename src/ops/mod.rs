@@ -1,0 +1,41 @@
+//! Operations: what an operator sees and changes without reading logs.
+//! - [`metrics`]: the Prometheus exposition of the counters every layer keeps next to what it
+//!   counts ([`crate::stats`], [`crate::lock::LockStats`], [`crate::masters::VoteStats`], the
+//!   health records), read at scrape time by one collector;
+//! - [`http`]: the HTTP endpoint (`/metrics`, `/healthz`, `/readyz`);
+//! - [`reload`]: applying a re-read configuration to a running proxy (SIGHUP), and the hooks
+//!   other parts register for what they re-read.
+//!
+//! Beside the server (layer 9): reads [`Shared`](crate::shared::Shared), never written to by
+//! the layers below.
+
+pub mod http;
+pub mod metrics;
+pub mod reload;
+
+use crate::shared::Shared;
+
+/// Whether a quorum of masters may vote now; otherwise why not (for `/readyz`).
+pub fn readiness(shared: &Shared) -> Result<String, String> {
+    let masters = &shared.masters;
+    let usable = masters.voters().iter().filter(|v| v.eligible()).count();
+    let summary = format!(
+        "{usable} of {} masters usable, quorum {}",
+        masters.voters().len(),
+        masters.quorum()
+    );
+    if usable >= masters.quorum() {
+        return Ok(format!("ready: {summary}\n"));
+    }
+    let mut why = format!("not ready: {summary}\n");
+    for (i, voter) in masters.voters().iter().enumerate() {
+        if !voter.eligible() {
+            why.push_str(&format!(
+                "master{i} {}: {}\n",
+                voter.link.addr,
+                voter.state()
+            ));
+        }
+    }
+    Err(why)
+}

@@ -1,0 +1,274 @@
+//! Live reload: a re-read configuration applied to a running proxy (the binary does it on
+//! SIGHUP).
+//!
+//! - What is safe to change live is applied: the per-connection limits
+//!   (`max_inflight_per_client`, `proto_max_bulk_len`, `client_output_buffer_limit`, read by
+//!   each new connection), `maxclients` (the permits of new connections), the health poll
+//!   interval, the users (`requirepass`, `[[users]]`: each connection follows its user's new
+//!   definition at its next command, and ends if its user was removed or disabled), the idle
+//!   `timeout` and `client_query_buffer_limit` (new connections), and whatever the registered
+//!   [`ReloadHook`]s re-read (the binary registers the log level and the TLS certificate
+//!   files).
+//! - A change of what only a restart may change (the masters, the drift factor, the lock TTL
+//!   bound whose quarantine every proxy must share, the listeners, …) refuses the whole
+//!   reload: nothing changes, and the log names the keys and says a restart is needed.
+//! - A file that does not parse or validate changes nothing; the log says why (the TOML
+//!   error names the line).
+//!
+//! Other parts hook in with [`Reloader::on_reload`]: the hook gets the new configuration after
+//! the checks passed and before the live settings are swapped; an error from any hook is
+//! logged and the rest of the reload still applies (each hook owns its own part).
+
+use crate::auth::Users;
+use crate::config::{Config, ConfigError};
+use crate::shared::Shared;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+
+/// Re-reads what one part owns from a new configuration.
+pub type ReloadHook = Box<dyn Fn(&Config) -> Result<(), String> + Send + Sync>;
+
+/// The hooks run on every reload, in registration order.
+#[derive(Default)]
+pub struct Reloader {
+    hooks: Mutex<Vec<(&'static str, ReloadHook)>>,
+}
+
+impl Reloader {
+    /// Registers `hook` for the part named `what` (used in the log).
+    pub fn on_reload(&self, what: &'static str, hook: ReloadHook) {
+        if let Ok(mut hooks) = self.hooks.lock() {
+            hooks.push((what, hook));
+        }
+    }
+
+    fn run_hooks(&self, config: &Config) {
+        let Ok(hooks) = self.hooks.lock() else { return };
+        for (what, hook) in hooks.iter() {
+            if let Err(err) = hook(config) {
+                tracing::error!(part = what, error = %err, "reload: {what} not changed: {err}");
+            }
+        }
+    }
+}
+
+/// Where reloads come from: `requests` asks, `read` produces the new configuration (the file
+/// with the command line's flags on top, validated).
+pub struct Reload {
+    pub read: Box<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>,
+    pub requests: mpsc::Receiver<()>,
+    pub hooks: Arc<Reloader>,
+}
+
+/// Why a reload changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    #[error("changing {0} needs a restart")]
+    NeedsRestart(String),
+}
+
+/// The keys that differ between `old` and `new` among those only a restart may change.
+fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
+    let mut changed = Vec::new();
+    let mut check = |key: &'static str, differs: bool| {
+        if differs {
+            changed.push(key);
+        }
+    };
+    // With `local`, `backends` are the addresses of the masters the proxy started itself.
+    if new.local.is_none() {
+        check("backends", old.backends != new.backends);
+    }
+    check("local", old.local != new.local);
+    check("drift_factor", old.drift_factor != new.drift_factor);
+    check(
+        "max_lock_ttl_ms",
+        old.max_lock_ttl_ms != new.max_lock_ttl_ms,
+    );
+    check(
+        "node_timeout_ms",
+        old.node_timeout_ms != new.node_timeout_ms,
+    );
+    check("quarantine", old.quarantine != new.quarantine);
+    check("token_clock", old.token_clock != new.token_clock);
+    check("bind", old.bind != new.bind);
+    check("port", old.port != new.port);
+    check("threads", old.threads != new.threads);
+    check("log_format", old.log_format != new.log_format);
+    check("metrics", old.metrics != new.metrics);
+    // The TLS listener and the masters' TLS: the files are re-read from the paths the proxy
+    // started with (the certificate hook); other paths, or another mode, need a restart.
+    check("tls_port", old.tls_port != new.tls_port);
+    check("tls_cert_file", old.tls_cert_file != new.tls_cert_file);
+    check("tls_key_file", old.tls_key_file != new.tls_key_file);
+    check(
+        "tls_ca_cert_file",
+        old.tls_ca_cert_file != new.tls_ca_cert_file,
+    );
+    check(
+        "tls_auth_clients",
+        old.tls_auth_clients != new.tls_auth_clients,
+    );
+    check(
+        "backend_tls_ca_cert_file",
+        old.backend_tls_ca_cert_file != new.backend_tls_ca_cert_file,
+    );
+    check(
+        "backend_tls_cert_file",
+        old.backend_tls_cert_file != new.backend_tls_cert_file,
+    );
+    check(
+        "backend_tls_key_file",
+        old.backend_tls_key_file != new.backend_tls_key_file,
+    );
+    check(
+        "allow_locks_without_expiry",
+        old.allow_locks_without_expiry != new.allow_locks_without_expiry,
+    );
+    changed
+}
+
+/// The live keys that differ between `old` and `new`.
+fn live_changes(old: &Config, new: &Config) -> Vec<&'static str> {
+    [
+        ("maxclients", old.maxclients != new.maxclients),
+        (
+            "max_inflight_per_client",
+            old.max_inflight_per_client != new.max_inflight_per_client,
+        ),
+        (
+            "proto_max_bulk_len",
+            old.proto_max_bulk_len != new.proto_max_bulk_len,
+        ),
+        (
+            "client_output_buffer_limit",
+            old.client_output_buffer_limit != new.client_output_buffer_limit,
+        ),
+        ("log_level", old.log_level != new.log_level),
+        ("timeout", old.timeout != new.timeout),
+        (
+            "client_query_buffer_limit",
+            old.client_query_buffer_limit != new.client_query_buffer_limit,
+        ),
+        ("requirepass", old.requirepass != new.requirepass),
+        ("users", old.users != new.users),
+        (
+            "health_interval_ms",
+            old.health_interval_ms != new.health_interval_ms,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(key, differs)| differs.then_some(key))
+    .collect()
+}
+
+/// Applies `new` to the running proxy; returns the live keys it changed.
+pub fn apply(
+    shared: &Shared,
+    hooks: &Reloader,
+    new: Result<Config, ConfigError>,
+) -> Result<Vec<&'static str>, ReloadError> {
+    let new = new?;
+    let restart = restart_only_changes(&shared.config, &new);
+    if !restart.is_empty() {
+        return Err(ReloadError::NeedsRestart(restart.join(", ")));
+    }
+    let old = shared.settings();
+    let changed = live_changes(&old, &new);
+    // `new` was validated, users included; a table that still fails leaves the old one.
+    if old.requirepass != new.requirepass || old.users != new.users {
+        match Users::from_config(&new) {
+            Ok(users) => shared.replace_users(users),
+            Err(err) => tracing::error!(error = %err, "reload: users not changed: {err}"),
+        }
+    }
+    hooks.run_hooks(&new);
+    resize_client_slots(shared, old.maxclients, new.maxclients);
+    let interval = Duration::from_millis(new.health_interval_ms);
+    shared.masters.health_interval().set(interval);
+    shared.set_settings(new);
+    Ok(changed)
+}
+
+/// Gives `maxclients` its new number of permits; connections above a lower limit are kept,
+/// and their permits are retired as they end.
+fn resize_client_slots(shared: &Shared, old: usize, new: usize) {
+    let slots = &shared.client_slots;
+    if new > old {
+        slots.add_permits(new - old);
+    } else if new < old {
+        let retire = old - new;
+        let rest = retire - slots.forget_permits(retire);
+        if rest > 0 {
+            let slots = slots.clone();
+            tokio::spawn(async move {
+                if let Ok(permits) = slots.acquire_many_owned(rest as u32).await {
+                    permits.forget();
+                }
+            });
+        }
+    }
+}
+
+/// Applies a reload on every request until `stop` becomes true.
+pub fn spawn(shared: Arc<Shared>, mut reload: Reload, mut stop: watch::Receiver<bool>) {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                asked = reload.requests.recv() => {
+                    if asked.is_none() {
+                        return;
+                    }
+                }
+                // Only `true` is ever sent: any change is the stop.
+                _ = stop.changed() => return,
+            }
+            match apply(&shared, &reload.hooks, (reload.read)()) {
+                Ok(changed) if changed.is_empty() => {
+                    tracing::info!("configuration reloaded: nothing changed")
+                }
+                Ok(changed) => tracing::info!(
+                    changed = %changed.join(","),
+                    "configuration reloaded: {} changed",
+                    changed.join(", ")
+                ),
+                Err(err) => {
+                    tracing::error!(error = %err, "configuration not reloaded, nothing changed: {err}")
+                }
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restart_only_keys_are_named_and_live_keys_are_not() {
+        let old = Config {
+            backends: (1..=3)
+                .map(|port| crate::dial::Backend::plain("127.0.0.1", port))
+                .collect(),
+            ..Config::default()
+        };
+        let mut new = old.clone();
+        new.maxclients = 5;
+        new.log_level = "debug".into();
+        new.health_interval_ms = 250;
+        assert!(restart_only_changes(&old, &new).is_empty());
+        assert_eq!(
+            live_changes(&old, &new),
+            vec!["maxclients", "log_level", "health_interval_ms"]
+        );
+        new.backends.pop();
+        new.drift_factor = 0.02;
+        assert_eq!(
+            restart_only_changes(&old, &new),
+            vec!["backends", "drift_factor"]
+        );
+    }
+}

@@ -1,0 +1,337 @@
+//! What the proxy counts about its clients and commands ([`ServerStats`]), and the registry of
+//! connected clients ([`Clients`]) behind `CLIENT LIST` / `CLIENT KILL`. Read by `INFO` and
+//! by the metrics endpoint ([`crate::ops`]); knows nothing of either.
+//!
+//! Invariants:
+//! - The hot path only does relaxed atomic increments and stores: every counter a request
+//!   touches is resolved when the proxy starts (one per row of the command table), never
+//!   looked up by name or allocated per request.
+//! - A client is in the registry exactly while its connection is served: its
+//!   [`Registration`] removes it when the connection's task ends, however it ends.
+
+use crate::protocol::{Protocol, Reply};
+use crate::redlock::MergeRule;
+use bytes::Bytes;
+use prometheus_client::metrics::counter::Counter;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// How a release (`LOCK.RELEASE`, the compare-and-delete script) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseResult {
+    /// A majority deleted the value.
+    Released,
+    /// The value was not held (expired, or another holder's).
+    NotHeld,
+    /// No quorum, or an error reply.
+    Error,
+}
+
+impl ReleaseResult {
+    pub const ALL: [ReleaseResult; 3] = [
+        ReleaseResult::Released,
+        ReleaseResult::NotHeld,
+        ReleaseResult::Error,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ReleaseResult::Released => "released",
+            ReleaseResult::NotHeld => "not_held",
+            ReleaseResult::Error => "error",
+        }
+    }
+
+    /// The result a merged release reply stands for (`1` released, `0` not held).
+    pub fn of(reply: &Reply) -> ReleaseResult {
+        match reply {
+            Reply::Integer(n) if *n > 0 => ReleaseResult::Released,
+            Reply::Integer(0) => ReleaseResult::NotHeld,
+            _ => ReleaseResult::Error,
+        }
+    }
+}
+
+/// How many samples `instantaneous_ops_per_sec` averages, one per [`OPS_SAMPLE_EVERY`] (as
+/// Redis: 16 samples, 100 ms apart).
+const OPS_SAMPLES: usize = 16;
+const OPS_SAMPLE_EVERY: Duration = Duration::from_millis(100);
+
+/// Counters of the whole server.
+#[derive(Debug)]
+pub struct ServerStats {
+    /// Connections accepted (Redis' `total_connections_received`).
+    pub connections_received: Counter,
+    /// Connections refused at `maxclients` (Redis' `rejected_connections`).
+    pub rejected_connections: Counter,
+    /// One counter per row of the command table, then one for unknown commands.
+    commands: Box<[Counter]>,
+    releases: [Counter; 3],
+    /// Commands processed per second over the last [`OPS_SAMPLES`] samples.
+    ops: Mutex<OpsMeter>,
+}
+
+impl ServerStats {
+    /// Counters for a command table of `commands` rows.
+    pub fn new(commands: usize) -> ServerStats {
+        ServerStats {
+            connections_received: Counter::default(),
+            rejected_connections: Counter::default(),
+            commands: (0..=commands).map(|_| Counter::default()).collect(),
+            releases: Default::default(),
+            ops: Mutex::new(OpsMeter::default()),
+        }
+    }
+
+    /// Counts one command: row `slot` of the command table (`None`: unknown command).
+    pub fn count_command(&self, slot: Option<usize>) {
+        let last = self.commands.len() - 1;
+        self.commands[slot.unwrap_or(last).min(last)].inc();
+    }
+
+    /// How many commands of row `slot` (`None`: unknown) were processed.
+    pub fn commands_of(&self, slot: Option<usize>) -> u64 {
+        let last = self.commands.len() - 1;
+        self.commands[slot.unwrap_or(last).min(last)].get()
+    }
+
+    /// Every command processed (Redis' `total_commands_processed`).
+    pub fn total_commands(&self) -> u64 {
+        self.commands.iter().map(Counter::get).sum()
+    }
+
+    /// Counts a merged reply by the quorum rule `rule`: a release's if it is one.
+    pub fn count_if_release(&self, rule: MergeRule, reply: &Reply) {
+        if rule == MergeRule::Release {
+            self.releases[ReleaseResult::of(reply) as usize].inc();
+        }
+    }
+
+    pub fn releases(&self, result: ReleaseResult) -> u64 {
+        self.releases[result as usize].get()
+    }
+
+    /// Commands per second, averaged like Redis' `instantaneous_ops_per_sec`.
+    pub fn ops_per_sec(&self) -> u64 {
+        self.ops.lock().map_or(0, |m| m.per_sec())
+    }
+
+    /// Samples the command total every 100 ms while `stats` lives.
+    pub fn spawn_sampler(stats: Weak<ServerStats>) {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(OPS_SAMPLE_EVERY);
+            loop {
+                tick.tick().await;
+                let Some(stats) = stats.upgrade() else { return };
+                let total = stats.total_commands();
+                if let Ok(mut meter) = stats.ops.lock() {
+                    meter.sample(Instant::now(), total);
+                };
+            }
+        });
+    }
+}
+
+/// The last samples of the command total, and their rates.
+#[derive(Debug, Default)]
+struct OpsMeter {
+    last: Option<(Instant, u64)>,
+    rates: [u64; OPS_SAMPLES],
+    next: usize,
+}
+
+impl OpsMeter {
+    fn sample(&mut self, now: Instant, total: u64) {
+        if let Some((at, before)) = self.last {
+            let elapsed = now.saturating_duration_since(at).as_secs_f64();
+            if elapsed > 0.0 {
+                self.rates[self.next] = (total.saturating_sub(before) as f64 / elapsed) as u64;
+                self.next = (self.next + 1) % OPS_SAMPLES;
+            }
+        }
+        self.last = Some((now, total));
+    }
+
+    fn per_sec(&self) -> u64 {
+        self.rates.iter().sum::<u64>() / OPS_SAMPLES as u64
+    }
+}
+
+/// What `CLIENT LIST` shows of a client that its own commands change.
+#[derive(Debug, Default, Clone)]
+pub struct ClientNames {
+    pub name: Option<Bytes>,
+    pub lib_name: Option<Bytes>,
+    pub lib_ver: Option<Bytes>,
+    pub resp: u8,
+    /// The user it is authenticated as (`default` before any `AUTH`, as Redis shows).
+    pub user: String,
+}
+
+/// One connected client as the registry sees it.
+#[derive(Debug)]
+pub struct ClientHandle {
+    pub id: u64,
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    pub created: Instant,
+    /// When its last command was read, in ms since `created`.
+    last_active_ms: AtomicU64,
+    /// Row of the command table of its last command (`usize::MAX`: none yet).
+    last_command: AtomicUsize,
+    names: Mutex<ClientNames>,
+    kill: Notify,
+}
+
+impl ClientHandle {
+    /// Notes a command (row `slot` of the command table) read at `at`.
+    pub fn touch(&self, slot: Option<usize>, at: Instant) {
+        let ms = at.saturating_duration_since(self.created).as_millis() as u64;
+        self.last_active_ms.store(ms, Ordering::Relaxed);
+        self.last_command
+            .store(slot.unwrap_or(usize::MAX), Ordering::Relaxed);
+    }
+
+    /// Publishes the names the client's session now has.
+    pub fn set_names(
+        &self,
+        name: &Option<Bytes>,
+        lib: (&Option<Bytes>, &Option<Bytes>),
+        resp: Protocol,
+        user: Option<&str>,
+    ) {
+        if let Ok(mut names) = self.names.lock() {
+            names.user = user.unwrap_or(crate::auth::DEFAULT_USER).to_string();
+            names.name.clone_from(name);
+            names.lib_name.clone_from(lib.0);
+            names.lib_ver.clone_from(lib.1);
+            names.resp = match resp {
+                Protocol::Resp2 => 2,
+                Protocol::Resp3 => 3,
+            };
+        }
+    }
+
+    pub fn names(&self) -> ClientNames {
+        self.names.lock().map(|n| n.clone()).unwrap_or_default()
+    }
+
+    /// Seconds since its last command, and the table row of that command.
+    pub fn idle_and_last(&self, now: Instant) -> (u64, Option<usize>) {
+        let last =
+            self.created + Duration::from_millis(self.last_active_ms.load(Ordering::Relaxed));
+        let slot = self.last_command.load(Ordering::Relaxed);
+        (
+            now.saturating_duration_since(last).as_secs(),
+            (slot != usize::MAX).then_some(slot),
+        )
+    }
+
+    /// Asks the client's connection to close at once (`CLIENT KILL`).
+    pub fn kill(&self) {
+        self.kill.notify_one();
+    }
+
+    /// Completes once the client was killed.
+    pub async fn killed(&self) {
+        self.kill.notified().await
+    }
+}
+
+/// The connected clients, by id.
+#[derive(Debug, Default)]
+pub struct Clients {
+    by_id: Mutex<BTreeMap<u64, Arc<ClientHandle>>>,
+}
+
+impl Clients {
+    /// Registers a connection; it stays listed until the returned registration is dropped.
+    pub fn register(
+        self: &Arc<Self>,
+        id: u64,
+        peer: SocketAddr,
+        local: SocketAddr,
+    ) -> Registration {
+        let handle = Arc::new(ClientHandle {
+            id,
+            peer,
+            local,
+            created: Instant::now(),
+            last_active_ms: AtomicU64::new(0),
+            last_command: AtomicUsize::new(usize::MAX),
+            names: Mutex::new(ClientNames {
+                resp: 2,
+                user: crate::auth::DEFAULT_USER.to_string(),
+                ..ClientNames::default()
+            }),
+            kill: Notify::new(),
+        });
+        if let Ok(mut map) = self.by_id.lock() {
+            map.insert(id, handle.clone());
+        }
+        Registration {
+            clients: self.clone(),
+            handle,
+        }
+    }
+
+    /// Every connected client, by id.
+    pub fn list(&self) -> Vec<Arc<ClientHandle>> {
+        self.by_id
+            .lock()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// A client's place in [`Clients`], removed when dropped.
+#[derive(Debug)]
+pub struct Registration {
+    clients: Arc<Clients>,
+    pub handle: Arc<ClientHandle>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Ok(mut map) = self.clients.by_id.lock() {
+            map.remove(&self.handle.id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ops_per_sec_averages_the_last_samples() {
+        let mut meter = OpsMeter::default();
+        let start = Instant::now();
+        for i in 0..=OPS_SAMPLES as u64 {
+            meter.sample(start + OPS_SAMPLE_EVERY * i as u32, i * 100);
+        }
+        // 100 commands per 100 ms.
+        assert_eq!(meter.per_sec(), 1000);
+    }
+
+    #[tokio::test]
+    async fn a_client_is_listed_while_registered() {
+        let clients = Arc::new(Clients::default());
+        let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let first = clients.register(1, addr, addr);
+        let second = clients.register(2, addr, addr);
+        assert_eq!(clients.list().len(), 2);
+        drop(first);
+        let left: Vec<u64> = clients.list().iter().map(|c| c.id).collect();
+        assert_eq!(left, vec![2]);
+        second.handle.kill();
+        tokio::time::timeout(Duration::from_secs(1), second.handle.killed())
+            .await
+            .expect("a kill is kept until the connection looks");
+    }
+}

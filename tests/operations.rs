@@ -1,0 +1,485 @@
+//! Operations: the metrics endpoint scraped from a proxy over real masters (grants,
+//! contention, no quorum, quarantine, votes), the probes, `INFO stats`, `CLIENT LIST/KILL`,
+//! SIGHUP reloads of the binary, `--check-config`, and the files of `deploy/` checked against
+//! what the proxy exports.
+
+use redlock_proxy::on_master::COMPARE_AND_DELETE;
+use redlock_testkit::http::{exposed_names, get, series};
+use redlock_testkit::key;
+use redlock_testkit::launcher::{ready_for_load, Env, ProxyProcess};
+use redlock_testkit::masters::signal;
+use redlock_testkit::resp::Client;
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_redlock-proxy");
+
+/// One `INFO` section's text.
+async fn info(c: &mut Client, section: &str) -> String {
+    let reply = c
+        .request(&[b"INFO", section.as_bytes()])
+        .await
+        .expect("INFO answers");
+    reply.text().expect("INFO is a string")
+}
+
+/// A numeric `field:value` of an `INFO` text.
+fn field(info: &str, name: &str) -> u64 {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {info}"))
+}
+
+/// Where the proxy's metrics endpoint listens (`INFO server`'s `metrics_addr`).
+async fn metrics_addr(c: &mut Client) -> SocketAddr {
+    let server = info(c, "server").await;
+    server
+        .lines()
+        .find_map(|l| l.strip_prefix("metrics_addr:"))
+        .expect("metrics_addr in INFO server")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+async fn scrape(addr: SocketAddr) -> String {
+    let (status, body) = get(addr, "/metrics").await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The value of a series, 0 if absent.
+fn value(scrape: &str, name: &str) -> f64 {
+    series(scrape, name).unwrap_or(0.0)
+}
+
+/// Waits (bounded by `limit`) until the endpoint's `path` answers `status`; returns the body.
+async fn wait_status(addr: SocketAddr, path: &str, status: u16, limit: Duration) -> String {
+    let deadline = Instant::now() + limit;
+    loop {
+        let (now, body) = get(addr, path).await.unwrap();
+        if now == status {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path} still {now} after {limit:?}: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits (bounded) until a scrape satisfies `check`; returns it.
+async fn wait_scrape(addr: SocketAddr, what: &str, check: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let body = scrape(addr).await;
+        if check(&body) {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "never saw {what} in:\n{body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn with_master(name: &str, master: &str, extra: &str) -> String {
+    format!("{name}{{master=\"{master}\"{extra}}}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_follow_grants_contention_no_quorum_and_quarantine() {
+    let mut env = Env::start_with(3, |c| {
+        c.metrics = Some("127.0.0.1:0".into());
+        c.max_lock_ttl_ms = 1500;
+    })
+    .await;
+    ready_for_load(env.proxy.port).await.unwrap();
+    let mut c = env.proxy.client().await;
+    let addr = metrics_addr(&mut c).await;
+    assert_eq!(get(addr, "/healthz").await.unwrap().0, 200);
+    let ready = wait_status(addr, "/readyz", 200, Duration::from_secs(5)).await;
+    assert!(ready.contains("3 of 3 masters usable, quorum 2"), "{ready}");
+    let masters = env.masters.addrs();
+
+    // A grant, then a contended acquire of the same key.
+    let k = key("ops-metrics");
+    assert_eq!(c.cmd(&["SET", &k, "a", "NX", "PX", "1500"]).await, "+OK");
+    assert_eq!(c.cmd(&["SET", &k, "b", "NX", "PX", "1500"]).await, "$nil");
+    // Refused by rule: no expiry.
+    assert!(c.cmd(&["SET", &k, "c", "NX"]).await.starts_with("-ERR"));
+    let body = scrape(addr).await;
+    let acquires = |body: &str, result: &str| {
+        value(
+            body,
+            &format!("redlock_proxy_acquires_total{{result=\"{result}\"}}"),
+        )
+    };
+    assert_eq!(acquires(&body, "granted"), 1.0, "{body}");
+    assert_eq!(acquires(&body, "contended"), 1.0, "{body}");
+    assert_eq!(acquires(&body, "refused"), 1.0, "{body}");
+    assert_eq!(acquires(&body, "no_quorum"), 0.0, "{body}");
+    assert_eq!(
+        value(&body, "redlock_proxy_acquire_duration_seconds_count"),
+        2.0
+    );
+    // A decision needs two votes of three: at least two `ok` and two `held` votes were in.
+    let votes = |body: &str, vote: &str| -> f64 {
+        masters
+            .iter()
+            .map(|m| {
+                let extra = format!(",vote=\"{vote}\"");
+                value(
+                    body,
+                    &with_master("redlock_proxy_master_votes_total", m, &extra),
+                )
+            })
+            .sum()
+    };
+    assert!(votes(&body, "ok") >= 2.0, "{body}");
+    assert!(votes(&body, "held") >= 2.0, "{body}");
+    assert_eq!(votes(&body, "timeout"), 0.0, "{body}");
+    for m in &masters {
+        assert_eq!(
+            value(&body, &with_master("redlock_proxy_master_up", m, "")),
+            1.0
+        );
+        let up = with_master("redlock_proxy_master_state", m, ",state=\"up\"");
+        assert_eq!(value(&body, &up), 1.0, "{body}");
+        let replies = with_master("redlock_proxy_master_reply_duration_seconds_count", m, "");
+        assert!(value(&body, &replies) >= 1.0, "{body}");
+    }
+    assert_eq!(
+        value(&body, "redlock_proxy_connected_clients"),
+        1.0,
+        "{body}"
+    );
+    assert!(value(&body, "redlock_proxy_commands_total{command=\"set\"}") >= 3.0);
+    let version = format!(
+        "redlock_proxy_build_info{{version=\"{}\"}}",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(value(&body, &version), 1.0, "{body}");
+
+    // Releases: the holder's, then one of a value that no longer holds the key.
+    let release = ["EVAL", COMPARE_AND_DELETE, "1", &k, "a"];
+    assert_eq!(c.cmd(&release).await, ":1");
+    assert_eq!(c.cmd(&release).await, ":0");
+    let body = scrape(addr).await;
+    assert_eq!(
+        value(&body, "redlock_proxy_releases_total{result=\"released\"}"),
+        1.0
+    );
+    assert_eq!(
+        value(&body, "redlock_proxy_releases_total{result=\"not_held\"}"),
+        1.0
+    );
+
+    // A majority of masters killed: not ready, and acquires find no quorum.
+    env.masters.masters[1].kill();
+    env.masters.masters[2].kill();
+    let why = wait_status(addr, "/readyz", 503, Duration::from_secs(5)).await;
+    assert!(why.contains("not ready: 1 of 3 masters usable"), "{why}");
+    assert!(
+        why.contains(&format!("master1 {}: down", masters[1])),
+        "{why}"
+    );
+    assert_eq!(c.cmd(&["SET", &k, "d", "NX", "PX", "1500"]).await, "$nil");
+    let body = scrape(addr).await;
+    assert_eq!(acquires(&body, "no_quorum"), 1.0, "{body}");
+    let down = with_master("redlock_proxy_master_state", &masters[1], ",state=\"down\"");
+    assert_eq!(value(&body, &down), 1.0, "{body}");
+    assert_eq!(
+        value(
+            &body,
+            &with_master("redlock_proxy_master_up", &masters[1], "")
+        ),
+        0.0
+    );
+    // Masters without a connection are not asked: their votes are not eligible.
+    assert!(votes(&body, "not_eligible") >= 2.0, "{body}");
+
+    // Back empty (a crash without persistence): quarantined, with its reason counted.
+    env.masters.masters[1].restart(&[]).unwrap();
+    env.masters.masters[2].restart(&[]).unwrap();
+    let quarantined = with_master(
+        "redlock_proxy_master_state",
+        &masters[1],
+        ",state=\"quarantined\"",
+    );
+    let body = wait_scrape(addr, "master1 quarantined", |b| {
+        value(b, &quarantined) == 1.0
+    })
+    .await;
+    let causes: f64 = ["restarted", "marker_gone"]
+        .iter()
+        .map(|cause| {
+            let extra = format!(",reason=\"{cause}\"");
+            value(
+                &body,
+                &with_master(
+                    "redlock_proxy_master_quarantines_total",
+                    &masters[1],
+                    &extra,
+                ),
+            )
+        })
+        .sum();
+    assert_eq!(causes, 1.0, "{body}");
+    // Ready again once the quarantine (the lease bound, 1.5 s and drift) is over.
+    wait_status(addr, "/readyz", 200, Duration::from_secs(10)).await;
+    let body = scrape(addr).await;
+    assert_eq!(value(&body, &quarantined), 0.0, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn info_stats_and_client_list_and_kill() {
+    let env = Env::start_with(3, |c| c.maxclients = 2).await;
+    let mut watcher = env.proxy.client().await;
+    let before = info(&mut watcher, "stats").await;
+    let mut named = env.proxy.client().await;
+    assert_eq!(named.cmd(&["CLIENT", "SETNAME", "worker-1"]).await, "+OK");
+    assert_eq!(named.cmd(&["PING"]).await, "+PONG");
+    // A third client is over maxclients: refused and counted.
+    let mut refused = env.proxy.client().await;
+    assert_eq!(refused.read().await, "-ERR max number of clients reached");
+    let after = info(&mut watcher, "stats").await;
+    assert!(after.starts_with("# Stats\r\n"), "{after}");
+    // CLIENT SETNAME, PING and this INFO since the first (each counted as it is read).
+    assert_eq!(
+        field(&after, "total_commands_processed"),
+        field(&before, "total_commands_processed") + 3
+    );
+    // The launcher's first client, and these three.
+    assert_eq!(field(&after, "total_connections_received"), 4);
+    assert_eq!(field(&after, "rejected_connections"), 1);
+    assert!(
+        !after.contains("# Masters"),
+        "only the section asked for: {after}"
+    );
+    let all = info(&mut watcher, "all").await;
+    for section in [
+        "# Server",
+        "# Clients",
+        "# Stats",
+        "# Replication",
+        "# Masters",
+    ] {
+        assert!(all.contains(section), "{section} missing from INFO all");
+    }
+
+    let list = watcher
+        .request(&[b"CLIENT", b"LIST"])
+        .await
+        .unwrap()
+        .text()
+        .unwrap();
+    let lines: Vec<&str> = list.lines().collect();
+    assert_eq!(lines.len(), 2, "{list}");
+    let worker = lines
+        .iter()
+        .find(|l| l.contains(" name=worker-1 "))
+        .unwrap_or_else(|| panic!("{list}"));
+    assert!(worker.contains(" cmd=ping "), "{worker}");
+    let id = worker
+        .strip_prefix("id=")
+        .and_then(|l| l.split(' ').next())
+        .unwrap()
+        .to_string();
+    // Unknown address (old form), then by id (filter form): the client is closed at once.
+    assert_eq!(
+        watcher.cmd(&["CLIENT", "KILL", "127.0.0.1:1"]).await,
+        "-ERR No such client"
+    );
+    assert_eq!(watcher.cmd(&["CLIENT", "KILL", "ID", &id]).await, ":1");
+    assert!(named.is_closed().await);
+    assert_eq!(
+        watcher.cmd(&["CLIENT", "KILL", "ID", "0"]).await,
+        "-ERR client-id should be greater than 0"
+    );
+    // By the watcher's own address, which SKIPME (default yes) spares.
+    let me = watcher
+        .request(&[b"CLIENT", b"INFO"])
+        .await
+        .unwrap()
+        .text()
+        .unwrap();
+    let addr = me
+        .split(' ')
+        .find_map(|f| f.strip_prefix("addr="))
+        .unwrap()
+        .to_string();
+    assert_eq!(watcher.cmd(&["CLIENT", "KILL", "ADDR", &addr]).await, ":0");
+    assert_eq!(
+        watcher
+            .cmd(&["CLIENT", "KILL", "ADDR", &addr, "SKIPME", "no"])
+            .await,
+        ":1"
+    );
+    assert!(watcher.is_closed().await);
+}
+
+/// A configuration file in a fresh temporary directory.
+struct ConfigFile {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl ConfigFile {
+    fn new(name: &str) -> ConfigFile {
+        let dir = std::env::temp_dir().join(format!("redlock-ops-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("proxy.toml");
+        ConfigFile { dir, path }
+    }
+
+    fn write(&self, text: &str) -> &Path {
+        std::fs::write(&self.path, text).unwrap();
+        &self.path
+    }
+}
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Waits (bounded) until `INFO clients` shows `maxclients:n`.
+async fn wait_maxclients(port: u16, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut c = Client::connect(port).await;
+        let now = field(&info(&mut c, "clients").await, "maxclients");
+        if now == n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "maxclients still {now}, not {n}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits (bounded) until the proxy has logged `n` WARN/ERROR lines.
+async fn wait_warnings(proxy: &ProxyProcess, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while proxy.warnings.load(Ordering::Relaxed) < n {
+        assert!(Instant::now() < deadline, "no error logged for the reload");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_applies_a_good_file_and_a_broken_one_changes_nothing() {
+    let masters = redlock_proxy::LocalCluster::start(3).unwrap();
+    let file = ConfigFile::new("sighup");
+    let path = file
+        .write("maxclients = 100\nlog_level = \"info\"\n")
+        .to_path_buf();
+    let args = vec!["--config".to_string(), path.display().to_string()];
+    let proxy = ProxyProcess::start(Path::new(BIN), &masters.addrs(), &args).unwrap();
+    wait_maxclients(proxy.port, 100).await;
+
+    // A good file: applied live.
+    file.write("maxclients = 7\nlog_level = \"debug\"\n");
+    signal(proxy.pid(), "HUP");
+    wait_maxclients(proxy.port, 7).await;
+    let mut c = Client::connect(proxy.port).await;
+    assert_eq!(c.cmd(&["PING"]).await, "+PONG");
+
+    // A broken file: nothing changes, an error is logged.
+    let warned = proxy.warnings.load(Ordering::Relaxed);
+    file.write("maxclients = 9\nmaxclients = \"many\n");
+    signal(proxy.pid(), "HUP");
+    wait_warnings(&proxy, warned + 1).await;
+    // A change only a restart may make: refused as a whole (maxclients stays too).
+    file.write("maxclients = 9\ndrift_factor = 0.05\n");
+    signal(proxy.pid(), "HUP");
+    wait_warnings(&proxy, warned + 2).await;
+    wait_maxclients(proxy.port, 7).await;
+    assert_eq!(c.cmd(&["PING"]).await, "+PONG");
+}
+
+#[test]
+fn check_config_exits_0_or_1_with_the_reason() {
+    let file = ConfigFile::new("check");
+    let check = |text: &str| {
+        let path = file.write(text);
+        let out = Command::new(BIN)
+            .arg("--check-config")
+            .arg(path)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let (code, text) = check("backends = [\"127.0.0.1:6379\"]\nmetrics = \"127.0.0.1:9379\"\n");
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("test is successful"), "{text}");
+    let (code, text) = check("backends = [\"127.0.0.1:6379\"]\nnode_timeout_ms = \"soon\"\n");
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("line 2"), "{text}");
+    assert!(text.contains("test failed"), "{text}");
+    let (code, text) = check("backends = [\"127.0.0.1:6379\"]\nmetrics = \"nowhere\"\n");
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("metrics must be ADDR:PORT"), "{text}");
+}
+
+/// Every `redlock_proxy_…` name in a text (a rule file, a dashboard).
+fn names_in(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("redlock_proxy_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        names.insert(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deploy_files_name_only_metrics_the_proxy_exports() {
+    let env = Env::start_with(3, |c| c.metrics = Some("127.0.0.1:0".into())).await;
+    let mut c = env.proxy.client().await;
+    let exposed: BTreeSet<String> = exposed_names(&scrape(metrics_addr(&mut c).await).await)
+        .into_iter()
+        .collect();
+    let listed: BTreeSet<String> = redlock_proxy::METRIC_NAMES
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(exposed, listed, "METRIC_NAMES is not what a scrape exposes");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
+    for file in ["prometheus/alerts.yml", "grafana/dashboard.json"] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        let names = names_in(&text);
+        assert!(!names.is_empty(), "{file} names no metric");
+        for name in names {
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .filter(|base| exposed.contains(*base))
+                .unwrap_or(&name);
+            assert!(
+                exposed.contains(base),
+                "{file} uses {name}, which is not exported"
+            );
+        }
+    }
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("grafana/dashboard.json")).unwrap(),
+    )
+    .expect("the dashboard is JSON");
+    assert!(dashboard["panels"]
+        .as_array()
+        .is_some_and(|p| !p.is_empty()));
+}
