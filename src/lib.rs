@@ -20,12 +20,16 @@
 //! 8. [`connection`]: one client session (ordered replies, bounded pipelining, grant re-check).
 //! 9. [`server`]: the accept loop and graceful shutdown.
 //!
-//! Beside them, [`local`] starts child `redis-server` masters (`--local`, tests, benches).
+//! Beside them, [`local`] starts child `redis-server` masters (`--local`, tests, benches), and
+//! [`fuzzing`] re-exports the pure code that reads peers' bytes for the fuzz targets and the
+//! property tests.
 
 mod commands;
 mod config;
 mod connection;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod health;
 mod lease;
 mod lease_script;
