@@ -56,6 +56,61 @@ pub struct Config {
     /// Reply bytes waiting for a client that does not read before it is disconnected, like
     /// Redis' `client-output-buffer-limit normal` hard limit (0 = no limit).
     pub client_output_buffer_limit: u64,
+    /// Request bytes one client may have buffered (a request still arriving) before it is
+    /// disconnected, like Redis' `client-query-buffer-limit` (1 GB; at least 1 MB).
+    pub client_query_buffer_limit: u64,
+    /// Close a client idle for this many seconds, like Redis' `timeout` (0 = never).
+    pub timeout: u64,
+    /// The `default` user's password, like Redis' `requirepass`: every client must `AUTH`.
+    pub requirepass: Option<Secret>,
+    /// Named users, like Redis ACL users (`[[users]]` tables).
+    pub users: Vec<UserConfig>,
+}
+
+/// A password or other secret: shown as `<redacted>` by `Debug`, so it never reaches a log.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(secret: String) -> Secret {
+        Secret(secret)
+    }
+
+    /// The secret itself, for the one place that checks it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// One `[[users]]` table: a Redis ACL user reduced to what a lock service needs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    pub name: String,
+    /// A disabled user cannot authenticate (Redis `off`).
+    #[serde(default = "enabled")]
+    pub enabled: bool,
+    /// The password in clear (Redis `>password`).
+    #[serde(default)]
+    pub password: Option<Secret>,
+    /// Passwords as SHA-256 hex digests (Redis `#hash`), e.g. from `echo -n pw | sha256sum`.
+    #[serde(default)]
+    pub password_sha256: Vec<String>,
+    /// Key patterns, Redis ACL glob syntax with or without the `~` (`"app:*"`, `"~jobs:?"`);
+    /// `"*"` is every key. None: no key at all. A user with neither password is `nopass`.
+    #[serde(default)]
+    pub keys: Vec<String>,
+}
+
+fn enabled() -> bool {
+    true
 }
 
 impl Default for Config {
@@ -78,6 +133,10 @@ impl Default for Config {
             max_lock_ttl_ms: 60_000,
             threads: 1,
             client_output_buffer_limit: 64 * 1024 * 1024,
+            client_query_buffer_limit: 1024 * 1024 * 1024,
+            timeout: 0,
+            requirepass: None,
+            users: Vec::new(),
         }
     }
 }
@@ -137,6 +196,12 @@ impl Config {
         if self.proto_max_bulk_len < 1024 {
             return invalid("proto_max_bulk_len must be at least 1024 bytes");
         }
+        if self.client_query_buffer_limit < 1024 * 1024 {
+            return invalid(
+                "client_query_buffer_limit must be at least 1 MB (1048576), as in Redis",
+            );
+        }
+        crate::auth::Users::from_config(self)?;
         Ok(())
     }
 

@@ -62,6 +62,9 @@ const READ_CHUNK: usize = 4 * 1024;
 const KEEP_BUFFER: usize = 64 * 1024;
 /// When closing, how long a client may take none of the replies left before it is dropped.
 const CLOSE_STALL: Duration = Duration::from_secs(1);
+/// Request bytes buffered, and reply bytes queued, for a client that must still authenticate
+/// (Redis: 1 MB of query buffer before authentication).
+const UNAUTHENTICATED_BUFFER_LIMIT: u64 = 1024 * 1024;
 
 /// A request's place in the reply order: answered already, or waiting on the masters.
 enum Slot {
@@ -89,6 +92,7 @@ enum Event {
     Read(bool),
     Stop,
     Stalled,
+    Idle,
 }
 
 /// A granted lease whose `OK` is encoded in [`Output::buf`] but not completely handed to the
@@ -264,18 +268,23 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
         return;
     };
     let (mut rd, wr) = stream.into_split();
-    let mut session = Session {
-        id: shared.next_client_id(),
-        protocol: Protocol::Resp2,
-        name: None,
-        lib_name: None,
-        lib_ver: None,
-        peer,
-        local,
-    };
+    let mut session = Session::new(&shared, peer, local);
     let max_inflight = shared.config.max_inflight_per_client;
     let output_limit = shared.config.client_output_buffer_limit;
-    let over_limit = |out: &Output| output_limit > 0 && out.buf.len() as u64 > output_limit;
+    let query_limit = shared.config.client_query_buffer_limit;
+    // Before authentication a client gets only short errors: Redis caps what it may queue
+    // far lower (CVE-2025-21605).
+    let over_limit = |out: &Output, session: &Session| {
+        let limit = if session.user.is_none() {
+            UNAUTHENTICATED_BUFFER_LIMIT
+        } else {
+            output_limit
+        };
+        limit > 0 && out.buf.len() as u64 > limit
+    };
+    let idle_timeout =
+        (shared.config.timeout > 0).then(|| Duration::from_secs(shared.config.timeout));
+    let mut last_activity = Instant::now();
     let mut parser = RequestParser::new(shared.config.proto_max_bulk_len);
     let mut rbuf = BytesMut::new();
     let mut out = Output::default();
@@ -294,6 +303,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
             barrier = None;
         }
         while !closing && barrier.is_none() && in_flight.len() < max_inflight {
+            parser.unauthenticated = session.user.is_none();
             let request = match parser.next(&mut rbuf) {
                 Ok(Some(request)) => request,
                 Ok(None) => break,
@@ -342,6 +352,10 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
         } else {
             Instant::now() + CLOSE_STALL
         };
+        // Idle: nothing in flight, nothing to write, nothing read for `timeout` (Redis'
+        // `clientsCronHandleTimeout`).
+        let idle = !closing && in_flight.is_empty() && out.buf.is_empty();
+        let idle_deadline = idle_timeout.map(|t| last_activity + t);
         let event = tokio::select! {
             biased;
             Some(done) = in_flight.next(), if !in_flight.is_empty() => Event::Done(done),
@@ -349,6 +363,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
             read = read_more(&mut rd, &mut rbuf), if can_read => Event::Read(read),
             _ = stop.changed(), if !closing => Event::Stop,
             _ = tokio::time::sleep_until(stall_deadline), if only_writes_left => Event::Stalled,
+            _ = sleep_until_some(idle_deadline), if idle => Event::Idle,
         };
         match event {
             Event::Done((protocol, outcome)) => {
@@ -356,10 +371,12 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
                 out.push(protocol, outcome).await;
                 // Mid-burst, write early what has piled up (and, before judging the limit,
                 // what the socket takes now).
-                if (out.buf.len() >= FLUSH_AT || over_limit(&out)) && !out.write_now(&wr).await {
+                if (out.buf.len() >= FLUSH_AT || over_limit(&out, &session))
+                    && !out.write_now(&wr).await
+                {
                     break;
                 }
-                if over_limit(&out) {
+                if over_limit(&out, &session) {
                     tracing::warn!(
                         client = session.id,
                         peer = %session.peer,
@@ -378,13 +395,35 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
                 }
                 if out.sent > sent {
                     stall_at = None;
+                    last_activity = Instant::now();
                 }
             }
             Event::Read(read) => {
                 received_at = Instant::now();
+                last_activity = received_at;
                 if !read {
                     closing = true;
                 }
+                let limit = if session.user.is_none() {
+                    UNAUTHENTICATED_BUFFER_LIMIT
+                } else {
+                    query_limit
+                };
+                if rbuf.len() as u64 > limit {
+                    // Redis closes such a client without a reply.
+                    tracing::warn!(
+                        client = session.id,
+                        peer = %session.peer,
+                        query_buffer_bytes = rbuf.len(),
+                        limit,
+                        "closing client that reached max query buffer length"
+                    );
+                    break;
+                }
+            }
+            Event::Idle => {
+                tracing::info!(client = session.id, peer = %session.peer, "closing idle client");
+                break;
             }
             Event::Stop => closing = true,
             Event::Stalled => break,
@@ -397,6 +436,14 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Rece
         tokio::spawn(abandon_in_flight(in_flight));
     }
     shared.clients.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Reads more bytes; false at end of stream or on error.

@@ -60,6 +60,16 @@ pub enum ProxyError {
     NoPassword,
     #[error("ERR max number of clients reached")]
     MaxClients,
+    #[error("NOAUTH Authentication required.")]
+    NoAuth,
+    /// `HELLO` without `AUTH` from a client that is not authenticated (7.0's text).
+    #[error("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time")]
+    HelloNoAuth,
+    #[error("WRONGPASS invalid username-password pair or user is disabled.")]
+    WrongPass,
+    /// A key outside the user's patterns (`acl.c`, the text of Redis 7.0).
+    #[error("NOPERM this user has no permissions to access one of the keys used as arguments")]
+    NoPermKeys,
     /// A request that breaks the protocol (the parser's own Redis texts).
     #[error("ERR {0}")]
     Protocol(#[from] ParseError),
@@ -71,6 +81,12 @@ pub enum ProxyError {
         command: String,
         reason: &'static str,
     },
+    /// The session's user was removed or disabled by a configuration reload.
+    #[error("ERR user '{0}' was removed or disabled by a configuration reload: connection closed")]
+    UserRevoked(String),
+    /// An `ACL` subcommand other than `WHOAMI`: users live in the proxy's configuration.
+    #[error("ERR 'ACL {0}' is refused by redlock-proxy: users are defined in its configuration file (reloaded on SIGHUP)")]
+    AclRefused(String),
     #[error("ERR keys starting with 'redlock-proxy:' are refused by redlock-proxy: they hold its own state on the masters")]
     ReservedKey,
     /// A TTL above `max_lock_ttl_ms` (the quarantine of a master that lost data lasts the cap

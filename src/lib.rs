@@ -7,7 +7,8 @@
 //! 1. Leaves, no I/O: [`protocol`] (RESP both ways: client requests, replies, commands to the
 //!    masters), [`redlock`] (the pure Redlock decisions: quorum, validity, merge rules),
 //!    [`lease_script`] (what a client's Lua script means), [`error`] (every error reply the
-//!    proxy makes), [`config`], [`lease`] (a reply that promises a lock until a deadline).
+//!    proxy makes), [`config`], [`lease`] (a reply that promises a lock until a deadline),
+//!    [`auth`] (users, password checks, key patterns).
 //! 2. [`transport`]: one pipelined FIFO connection per master (send, replies in order,
 //!    reconnect, watchdog, clean-ups that survive reconnects). Knows nothing of votes.
 //! 3. [`health`]: whether each master may vote (the monitor, quarantine of masters that lost
@@ -24,6 +25,7 @@
 //! [`fuzzing`] re-exports the pure code that reads peers' bytes for the fuzz targets and the
 //! property tests.
 
+mod auth;
 mod commands;
 mod config;
 mod connection;
@@ -46,7 +48,7 @@ mod transport;
 #[cfg(test)]
 mod fake_master;
 
-pub use config::{Config, ConfigError, LogFormat};
+pub use config::{Config, ConfigError, LogFormat, Secret};
 pub use local::{LocalCluster, LocalError, LocalMaster};
 pub use masters::MAX_FANOUTS;
 pub use redlock::{backend_ttl_ms, drift_ms};

@@ -39,6 +39,19 @@ struct Cli {
     /// Log format [default: text].
     #[arg(long, value_enum)]
     log_format: Option<LogFormat>,
+    /// Password of the `default` user: clients must AUTH (Redis' requirepass). Prefer the
+    /// environment variable or the config file to a flag, which `ps` shows.
+    #[arg(long, env = "REDLOCK_PROXY_REQUIREPASS", hide_env_values = true)]
+    requirepass: Option<String>,
+    /// Most client connections at once [default: 10000].
+    #[arg(long, value_name = "N")]
+    maxclients: Option<usize>,
+    /// Close clients idle this many seconds; 0 never [default: 0].
+    #[arg(long, value_name = "SECONDS")]
+    timeout: Option<u64>,
+    /// Request bytes one client may have buffered before it is closed [default: 1 GB].
+    #[arg(long, value_name = "BYTES")]
+    client_query_buffer_limit: Option<u64>,
     /// Worker threads; 1 runs everything on one thread, which is fastest when the proxy
     /// shares a small machine with its masters [default: 1].
     #[arg(long, value_name = "N")]
@@ -77,6 +90,18 @@ impl Cli {
         }
         if let Some(v) = self.threads {
             config.threads = v;
+        }
+        if let Some(v) = self.requirepass {
+            config.requirepass = Some(redlock_proxy::Secret::new(v));
+        }
+        if let Some(v) = self.maxclients {
+            config.maxclients = v;
+        }
+        if let Some(v) = self.timeout {
+            config.timeout = v;
+        }
+        if let Some(v) = self.client_query_buffer_limit {
+            config.client_query_buffer_limit = v;
         }
         config.validate()?;
         Ok(config)

@@ -2,6 +2,7 @@
 //! acquire service, the script cache and the client counters. Depends only on the layers
 //! below it (config, masters, lock, script cache), never on commands or connections.
 
+use crate::auth::Users;
 use crate::config::Config;
 use crate::health;
 use crate::lock::Acquirer;
@@ -9,7 +10,7 @@ use crate::masters::Masters;
 use crate::redlock::Policy;
 use crate::script_cache::ScriptCache;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -24,6 +25,11 @@ pub struct Shared {
     /// Connections being served now.
     pub clients: AtomicUsize,
     next_client_id: AtomicU64,
+    /// The users (replaced whole by a reload) and how many times they were replaced: a
+    /// session compares that generation (one atomic load per command) and re-reads its user
+    /// only when it moved.
+    users: RwLock<Arc<Users>>,
+    users_generation: AtomicU64,
 }
 
 impl Shared {
@@ -42,6 +48,12 @@ impl Shared {
                 preload: Acquirer::preload(),
             },
         );
+        let users = Users::from_config(&config).unwrap_or_else(|err| {
+            // `Config::validate` refuses such a configuration; a caller that skipped it gets a
+            // proxy nobody can authenticate to, never one open to all.
+            tracing::error!(error = %err, "invalid users: every client is refused");
+            Users::nobody()
+        });
         Arc::new(Shared {
             acquirer: Acquirer::new(masters.clone(), policy, config.token_clock),
             masters,
@@ -51,7 +63,27 @@ impl Shared {
             started: Instant::now(),
             clients: AtomicUsize::new(0),
             next_client_id: AtomicU64::new(0),
+            users: RwLock::new(Arc::new(users)),
+            users_generation: AtomicU64::new(0),
         })
+    }
+
+    /// The users now, and their generation.
+    pub fn users(&self) -> (Arc<Users>, u64) {
+        let users = self.users.read().unwrap_or_else(|p| p.into_inner());
+        (users.clone(), self.users_generation.load(Ordering::Acquire))
+    }
+
+    /// The generation of the users (see [`Shared::users`]).
+    pub fn users_generation(&self) -> u64 {
+        self.users_generation.load(Ordering::Acquire)
+    }
+
+    /// Replaces the users (a reload): sessions pick the change up at their next command.
+    pub fn replace_users(&self, users: Users) {
+        let mut current = self.users.write().unwrap_or_else(|p| p.into_inner());
+        *current = Arc::new(users);
+        self.users_generation.fetch_add(1, Ordering::Release);
     }
 
     /// A new client id (`CLIENT ID`), from 1.

@@ -1,11 +1,12 @@
 //! Connection and handshake commands answered by the proxy itself: `PING`, `ECHO`, `SELECT`,
-//! `HELLO`, `AUTH`, `CLIENT`, `QUIT`, `RESET`.
+//! `HELLO`, `AUTH`, `ACL WHOAMI`, `CLIENT`, `QUIT`, `RESET`.
 //!
 //! These are what unmodified clients send before any lock command (redis-py and node-redis 6
 //! `HELLO 3`, ioredis' `INFO` ready check, `CLIENT SETINFO`, redis-cli's `COMMAND DOCS`); each
 //! gets the reply shape Redis 7 gives, so no client notices it is not talking to one Redis.
 
 use super::{Action, Ctx, Session};
+use crate::auth::DEFAULT_USER;
 use crate::error::ProxyError;
 use crate::protocol::{Protocol, Reply, Request};
 use bytes::Bytes;
@@ -34,18 +35,69 @@ pub fn select(_ctx: &Ctx<'_>, _s: &mut Session, request: Request) -> Action {
     })
 }
 
-/// No password is configured on the proxy, so Redis' own answer for that case.
-pub fn auth(_ctx: &Ctx<'_>, _s: &mut Session, request: Request) -> Action {
-    Action::error(if request.args.len() > 3 {
-        ProxyError::Syntax
-    } else {
-        ProxyError::NoPassword
+/// Checks `user`/`password` against the users; on success the session becomes that user.
+/// A failed attempt leaves the session as it was (Redis), and is logged without the password.
+fn authenticate(
+    ctx: &Ctx<'_>,
+    session: &mut Session,
+    user: &[u8],
+    password: &[u8],
+) -> Result<(), ProxyError> {
+    let (users, generation) = ctx.shared.users();
+    match users.authenticate(user, password) {
+        Some(user) => {
+            session.user = Some(user);
+            session.users_generation = generation;
+            Ok(())
+        }
+        None => {
+            tracing::warn!(
+                client = session.id,
+                peer = %session.peer,
+                user = %String::from_utf8_lossy(user),
+                "authentication failed"
+            );
+            Err(ProxyError::WrongPass)
+        }
+    }
+}
+
+/// `AUTH [username] password`. `AUTH password` is for the `default` user, and when that user
+/// has no password Redis' own answer for that case.
+pub fn auth(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
+    let args = &request.args;
+    let result = match args.len() {
+        2 if !ctx.shared.users().0.default_has_password() => Err(ProxyError::NoPassword),
+        2 => authenticate(ctx, session, DEFAULT_USER.as_bytes(), &args[1]),
+        3 => authenticate(ctx, session, &args[1], &args[2]),
+        _ => Err(ProxyError::Syntax),
+    };
+    Action::Ready(result.map_or_else(Reply::from, |()| Reply::ok()))
+}
+
+/// `ACL WHOAMI`; the other subcommands manage users, which live in the configuration file.
+pub fn acl(_ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
+    let args = &request.args;
+    let sub = args[1].to_ascii_uppercase();
+    Action::Ready(match (sub.as_slice(), args.len()) {
+        (b"WHOAMI", 2) => session
+            .user
+            .as_ref()
+            .map_or(ProxyError::NoAuth.into(), |u| Reply::bulk(u.name.clone())),
+        (b"WHOAMI", _) => ProxyError::subcommand_arity("acl", &sub).into(),
+        (
+            b"CAT" | b"DELUSER" | b"DRYRUN" | b"GENPASS" | b"GETUSER" | b"LIST" | b"LOAD" | b"LOG"
+            | b"SAVE" | b"SETUSER" | b"USERS" | b"HELP",
+            _,
+        ) => ProxyError::AclRefused(String::from_utf8_lossy(&sub).into_owned()).into(),
+        _ => ProxyError::unknown_subcommand(&args[1], "ACL").into(),
     })
 }
 
-/// `HELLO [protover [AUTH user pass] [SETNAME name]]`: switches the protocol and answers the
-/// server map Redis 7 gives (redis-py checks `proto` in it).
-pub fn hello(_ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
+/// `HELLO [protover [AUTH user pass] [SETNAME name]]`: authenticates, switches the protocol
+/// and answers the server map Redis 7 gives (redis-py checks `proto` in it). Redis' order:
+/// version, options, credentials, then a client still not authenticated is refused.
+pub fn hello(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
     let args = &request.args;
     let mut protocol = session.protocol;
     if let Some(ver) = args.get(1) {
@@ -57,13 +109,15 @@ pub fn hello(_ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action 
         };
     }
     let mut name = None;
+    let mut credentials = None;
     let mut i = 2;
     while i < args.len() {
         let opt = args[i].to_ascii_uppercase();
         match opt.as_slice() {
-            // The default user has no password on the proxy: any credentials are accepted,
-            // as Redis does for a `nopass` default user.
-            b"AUTH" if i + 2 < args.len() => i += 3,
+            b"AUTH" if i + 2 < args.len() => {
+                credentials = Some((&args[i + 1], &args[i + 2]));
+                i += 3;
+            }
             b"SETNAME" if i + 1 < args.len() => {
                 if let Err(err) = check_client_name(&args[i + 1]) {
                     return Action::error(err);
@@ -76,6 +130,14 @@ pub fn hello(_ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action 
                 return Action::error(ProxyError::HelloOption(option));
             }
         }
+    }
+    if let Some((user, password)) = credentials {
+        if let Err(err) = authenticate(ctx, session, user, password) {
+            return Action::error(err);
+        }
+    }
+    if session.user.is_none() {
+        return Action::error(ProxyError::HelloNoAuth);
     }
     session.protocol = protocol;
     if name.is_some() {
@@ -177,9 +239,13 @@ pub fn quit(_ctx: &Ctx<'_>, _s: &mut Session, _request: Request) -> Action {
     Action::Close(Reply::ok())
 }
 
-/// `RESET`: back to RESP2, no name, as a new connection.
-pub fn reset(_ctx: &Ctx<'_>, session: &mut Session, _request: Request) -> Action {
+/// `RESET`: back to RESP2, no name, the `default` user (unauthenticated if it needs a
+/// password), as a new connection.
+pub fn reset(ctx: &Ctx<'_>, session: &mut Session, _request: Request) -> Action {
+    let (users, generation) = ctx.shared.users();
     session.protocol = Protocol::Resp2;
     session.name = None;
+    session.user = users.initial();
+    session.users_generation = generation;
     Action::Ready(Reply::simple("RESET"))
 }

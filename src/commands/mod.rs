@@ -13,6 +13,7 @@ pub mod keys;
 pub mod lock;
 pub mod scripts;
 
+use crate::auth::{KeyPatterns, User};
 use crate::error::ProxyError;
 use crate::lease::Outcome;
 use crate::masters::Masters;
@@ -34,6 +35,28 @@ pub struct Session {
     pub lib_ver: Option<Bytes>,
     pub peer: SocketAddr,
     pub local: SocketAddr,
+    /// Who the client is; `None` until it authenticates (Redis' `authRequired`).
+    pub user: Option<Arc<User>>,
+    /// The generation of the user table `user` was resolved in (see [`Shared::users`]).
+    pub users_generation: u64,
+}
+
+impl Session {
+    /// A new connection's session: authenticated as `default` unless that needs a password.
+    pub fn new(shared: &Shared, peer: SocketAddr, local: SocketAddr) -> Session {
+        let (users, users_generation) = shared.users();
+        Session {
+            id: shared.next_client_id(),
+            protocol: Protocol::Resp2,
+            name: None,
+            lib_name: None,
+            lib_ver: None,
+            peer,
+            local,
+            user: users.initial(),
+            users_generation,
+        }
+    }
 }
 
 /// How a request is served.
@@ -89,6 +112,8 @@ pub struct Spec {
     pub first_key: i64,
     pub last_key: i64,
     pub step: i64,
+    /// Scripts (`EVAL`…): the argument giving the number of keys that follow it (0: none).
+    pub numkeys_at: usize,
     pub kind: Kind,
 }
 
@@ -106,7 +131,16 @@ const fn spec(
         first_key: keys.0,
         last_key: keys.1,
         step: keys.2,
+        numkeys_at: 0,
         kind: Kind::Handled(handler),
+    }
+}
+
+/// A script command: `<name> <script> numkeys key… arg…` (movable keys, as Redis reports).
+const fn script(name: &'static str, handler: Handler) -> Spec {
+    Spec {
+        numkeys_at: 2,
+        ..spec(name, -3, SCRIPT, NO_KEYS, handler)
     }
 }
 
@@ -118,6 +152,7 @@ const fn refused(name: &'static str, reason: &'static str) -> Spec {
         first_key: 0,
         last_key: 0,
         step: 0,
+        numkeys_at: 0,
         kind: Kind::Refused(reason),
     }
 }
@@ -128,6 +163,8 @@ const ALL_KEYS: (i64, i64, i64) = (1, -1, 1);
 const WRITE: &[&str] = &["write"];
 const READ: &[&str] = &["readonly", "fast"];
 const LOCAL: &[&str] = &["fast", "loading", "stale"];
+/// Served before authentication (Redis' `CMD_NO_AUTH`).
+const NO_AUTH: &[&str] = &["fast", "loading", "stale", "no_auth"];
 const SCRIPT: &[&str] = &[
     "noscript",
     "stale",
@@ -155,21 +192,22 @@ pub static COMMANDS: &[Spec] = &[
     spec("expire", -3, &["write", "fast"], ONE_KEY, keys::expire),
     spec("type", 2, READ, ONE_KEY, keys::forward),
     spec("strlen", 2, READ, ONE_KEY, keys::forward),
-    spec("eval", -3, SCRIPT, NO_KEYS, scripts::eval),
-    spec("eval_ro", -3, SCRIPT, NO_KEYS, scripts::eval),
-    spec("evalsha", -3, SCRIPT, NO_KEYS, scripts::evalsha),
-    spec("evalsha_ro", -3, SCRIPT, NO_KEYS, scripts::evalsha),
+    script("eval", scripts::eval),
+    script("eval_ro", scripts::eval),
+    script("evalsha", scripts::evalsha),
+    script("evalsha_ro", scripts::evalsha),
     spec("script", -2, &["noscript"], NO_KEYS, scripts::script),
     spec("ping", -1, LOCAL, NO_KEYS, handshake::ping),
     spec("echo", 2, LOCAL, NO_KEYS, handshake::echo),
     spec("select", 2, LOCAL, NO_KEYS, handshake::select),
-    spec("hello", -1, LOCAL, NO_KEYS, handshake::hello),
-    spec("auth", -2, LOCAL, NO_KEYS, handshake::auth),
+    spec("hello", -1, NO_AUTH, NO_KEYS, handshake::hello),
+    spec("auth", -2, NO_AUTH, NO_KEYS, handshake::auth),
+    spec("acl", -2, LOCAL, NO_KEYS, handshake::acl),
     spec("client", -2, LOCAL, NO_KEYS, handshake::client),
     spec("info", -1, LOCAL, NO_KEYS, introspection::info),
     spec("command", -1, LOCAL, NO_KEYS, introspection::describe),
-    spec("quit", -1, LOCAL, NO_KEYS, handshake::quit),
-    spec("reset", 1, LOCAL, NO_KEYS, handshake::reset),
+    spec("quit", -1, NO_AUTH, NO_KEYS, handshake::quit),
+    spec("reset", 1, NO_AUTH, NO_KEYS, handshake::reset),
     spec("setnx", 3, WRITE, ONE_KEY, lock::setnx),
     spec("lock.acquire", 4, WRITE, ONE_KEY, fencing::lock_acquire),
     spec("lock.token", 3, READ, ONE_KEY, fencing::lock_token),
@@ -210,26 +248,35 @@ pub static COMMANDS: &[Spec] = &[
     refused("replicaof", ADMIN),
     refused("slaveof", ADMIN),
     refused("failover", ADMIN),
-    refused("acl", ADMIN),
     refused("module", ADMIN),
     refused("function", ADMIN),
     refused("fcall", ADMIN),
 ];
 
 impl Spec {
-    /// The key arguments of a request for this command (by first key, last key, step).
-    fn keys<'a>(&self, args: &'a [Bytes]) -> impl Iterator<Item = &'a Bytes> + 'a {
+    /// The key arguments of a request for this command: by first key, last key and step, or
+    /// for scripts the `numkeys` keys after it (none if `numkeys` is not valid: the handler
+    /// answers that error, as Redis' `evalGetKeys`).
+    fn keys<'a>(&self, args: &'a [Bytes]) -> &'a [Bytes] {
+        if self.numkeys_at > 0 {
+            let count = args
+                .get(self.numkeys_at)
+                .and_then(|n| crate::protocol::parse_strict_i64(n))
+                .and_then(|n| usize::try_from(n).ok())
+                .filter(|n| *n <= args.len() - self.numkeys_at - 1)
+                .unwrap_or(0);
+            return &args[self.numkeys_at + 1..self.numkeys_at + 1 + count];
+        }
         let n = args.len() as i64;
         let last = if self.last_key < 0 {
             n + self.last_key
         } else {
             self.last_key
         };
-        let (first, step) = (self.first_key, self.step.max(1));
-        (first.max(1)..=last.min(n - 1))
-            .step_by(step as usize)
-            .filter(move |_| first > 0)
-            .map(move |i| &args[i as usize])
+        if self.first_key <= 0 || last < self.first_key {
+            return &[];
+        }
+        &args[self.first_key as usize..=last.min(n - 1) as usize]
     }
 }
 
@@ -250,7 +297,8 @@ pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
         .find(|s| s.name.as_bytes().eq_ignore_ascii_case(name))
 }
 
-/// Serves one request.
+/// Serves one request: the command table's checks in Redis' order (unknown command, arity,
+/// authentication, key permissions), then the handler.
 pub fn dispatch(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
     let Some(name) = request.args.first() else {
         return Action::error(ProxyError::unknown_command(&request.args));
@@ -273,12 +321,52 @@ pub fn dispatch(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Actio
             if !arity_ok {
                 return Action::error(ProxyError::WrongArity(spec.name.into()));
             }
-            if spec.keys(&request.args).any(is_reserved_key) {
+            let keys = spec.keys(&request.args);
+            if let Err(denied) = check_access(ctx.shared, session, spec, keys) {
+                return denied;
+            }
+            if keys.iter().any(is_reserved_key) {
                 return Action::error(ProxyError::ReservedKey);
             }
             handler(ctx, session, request)
         }
     }
+}
+
+/// Whether the session may run `spec` on `keys`: authenticated (or a `no_auth` command), its
+/// user still enabled after a reload, and every key within the user's patterns.
+fn check_access(
+    shared: &Shared,
+    session: &mut Session,
+    spec: &Spec,
+    keys: &[Bytes],
+) -> Result<(), Action> {
+    if shared.users_generation() != session.users_generation {
+        // The user table was reloaded: the session follows its user's new definition, and
+        // ends if the user was removed or disabled (Redis kills the clients of a deleted user).
+        let (users, generation) = shared.users();
+        session.users_generation = generation;
+        if let Some(user) = session.user.take() {
+            session.user = users.current(&user.name);
+            if session.user.is_none() {
+                return Err(Action::Close(
+                    ProxyError::UserRevoked(user.name.clone()).into(),
+                ));
+            }
+        }
+    }
+    let Some(user) = &session.user else {
+        if spec.flags.contains(&"no_auth") {
+            return Ok(());
+        }
+        return Err(Action::error(ProxyError::NoAuth));
+    };
+    if let KeyPatterns::Some(_) = &user.keys {
+        if !keys.iter().all(|key| user.keys.allows(key)) {
+            return Err(Action::error(ProxyError::NoPermKeys));
+        }
+    }
+    Ok(())
 }
 
 /// Parses an integer argument the way Redis does (`getLongLongFromObject`).

@@ -52,7 +52,19 @@ pub enum ParseError {
     TooBigInline,
     #[error("Protocol error: unbalanced quotes in request")]
     UnbalancedQuotes,
+    /// A client that must authenticate sent a multibulk of more than
+    /// [`UNAUTHENTICATED_MAX_ARGS`] arguments (Redis' fix for CVE-2021-32675).
+    #[error("Protocol error: unauthenticated multibulk length")]
+    UnauthenticatedMultibulkLength,
+    /// A client that must authenticate sent a bulk longer than [`UNAUTHENTICATED_MAX_BULK`].
+    #[error("Protocol error: unauthenticated bulk length")]
+    UnauthenticatedBulkLength,
 }
+
+/// Most arguments of a request from a client that has not authenticated (Redis: 10).
+pub const UNAUTHENTICATED_MAX_ARGS: i64 = 10;
+/// Longest bulk from a client that has not authenticated (Redis: 16384).
+pub const UNAUTHENTICATED_MAX_BULK: i64 = 16384;
 
 /// State of a multibulk request whose bytes have not all arrived yet.
 #[derive(Debug, Default)]
@@ -70,6 +82,8 @@ struct Partial {
 pub struct RequestParser {
     max_bulk_len: u64,
     partial: Option<Partial>,
+    /// The client must still authenticate: Redis' pre-auth limits apply.
+    pub unauthenticated: bool,
 }
 
 impl RequestParser {
@@ -78,6 +92,7 @@ impl RequestParser {
         Self {
             max_bulk_len,
             partial: None,
+            unauthenticated: false,
         }
     }
 
@@ -111,6 +126,7 @@ impl RequestParser {
         buf: &mut BytesMut,
     ) -> Result<Option<Option<Request>>, ParseError> {
         let max_bulk_len = self.max_bulk_len;
+        let unauthenticated = self.unauthenticated;
         let partial = match &mut self.partial {
             Some(p) => p,
             None => {
@@ -126,6 +142,9 @@ impl RequestParser {
                 let count = parse_strict_i64(&buf[1..line_end])
                     .filter(|n| *n <= MAX_MULTIBULK_COUNT)
                     .ok_or(ParseError::InvalidMultibulkLength)?;
+                if unauthenticated && count > UNAUTHENTICATED_MAX_ARGS {
+                    return Err(ParseError::UnauthenticatedMultibulkLength);
+                }
                 if count <= 0 {
                     buf.advance(line_end + 2);
                     return Ok(Some(None));
@@ -157,7 +176,11 @@ impl RequestParser {
             }
             let len = parse_strict_i64(&buf[pos + 1..line_end])
                 .filter(|n| *n >= 0 && (*n as u64) <= max_bulk_len)
-                .ok_or(ParseError::InvalidBulkLength)? as usize;
+                .ok_or(ParseError::InvalidBulkLength)?;
+            if unauthenticated && len > UNAUTHENTICATED_MAX_BULK {
+                return Err(ParseError::UnauthenticatedBulkLength);
+            }
+            let len = len as usize;
             let start = line_end + 2;
             // Redis skips the two bytes after the payload without checking them.
             let end = start + len;
@@ -361,6 +384,38 @@ mod tests {
                 String::from_utf8_lossy(input)
             );
         }
+    }
+
+    #[test]
+    fn pre_auth_limits_are_redis_own() {
+        let mut parser = RequestParser::new(DEFAULT_MAX_BULK_LEN);
+        parser.unauthenticated = true;
+        let eleven = b"*11\r\n".to_vec();
+        let big = b"*2\r\n$4\r\nAUTH\r\n$16385\r\n".to_vec();
+        let limit = b"*2\r\n$4\r\nAUTH\r\n$16384\r\n".to_vec();
+        let mut buf = BytesMut::from(&eleven[..]);
+        assert_eq!(
+            parser.next(&mut buf).unwrap_err().to_string(),
+            "Protocol error: unauthenticated multibulk length"
+        );
+        let mut buf = BytesMut::from(&big[..]);
+        assert_eq!(
+            parser.next(&mut buf).unwrap_err().to_string(),
+            "Protocol error: unauthenticated bulk length"
+        );
+        // At the limits: waits for the rest; an invalid length is still reported as invalid.
+        let mut buf = BytesMut::from(&limit[..]);
+        assert!(parser.next(&mut buf).unwrap().is_none());
+        let mut parser = RequestParser::new(DEFAULT_MAX_BULK_LEN);
+        parser.unauthenticated = true;
+        let mut buf = BytesMut::from(&b"*1\r\n$-1\r\n"[..]);
+        assert_eq!(
+            parser.next(&mut buf).unwrap_err(),
+            ParseError::InvalidBulkLength
+        );
+        // Once authenticated, the same requests are fine.
+        assert!(parse_all(&eleven).unwrap().is_empty());
+        assert!(parse_all(&big).unwrap().is_empty());
     }
 
     #[test]
