@@ -9,6 +9,7 @@
 //! `DIFFERENTIAL_SEED` replays a run (the seed is printed on failure); `DIFFERENTIAL_CASES`
 //! sets how many streams (default 150). The run stops early after [`TIME_LIMIT`].
 
+use bytes::Bytes;
 use redlock_proxy::LocalMaster;
 use redlock_testkit::launcher::Env;
 use redlock_testkit::resp::{encode, Client};
@@ -31,7 +32,8 @@ struct Stream {
 /// What a server did with a stream: the bytes it answered and whether it closed.
 #[derive(Debug, PartialEq)]
 struct Answer {
-    replies: String,
+    /// Raw: an error may quote a client's non-UTF-8 bytes back (Debug shows them escaped).
+    replies: Bytes,
     closed: bool,
 }
 
@@ -331,7 +333,7 @@ async fn exchange(port: u16, stream: &Stream, cuts: &[usize]) -> Answer {
         }
     };
     Answer {
-        replies: String::from_utf8_lossy(&replies).into_owned(),
+        replies: Bytes::from(replies),
         closed,
     }
 }
@@ -366,7 +368,7 @@ async fn random_streams_get_the_replies_one_redis_gives() {
             theirs,
             "proxy (left) and redis-server (right) differ on case {case} of \
              DIFFERENTIAL_SEED={seed}; stream {:?}",
-            String::from_utf8_lossy(&stream.bytes)
+            Bytes::from(stream.bytes.clone())
         );
         done += 1;
     }

@@ -92,7 +92,7 @@ fn quoted(word: &[u8]) -> String {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn multibulk_requests_survive_any_cuts(
@@ -201,5 +201,28 @@ proptest! {
     ) {
         let cuts: Vec<usize> = cuts.iter().map(|c| c % (input.len() + 1)).collect();
         prop_assert_eq!(parse_cut(request_parser(), &input, &cuts), parse_whole(&input));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Before authentication, Redis' tighter limits (10 arguments, 16 KiB bulks) and texts.
+    #[test]
+    fn pre_auth_limits_have_redis_texts(
+        count in 11i64..=i32::MAX as i64,
+        len in 16_385u64..=DEFAULT_MAX_BULK_LEN,
+        bulk in any::<bool>(),
+    ) {
+        let mut parser = request_parser();
+        parser.unauthenticated = true;
+        let (input, text) = if bulk {
+            (format!("*2\r\n$4\r\nAUTH\r\n${len}\r\n"), "Protocol error: unauthenticated bulk length")
+        } else {
+            (format!("*{count}\r\n"), "Protocol error: unauthenticated multibulk length")
+        };
+        let (requests, error) = parse_cut(parser, input.as_bytes(), &[]);
+        prop_assert!(requests.is_empty());
+        prop_assert_eq!(error.map(|e| e.to_string()), Some(text.to_string()));
     }
 }

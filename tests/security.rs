@@ -438,7 +438,10 @@ async fn the_tenants_example_config_works_as_its_comments_say() {
     assert_eq!(c.cmd(&["PING"]).await, "-NOAUTH Authentication required.");
     assert_eq!(c.cmd(&["AUTH", "orders-svc", "orders-pw"]).await, "+OK");
     let lock = format!("orders:{}", key("example"));
-    assert_eq!(c.cmd(&["SET", &lock, "me", "NX", "PX", "5000"]).await, "+OK");
+    assert_eq!(
+        c.cmd(&["SET", &lock, "me", "NX", "PX", "5000"]).await,
+        "+OK"
+    );
     assert!(c
         .cmd(&["SET", "billing:1", "me", "NX", "PX", "5000"])
         .await

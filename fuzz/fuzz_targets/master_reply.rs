@@ -7,8 +7,8 @@
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
 use redlock_proxy::fuzzing::{
-    acquire_decision, conservative_ttl, decode_reply, judge, merge, parse_info, parse_time,
-    quorum, token_floor, AcquireDecision, MergeRule, Protocol, Reply, Vote,
+    acquire_decision, conservative_ttl, decode_reply, judge, merge, parse_info, parse_time, quorum,
+    token_floor, AcquireDecision, MergeRule, Protocol, Reply, Vote,
 };
 
 /// The replies decoded from `input` in reads of `read_sizes(i)` bytes, and whether the stream
@@ -116,7 +116,10 @@ fuzz_target!(|data: &[u8]| {
     let pieces = decode_in_reads(input, |read| {
         1 + (usize::from(cut) * (read + 1)).wrapping_mul(2_654_435_761) % 13
     });
-    assert_eq!(whole, pieces, "the decoding depends on how the bytes were read");
+    assert_eq!(
+        whole, pieces,
+        "the decoding depends on how the bytes were read"
+    );
     let replies = whole.0;
     let mut last_seen = None;
     for reply in &replies {
@@ -135,7 +138,11 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     for masters in 1..=replies.len().min(7) {
-        let votes: Vec<Vote> = replies[..masters].iter().cloned().map(Vote::Replied).collect();
+        let votes: Vec<Vote> = replies[..masters]
+            .iter()
+            .cloned()
+            .map(Vote::Replied)
+            .collect();
         check_merge(&votes, &replies[..masters]);
     }
 });

@@ -1,12 +1,14 @@
 //! The client request parser on arbitrary bytes. The first byte picks how the rest is cut
-//! into reads; the same bytes parsed in one read must give the same requests and the same
+//! into reads and (its low bit) whether the client has authenticated; the same bytes parsed in one read must give the same requests and the same
 //! error, every multibulk request's `raw` bytes must parse back to the same arguments on
 //! their own, and every request re-encoded as a multibulk must parse back to itself.
 #![no_main]
 
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
-use redlock_proxy::fuzzing::{encode_command, request_parser, ParseError, Request, INLINE_MAX_SIZE};
+use redlock_proxy::fuzzing::{
+    encode_command, request_parser, ParseError, Request, INLINE_MAX_SIZE,
+};
 
 /// What a connection would see: its requests in order, then the protocol error that closed
 /// it (if any).
@@ -17,8 +19,13 @@ struct Session {
     raws: Vec<Option<Bytes>>,
 }
 
-fn parse_in_reads(input: &[u8], read_sizes: impl Fn(usize) -> usize) -> Session {
+fn parse_in_reads(
+    input: &[u8],
+    unauthenticated: bool,
+    read_sizes: impl Fn(usize) -> usize,
+) -> Session {
     let mut parser = request_parser();
+    parser.unauthenticated = unauthenticated;
     let mut buf = BytesMut::new();
     let mut session = Session {
         requests: Vec::new(),
@@ -35,7 +42,10 @@ fn parse_in_reads(input: &[u8], read_sizes: impl Fn(usize) -> usize) -> Session 
         loop {
             match parser.next(&mut buf) {
                 Ok(Some(Request { args, raw })) => {
-                    assert!(!args.is_empty(), "an empty request is skipped, not returned");
+                    assert!(
+                        !args.is_empty(),
+                        "an empty request is skipped, not returned"
+                    );
                     session.requests.push(args);
                     session.raws.push(raw);
                 }
@@ -67,13 +77,17 @@ fuzz_target!(|data: &[u8]| {
     let Some((&cut, input)) = data.split_first() else {
         return;
     };
-    let whole = parse_in_reads(input, |_| usize::MAX);
-    let pieces = parse_in_reads(input, |read| {
+    let unauthenticated = cut & 1 == 1;
+    let whole = parse_in_reads(input, unauthenticated, |_| usize::MAX);
+    let pieces = parse_in_reads(input, unauthenticated, |read| {
         1 + (usize::from(cut) * (read + 1)).wrapping_mul(2_654_435_761) % 13
     });
     // Past the line limit, where the "too big" errors fall depends on the reads, in Redis too.
     if input.len() <= INLINE_MAX_SIZE {
-        assert_eq!(whole, pieces, "the parse depends on how the bytes were read");
+        assert_eq!(
+            whole, pieces,
+            "the parse depends on how the bytes were read"
+        );
     }
     for (args, raw) in whole.requests.iter().zip(&whole.raws) {
         if let Some(raw) = raw {
