@@ -10,19 +10,15 @@ use redlock_proxy::fuzzing::{
     acquire_decision, conservative_ttl, decode_reply, judge, merge, parse_info, parse_time, quorum,
     token_floor, AcquireDecision, MergeRule, Protocol, Reply, Vote,
 };
+use redlock_proxy_fuzz::reads;
 
-/// The replies decoded from `input` in reads of `read_sizes(i)` bytes, and whether the stream
-/// ended in a protocol error.
-fn decode_in_reads(input: &[u8], read_sizes: impl Fn(usize) -> usize) -> (Vec<Reply>, bool) {
+/// The replies decoded from `input` read as `pattern` says, and whether the stream ended in a
+/// protocol error.
+fn decode_in_reads(input: &[u8], pattern: Option<u8>) -> (Vec<Reply>, bool) {
     let mut buf = BytesMut::new();
     let mut replies = Vec::new();
-    let mut at = 0;
-    let mut read = 0;
-    while at < input.len() {
-        let end = (at + read_sizes(read)).min(input.len());
-        read += 1;
-        buf.extend_from_slice(&input[at..end]);
-        at = end;
+    for read in reads(input, pattern) {
+        buf.extend_from_slice(read);
         loop {
             match decode_reply(&mut buf) {
                 Ok(Some(reply)) => replies.push(reply),
@@ -112,10 +108,8 @@ fuzz_target!(|data: &[u8]| {
     let Some((&cut, input)) = data.split_first() else {
         return;
     };
-    let whole = decode_in_reads(input, |_| usize::MAX);
-    let pieces = decode_in_reads(input, |read| {
-        1 + (usize::from(cut) * (read + 1)).wrapping_mul(2_654_435_761) % 13
-    });
+    let whole = decode_in_reads(input, None);
+    let pieces = decode_in_reads(input, Some(cut));
     assert_eq!(
         whole, pieces,
         "the decoding depends on how the bytes were read"

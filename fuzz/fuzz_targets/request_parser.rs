@@ -9,6 +9,7 @@ use libfuzzer_sys::fuzz_target;
 use redlock_proxy::fuzzing::{
     encode_command, request_parser, ParseError, Request, INLINE_MAX_SIZE,
 };
+use redlock_proxy_fuzz::reads;
 
 /// What a connection would see: its requests in order, then the protocol error that closed
 /// it (if any).
@@ -19,11 +20,7 @@ struct Session {
     raws: Vec<Option<Bytes>>,
 }
 
-fn parse_in_reads(
-    input: &[u8],
-    unauthenticated: bool,
-    read_sizes: impl Fn(usize) -> usize,
-) -> Session {
+fn parse_in_reads(input: &[u8], unauthenticated: bool, pattern: Option<u8>) -> Session {
     let mut parser = request_parser();
     parser.unauthenticated = unauthenticated;
     let mut buf = BytesMut::new();
@@ -32,13 +29,8 @@ fn parse_in_reads(
         error: None,
         raws: Vec::new(),
     };
-    let mut at = 0;
-    let mut read = 0;
-    while at < input.len() {
-        let end = (at + read_sizes(read)).min(input.len());
-        read += 1;
-        buf.extend_from_slice(&input[at..end]);
-        at = end;
+    for read in reads(input, pattern) {
+        buf.extend_from_slice(read);
         loop {
             match parser.next(&mut buf) {
                 Ok(Some(Request { args, raw })) => {
@@ -78,10 +70,8 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let unauthenticated = cut & 1 == 1;
-    let whole = parse_in_reads(input, unauthenticated, |_| usize::MAX);
-    let pieces = parse_in_reads(input, unauthenticated, |read| {
-        1 + (usize::from(cut) * (read + 1)).wrapping_mul(2_654_435_761) % 13
-    });
+    let whole = parse_in_reads(input, unauthenticated, None);
+    let pieces = parse_in_reads(input, unauthenticated, Some(cut));
     // Past the line limit, where the "too big" errors fall depends on the reads, in Redis too.
     if input.len() <= INLINE_MAX_SIZE {
         assert_eq!(
