@@ -11,7 +11,7 @@
 
 use bytes::Bytes;
 use redlock_proxy::LocalMaster;
-use redlock_testkit::launcher::Env;
+use redlock_testkit::launcher::{ready_for_load, Env};
 use redlock_testkit::resp::{encode, Client};
 use redlock_testkit::workload::Rng;
 use std::time::{Duration, Instant};
@@ -350,6 +350,9 @@ async fn random_streams_get_the_replies_one_redis_gives() {
         .unwrap_or(150);
     let env = Env::start(1).await;
     let redis = LocalMaster::start(None, &[]).expect("redis-server must be installed");
+    // The master votes once judged; both sides get the same script loaded.
+    ready_for_load(env.proxy.port).await.unwrap();
+    ready_for_load(redis.port).await.unwrap();
     let mut gen = Gen::new(seed);
     let started = Instant::now();
     let mut done = 0;
