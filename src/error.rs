@@ -11,21 +11,24 @@
 //!   they are replies, passed through by the quorum rule.
 
 use crate::protocol::{ParseError, Reply};
+use bytes::Bytes;
 use thiserror::Error;
 
-/// Most characters of a client-supplied name or argument quoted back in an error, as Redis.
+/// Most bytes of a client-supplied name or argument quoted back in an error, as Redis.
 const QUOTED_MAX: usize = 128;
 
 /// An error reply of the proxy.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ProxyError {
     // Redis' own texts.
-    /// `server.c processCommand`; build with [`ProxyError::unknown_command`].
-    #[error("ERR unknown command '{name}', with args beginning with: {args}")]
-    UnknownCommand { name: String, args: String },
-    /// `addReplySubcommandSyntaxError`; build with [`ProxyError::unknown_subcommand`].
-    #[error("ERR unknown subcommand '{sub}'. Try {command} HELP.")]
-    UnknownSubcommand { sub: String, command: &'static str },
+    /// `server.c processCommand`; build with [`ProxyError::unknown_command`]. The whole
+    /// error line, as raw bytes: Redis quotes the client's bytes back, UTF-8 or not.
+    #[error("{}", String::from_utf8_lossy(.0))]
+    UnknownCommand(Bytes),
+    /// `addReplySubcommandSyntaxError`; build with [`ProxyError::unknown_subcommand`]. Raw
+    /// bytes, as [`ProxyError::UnknownCommand`].
+    #[error("{}", String::from_utf8_lossy(.0))]
+    UnknownSubcommand(Bytes),
     /// The command's full name in lower case (`set`, `script|load`), as `c->cmd->fullname`.
     #[error("ERR wrong number of arguments for '{0}' command")]
     WrongArity(String),
@@ -127,30 +130,32 @@ pub enum ProxyError {
 }
 
 impl ProxyError {
-    /// Redis' unknown-command error: the name as sent, then up to 128 characters of
-    /// arguments, each quoted and followed by a space.
-    pub fn unknown_command(args: &[bytes::Bytes]) -> ProxyError {
-        let mut shown = String::new();
+    /// Redis' unknown-command error: the name as sent, then arguments, each quoted and
+    /// followed by a space, while that list is under 128 bytes, each cut to fit it
+    /// (`'%.*s' ` with `128 - sdslen(args)`).
+    pub fn unknown_command(args: &[Bytes]) -> ProxyError {
+        let mut text = b"ERR unknown command '".to_vec();
+        text.extend_from_slice(c_string(args.first().map_or(&[][..], |a| a), QUOTED_MAX));
+        text.extend_from_slice(b"', with args beginning with: ");
+        let list_start = text.len();
         for arg in args.iter().skip(1) {
-            if shown.len() >= QUOTED_MAX {
+            let listed = text.len() - list_start;
+            if listed >= QUOTED_MAX {
                 break;
             }
-            let room = QUOTED_MAX - shown.len();
-            let cut: String = String::from_utf8_lossy(arg).chars().take(room).collect();
-            shown.push_str(&format!("'{cut}' "));
+            text.push(b'\'');
+            text.extend_from_slice(c_string(arg, QUOTED_MAX - listed));
+            text.extend_from_slice(b"' ");
         }
-        ProxyError::UnknownCommand {
-            name: quoted(args.first().map_or(&[][..], |a| a)),
-            args: shown,
-        }
+        ProxyError::UnknownCommand(Bytes::from(text))
     }
 
     /// Redis' unknown-subcommand error for `command` (upper case, as in `Try CLIENT HELP.`).
     pub fn unknown_subcommand(sub: &[u8], command: &'static str) -> ProxyError {
-        ProxyError::UnknownSubcommand {
-            sub: quoted(sub),
-            command,
-        }
+        let mut text = b"ERR unknown subcommand '".to_vec();
+        text.extend_from_slice(c_string(sub, QUOTED_MAX));
+        text.extend_from_slice(format!("'. Try {command} HELP.").as_bytes());
+        ProxyError::UnknownSubcommand(Bytes::from(text))
     }
 
     /// The arity error of a subcommand: `'<command>|<sub>'`, both lower case.
@@ -160,17 +165,21 @@ impl ProxyError {
     }
 }
 
-/// A client-supplied name as Redis quotes it back: lossy UTF-8, at most 128 characters.
-fn quoted(raw: &[u8]) -> String {
-    String::from_utf8_lossy(raw)
-        .chars()
-        .take(QUOTED_MAX)
-        .collect()
+/// A client's bytes as Redis' `%.<max>s` prints them: up to the first NUL (the differential
+/// test found Redis stopping there), at most `max` bytes.
+fn c_string(raw: &[u8], max: usize) -> &[u8] {
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+    &raw[..end.min(max)]
 }
 
 impl From<ProxyError> for Reply {
     fn from(err: ProxyError) -> Reply {
-        Reply::error(err.to_string())
+        match err {
+            ProxyError::UnknownCommand(text) | ProxyError::UnknownSubcommand(text) => {
+                Reply::Error(text)
+            }
+            other => Reply::error(other.to_string()),
+        }
     }
 }
 
@@ -217,6 +226,33 @@ mod tests {
             assert_eq!(err.to_string(), text);
             assert_eq!(Reply::from(err), Reply::error(text));
         }
+    }
+
+    /// Differential-test regression: Redis quotes a client's bytes as C strings, raw.
+    #[test]
+    fn quoted_bytes_stop_at_nul_and_stay_raw() {
+        let args = [
+            Bytes::from_static(b"NO\0SUCH"),
+            Bytes::from_static(b"\xff\xfe\0hidden"),
+            Bytes::from_static(b"\0"),
+        ];
+        assert_eq!(
+            Reply::from(ProxyError::unknown_command(&args)),
+            Reply::Error(Bytes::from_static(
+                b"ERR unknown command 'NO', with args beginning with: '\xff\xfe' '' "
+            ))
+        );
+        assert_eq!(
+            Reply::from(ProxyError::unknown_subcommand(b"a\0b", "CLIENT")),
+            Reply::error("ERR unknown subcommand 'a'. Try CLIENT HELP.")
+        );
+        // Multi-byte characters count as bytes: the cut may split one, as in Redis.
+        let long = Bytes::from(format!("a{}", "é".repeat(100)));
+        let text = ProxyError::unknown_command(&[Bytes::from_static(b"X"), long]);
+        let Reply::Error(text) = Reply::from(text) else {
+            unreachable!()
+        };
+        assert!(text.ends_with(&[0xa9, 0xc3, b'\'', b' ']), "{text:?}");
     }
 
     #[test]

@@ -27,7 +27,9 @@
 //!
 //! [`stats`] (client and command counters, the client registry) sits beside [`shared`].
 //!
-//! Beside them, [`local`] starts child `redis-server` masters (`--local`, tests, benches).
+//! Beside them, [`local`] starts child `redis-server` masters (`--local`, tests, benches), and
+//! [`fuzzing`] re-exports the pure code that reads peers' bytes for the fuzz targets and the
+//! property tests.
 
 mod auth;
 mod client_stream;
@@ -36,6 +38,8 @@ mod config;
 mod connection;
 mod dial;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod health;
 mod lease;
 mod lease_script;

@@ -347,7 +347,8 @@ pub fn no_quorum(n: usize) -> Reply {
 pub fn conservative_ttl(reply: Reply, unit_ms: u64, drift_factor: f64) -> Reply {
     match reply {
         Reply::Integer(t) if t > 0 => {
-            let ms = t as u64 * unit_ms;
+            // A master's absurd TTL (fuzzing found `t × 1000` overflowing) saturates.
+            let ms = (t as u64).saturating_mul(unit_ms);
             let drift = drift_ms(ms, drift_factor);
             let kept = ms.saturating_sub(drift) / unit_ms;
             Reply::Integer(kept as i64)
@@ -610,6 +611,9 @@ mod tests {
             (1, 1, 0),
             (30, 1000, 29),
             (1, 1000, 0),
+            // Saturates instead of overflowing, and still never exceeds the master's answer.
+            (i64::MAX, 1000, 18_262_276_632_972_456),
+            (i64::MAX, 1, 9_131_138_316_486_228_045),
         ];
         for (raw, unit, expected) in cases {
             assert_eq!(

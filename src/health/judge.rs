@@ -37,11 +37,12 @@ pub fn parse_info(text: &str) -> Observation {
             "evicted_keys" => obs.evicted_keys = number(),
             "aof_enabled" | "rdb_last_load_keys_loaded" => obs.loaded_from_disk |= number() > 0,
             "cmdstat_flushall" | "cmdstat_flushdb" | "cmdstat_swapdb" | "cmdstat_debug" => {
-                obs.data_wipes += value
+                let calls = value
                     .split(',')
                     .find_map(|kv| kv.strip_prefix("calls="))
                     .and_then(|n| n.parse::<u64>().ok())
                     .unwrap_or(0);
+                obs.data_wipes = obs.data_wipes.saturating_add(calls);
             }
             _ => {}
         }
@@ -175,7 +176,9 @@ pub fn parse_time(items: &[Reply]) -> Option<u64> {
         _ => None,
     };
     match items {
-        [secs, micros] => Some(number(secs)? * 1000 + number(micros)? / 1000),
+        [secs, micros] => number(secs)?
+            .checked_mul(1000)?
+            .checked_add(number(micros)? / 1000),
         _ => None,
     }
 }
@@ -192,6 +195,21 @@ mod tests {
             maxmemory_policy: "noeviction".into(),
             ..Default::default()
         }
+    }
+
+    /// Fuzzing regressions: a master's absurd numbers give no reading instead of an overflow.
+    #[test]
+    fn absurd_numbers_do_not_overflow() {
+        let bulk = |s: &str| Reply::bulk(s.to_string());
+        assert_eq!(
+            parse_time(&[bulk("1700000000"), bulk("250999")]),
+            Some(1_700_000_000_250)
+        );
+        assert_eq!(parse_time(&[bulk(&u64::MAX.to_string()), bulk("0")]), None);
+        let max = u64::MAX;
+        let text =
+            format!("cmdstat_flushall:calls={max},usec=1\r\ncmdstat_flushdb:calls={max}\r\n");
+        assert_eq!(parse_info(&text).data_wipes, u64::MAX);
     }
 
     #[test]

@@ -44,7 +44,7 @@
 //!
 //! Parsing and judging are pure functions, table-tested; the task only does the polling.
 
-mod judge;
+pub(crate) mod judge;
 mod state;
 
 use judge::{

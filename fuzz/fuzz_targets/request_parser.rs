@@ -1,0 +1,88 @@
+//! The client request parser on arbitrary bytes. The first byte picks how the rest is cut
+//! into reads and (its low bit) whether the client has authenticated; the same bytes parsed in one read must give the same requests and the same
+//! error, every multibulk request's `raw` bytes must parse back to the same arguments on
+//! their own, and every request re-encoded as a multibulk must parse back to itself.
+#![no_main]
+
+use bytes::{Bytes, BytesMut};
+use libfuzzer_sys::fuzz_target;
+use redlock_proxy::fuzzing::{
+    encode_command, request_parser, ParseError, Request, INLINE_MAX_SIZE,
+};
+use redlock_proxy_fuzz::reads;
+
+/// What a connection would see: its requests in order, then the protocol error that closed
+/// it (if any).
+#[derive(Debug, PartialEq)]
+struct Session {
+    requests: Vec<Vec<Bytes>>,
+    error: Option<ParseError>,
+    raws: Vec<Option<Bytes>>,
+}
+
+fn parse_in_reads(input: &[u8], unauthenticated: bool, pattern: Option<u8>) -> Session {
+    let mut parser = request_parser();
+    parser.unauthenticated = unauthenticated;
+    let mut buf = BytesMut::new();
+    let mut session = Session {
+        requests: Vec::new(),
+        error: None,
+        raws: Vec::new(),
+    };
+    for read in reads(input, pattern) {
+        buf.extend_from_slice(read);
+        loop {
+            match parser.next(&mut buf) {
+                Ok(Some(Request { args, raw })) => {
+                    assert!(
+                        !args.is_empty(),
+                        "an empty request is skipped, not returned"
+                    );
+                    session.requests.push(args);
+                    session.raws.push(raw);
+                }
+                Ok(None) => break,
+                Err(err) => {
+                    assert!(err.to_string().starts_with("Protocol error: "));
+                    session.error = Some(err);
+                    return session;
+                }
+            }
+        }
+    }
+    session
+}
+
+/// Parses `bytes` as the only input of a fresh connection: exactly one request, nothing left.
+fn parse_alone(bytes: &[u8]) -> Vec<Bytes> {
+    let mut parser = request_parser();
+    let mut buf = BytesMut::from(bytes);
+    let request = parser
+        .next(&mut buf)
+        .expect("a request's own bytes parse")
+        .expect("a request's own bytes are complete");
+    assert!(buf.is_empty(), "a request's own bytes are consumed whole");
+    request.args
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&cut, input)) = data.split_first() else {
+        return;
+    };
+    let unauthenticated = cut & 1 == 1;
+    let whole = parse_in_reads(input, unauthenticated, None);
+    let pieces = parse_in_reads(input, unauthenticated, Some(cut));
+    // Past the line limit, where the "too big" errors fall depends on the reads, in Redis too.
+    if input.len() <= INLINE_MAX_SIZE {
+        assert_eq!(
+            whole, pieces,
+            "the parse depends on how the bytes were read"
+        );
+    }
+    for (args, raw) in whole.requests.iter().zip(&whole.raws) {
+        if let Some(raw) = raw {
+            assert_eq!(&parse_alone(raw), args);
+        }
+        assert_eq!(&parse_alone(&encode_command(args)), args);
+    }
+});
