@@ -402,6 +402,76 @@ async fn sighup_applies_a_good_file_and_a_broken_one_changes_nothing() {
     assert_eq!(c.cmd(&["PING"]).await, "+PONG");
 }
 
+const NOPERM: &str =
+    "-NOPERM this user has no permissions to access one of the keys used as arguments";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_users_live_and_ends_the_sessions_of_removed_ones() {
+    let masters = redlock_proxy::LocalCluster::start(3).unwrap();
+    let file = ConfigFile::new("users");
+    let users = |alice_keys: &str, with_alice: bool| {
+        let alice =
+            format!("[[users]]\nname = \"alice\"\npassword = \"pw\"\nkeys = [{alice_keys}]\n");
+        format!(
+            "[[users]]\nname = \"default\"\nenabled = false\n[[users]]\nname = \"bob\"\npassword = \"bob-pw\"\nkeys = [\"*\"]\n{}",
+            if with_alice { alice.as_str() } else { "" }
+        )
+    };
+    let path = file.write(&users("\"app:*\"", true)).to_path_buf();
+    let args = vec!["--config".to_string(), path.display().to_string()];
+    let proxy = ProxyProcess::start(Path::new(BIN), &masters.addrs(), &args).unwrap();
+    let mut alice = Client::connect(proxy.port).await;
+    assert_eq!(alice.cmd(&["AUTH", "alice", "pw"]).await, "+OK");
+    // The masters are ready once a read gets a quorum (bounded).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alice.cmd(&["GET", "app:1"]).await != "$nil" {
+        assert!(
+            Instant::now() < deadline,
+            "the masters did not become ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(alice.cmd(&["GET", "jobs:1"]).await, NOPERM);
+    let info = alice.cmd(&["CLIENT", "INFO"]).await;
+    assert!(info.contains(" user=alice "), "{info}");
+
+    // alice's keys change: her open connection follows at its next command.
+    file.write(&users("\"jobs:*\"", true));
+    signal(proxy.pid(), "HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alice.cmd(&["GET", "jobs:1"]).await == NOPERM {
+        assert!(
+            Instant::now() < deadline,
+            "the new key patterns were not applied"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(alice.cmd(&["GET", "app:1"]).await, NOPERM);
+
+    // alice is removed: her connection ends with the reason; bob is unaffected.
+    let mut bob = Client::connect(proxy.port).await;
+    assert_eq!(bob.cmd(&["AUTH", "bob", "bob-pw"]).await, "+OK");
+    file.write(&users("", false));
+    signal(proxy.pid(), "HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let reply = alice.cmd(&["PING"]).await;
+        if reply.starts_with("-ERR user 'alice' was removed or disabled") {
+            break;
+        }
+        assert_eq!(reply, "+PONG");
+        assert!(Instant::now() < deadline, "alice's session was not ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(alice.is_closed().await);
+    assert_eq!(bob.cmd(&["GET", "anything"]).await, "$nil");
+    let mut again = Client::connect(proxy.port).await;
+    assert_eq!(
+        again.cmd(&["AUTH", "alice", "pw"]).await,
+        "-WRONGPASS invalid username-password pair or user is disabled."
+    );
+}
+
 #[test]
 fn check_config_exits_0_or_1_with_the_reason() {
     let file = ConfigFile::new("check");
