@@ -9,6 +9,7 @@
 //! The real-process suites (`tests/`) keep everything that needs a real `redis-server`.
 
 use crate::health::{QUARANTINE_SCRIPT, STATUS_SCRIPT};
+use crate::live::LiveDuration;
 use crate::lock::{ACQUIRE_SCRIPT, COMPARE_AND_DELETE, UNDO_SCRIPT};
 use crate::masters::{Masters, Settings};
 use crate::protocol::{Protocol, Reply, RequestParser};
@@ -64,7 +65,7 @@ impl FakeMaster {
         Link::with_connector(
             name.into(),
             Box::new(FakeConnector(self.clone())),
-            node_timeout,
+            LiveDuration::new(node_timeout),
         )
     }
 
@@ -392,9 +393,9 @@ pub fn masters(fakes: &[Arc<FakeMaster>], node_timeout: Duration) -> Arc<Masters
     Masters::start(
         links,
         Settings {
-            node_timeout,
+            node_timeout: LiveDuration::new(node_timeout),
             health: crate::health::Policy {
-                interval: crate::health::Interval::new(Duration::from_millis(100)),
+                interval: LiveDuration::new(Duration::from_millis(100)),
                 quarantine: true,
                 lease_bound: LEASE_BOUND,
                 preload: vec![ACQUIRE_SCRIPT],

@@ -8,7 +8,7 @@
 //!    masters), [`redlock`] (the pure Redlock decisions: quorum, validity, merge rules),
 //!    [`lease_script`] (what a client's Lua script means), [`error`] (every error reply the
 //!    proxy makes), [`config`], [`lease`] (a reply that promises a lock until a deadline),
-//!    [`auth`] (users, password checks, key patterns).
+//!    [`auth`] (users, password checks, key patterns), [`live`] (durations a reload changes).
 //! 2. [`transport`]: one pipelined FIFO connection per master (send, replies in order,
 //!    reconnect, watchdog, clean-ups that survive reconnects). Knows nothing of votes.
 //!    [`dial`] opens its streams: the masters' addresses and credentials, TCP or TLS, `AUTH`.
@@ -43,6 +43,7 @@ pub mod fuzzing;
 mod health;
 mod lease;
 mod lease_script;
+mod live;
 mod local;
 mod lock;
 mod masters;

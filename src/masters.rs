@@ -17,6 +17,7 @@
 use crate::config::{Config, Secret};
 use crate::dial::{Dial, PASSWORD_ENV};
 use crate::health::{self, MasterHealth};
+use crate::live::LiveDuration;
 use crate::protocol::{evalsha_as_eval, Reply};
 use crate::redlock::{merge, no_quorum, quorum, MergeRule, MissingReason, Vote};
 use crate::tls::master_client_config;
@@ -237,8 +238,9 @@ impl Voter {
 /// How the masters are reached and trusted.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// How long one master may take to answer before its vote is missing.
-    pub node_timeout: Duration,
+    /// How long one master may take to answer before its vote is missing (a reload may
+    /// change it).
+    pub node_timeout: LiveDuration,
     /// What the health monitors need (quarantine on or off, the lease bound, …).
     pub health: health::Policy,
 }
@@ -258,7 +260,7 @@ impl Masters {
     /// masters down, with the reason logged on every attempt's change (the binary refuses to
     /// start with it: [`Config::check_files`]).
     pub fn connect(config: &Config, health: health::Policy) -> Arc<Masters> {
-        let node_timeout = config.node_timeout();
+        let node_timeout = LiveDuration::new(config.node_timeout());
         let env_password = std::env::var(PASSWORD_ENV).ok().map(Secret::new);
         let tls = match config.backends.iter().any(|b| b.tls) {
             true => Some(master_client_config(&config.master_tls()).map_err(|e| e.to_string())),
@@ -269,7 +271,7 @@ impl Masters {
             .iter()
             .map(|backend| {
                 let dial = Dial::new(backend, tls.as_ref(), env_password.as_ref());
-                Link::with_connector(backend.to_string(), Box::new(dial), node_timeout)
+                Link::with_connector(backend.to_string(), Box::new(dial), node_timeout.clone())
             })
             .collect();
         Masters::start(
@@ -315,11 +317,16 @@ impl Masters {
 
     /// How long one master may take to answer.
     pub fn node_timeout(&self) -> Duration {
-        self.settings.node_timeout
+        self.settings.node_timeout.get()
+    }
+
+    /// The node timeout every link reads (a reload may change it).
+    pub fn live_node_timeout(&self) -> &LiveDuration {
+        &self.settings.node_timeout
     }
 
     /// How often the masters are polled (a reload may change it).
-    pub fn health_interval(&self) -> &health::Interval {
+    pub fn health_interval(&self) -> &LiveDuration {
         &self.settings.health.interval
     }
 

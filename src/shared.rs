@@ -57,7 +57,9 @@ impl Shared {
         let masters = Masters::connect(
             &config,
             health::Policy {
-                interval: health::Interval::new(Duration::from_millis(config.health_interval_ms)),
+                interval: crate::live::LiveDuration::new(Duration::from_millis(
+                    config.health_interval_ms,
+                )),
                 quarantine: config.quarantine,
                 lease_bound: policy.lease_bound(),
                 preload: Acquirer::preload(),

@@ -29,6 +29,7 @@
 //! tokio's paused clock. A master that refuses the credentials is kept as
 //! [`Link::auth_refused`] (for `INFO`), logged once per change of reason.
 
+use crate::live::LiveDuration;
 use crate::protocol::{decode_reply, Reply};
 use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
@@ -169,7 +170,7 @@ pub struct Link {
     /// The master's address, for logs and `INFO`.
     pub addr: String,
     connector: Box<dyn Connect>,
-    node_timeout: Duration,
+    node_timeout: LiveDuration,
     current: Mutex<Option<Arc<Connection>>>,
     connected: AtomicBool,
     connects: AtomicU64,
@@ -194,7 +195,7 @@ impl Link {
     pub fn with_connector(
         addr: String,
         connector: Box<dyn Connect>,
-        node_timeout: Duration,
+        node_timeout: LiveDuration,
     ) -> Arc<Link> {
         Arc::new(Link {
             addr,
@@ -272,7 +273,7 @@ impl Link {
             .and_then(|conn| conn.queue.send(out).ok().map(|()| (rx, conn)));
         Pending {
             sent,
-            node_timeout: self.node_timeout,
+            node_timeout: self.node_timeout.get(),
         }
     }
 
@@ -304,7 +305,7 @@ impl Link {
         };
         Pending {
             sent,
-            node_timeout: self.node_timeout,
+            node_timeout: self.node_timeout.get(),
         }
     }
 
@@ -521,7 +522,6 @@ async fn read_loop(
     conn: Arc<Connection>,
     link: Arc<Link>,
 ) {
-    let node_timeout = link.node_timeout;
     let mut buf = BytesMut::with_capacity(16 * 1024);
     let mut aborted_rx = conn.aborted.subscribe();
     let mut why = NoReply::Closed;
@@ -543,6 +543,7 @@ async fn read_loop(
         // request was handed over), so the connection is already gone when the caller gives
         // up and whatever it sends next (a queued acquire of the same key, say) goes on a
         // fresh connection instead of waiting out a second node timeout on this one.
+        let node_timeout = link.node_timeout.get();
         let watchdog = oldest.map(|t| t + node_timeout.saturating_sub(Duration::from_millis(1)));
         tokio::select! {
             // Replies first: under load the watchdog must not fire while replies sit unread.

@@ -382,10 +382,13 @@ async fn sighup_applies_a_good_file_and_a_broken_one_changes_nothing() {
     let proxy = ProxyProcess::start(Path::new(BIN), &masters.addrs(), &args).unwrap();
     wait_maxclients(proxy.port, 100).await;
 
-    // A good file: applied live.
-    file.write("maxclients = 7\nlog_level = \"debug\"\n");
+    // A good file: applied live, the node timeout included.
+    file.write("maxclients = 7\nlog_level = \"debug\"\nnode_timeout_ms = 80\n");
     signal(proxy.pid(), "HUP");
     wait_maxclients(proxy.port, 7).await;
+    let mut info = Client::connect(proxy.port).await;
+    let masters = info.cmd(&["INFO", "masters"]).await;
+    assert!(masters.contains("node_timeout_ms:80\r\n"), "{masters}");
     let mut c = Client::connect(proxy.port).await;
     assert_eq!(c.cmd(&["PING"]).await, "+PONG");
 

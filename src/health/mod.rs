@@ -53,11 +53,11 @@ use judge::{
 };
 pub use state::{MasterHealth, QUARANTINE_CAUSES};
 
+use crate::live::LiveDuration;
 use crate::protocol::{encode_command, Reply};
 use crate::transport::Link;
 use bytes::Bytes;
 use state::ClockReading;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -120,8 +120,8 @@ impl DeploymentView {
 #[derive(Debug, Clone)]
 pub struct Policy {
     /// How often each master is polled (besides on every new connection); a reload may change
-    /// it ([`Interval::set`]).
-    pub interval: Interval,
+    /// it ([`LiveDuration::set`]).
+    pub interval: LiveDuration,
     /// Quarantine masters that lost data (off only in the safety suite's negative controls).
     pub quarantine: bool,
     /// `B`: the longest any key the proxy sets can live, and so the length of a quarantine.
@@ -129,25 +129,6 @@ pub struct Policy {
     /// Scripts kept loaded on every master: acquires call them by SHA1 (a master that lost
     /// one gets the body from the acquire itself meanwhile).
     pub preload: Vec<&'static str>,
-}
-
-/// The poll interval, shared by every monitor and changed live by a reload.
-#[derive(Debug, Clone)]
-pub struct Interval(Arc<AtomicU64>);
-
-impl Interval {
-    pub fn new(every: Duration) -> Interval {
-        Interval(Arc::new(AtomicU64::new(every.as_millis() as u64)))
-    }
-
-    pub fn get(&self) -> Duration {
-        Duration::from_millis(self.0.load(Ordering::Relaxed))
-    }
-
-    /// Takes effect from each monitor's next wait.
-    pub fn set(&self, every: Duration) {
-        self.0.store(every.as_millis() as u64, Ordering::Relaxed);
-    }
 }
 
 /// Watches every master (its link and the health record its voter reads) until `stop`

@@ -4,7 +4,7 @@
 //! - What is safe to change live is applied: the per-connection limits
 //!   (`max_inflight_per_client`, `proto_max_bulk_len`, `client_output_buffer_limit`, read by
 //!   each new connection), `maxclients` (the permits of new connections), the health poll
-//!   interval, the users (`requirepass`, `[[users]]`: each connection follows its user's new
+//!   interval, the node timeout (from each request sent after it), the users (`requirepass`, `[[users]]`: each connection follows its user's new
 //!   definition at its next command, and ends if its user was removed or disabled), the idle
 //!   `timeout` and `client_query_buffer_limit` (new connections), and whatever the registered
 //!   [`ReloadHook`]s re-read (the binary registers the log level and the TLS certificate
@@ -88,10 +88,6 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         "max_lock_ttl_ms",
         old.max_lock_ttl_ms != new.max_lock_ttl_ms,
     );
-    check(
-        "node_timeout_ms",
-        old.node_timeout_ms != new.node_timeout_ms,
-    );
     check("quarantine", old.quarantine != new.quarantine);
     check("token_clock", old.token_clock != new.token_clock);
     check("bind", old.bind != new.bind);
@@ -148,6 +144,10 @@ fn live_changes(old: &Config, new: &Config) -> Vec<&'static str> {
             old.client_output_buffer_limit != new.client_output_buffer_limit,
         ),
         ("log_level", old.log_level != new.log_level),
+        (
+            "node_timeout_ms",
+            old.node_timeout_ms != new.node_timeout_ms,
+        ),
         ("timeout", old.timeout != new.timeout),
         (
             "client_query_buffer_limit",
@@ -189,6 +189,9 @@ pub fn apply(
     resize_client_slots(shared, old.maxclients, new.maxclients);
     let interval = Duration::from_millis(new.health_interval_ms);
     shared.masters.health_interval().set(interval);
+    // Safe live: the validity of a grant counts the time its fan-out actually took, whatever
+    // the timeout; requests already waiting keep the timeout they started with.
+    shared.masters.live_node_timeout().set(new.node_timeout());
     shared.set_settings(new);
     Ok(changed)
 }
