@@ -5,8 +5,7 @@ use redlock_proxy::on_master::COMPARE_AND_DELETE;
 use redlock_proxy::LocalMaster;
 use redlock_testkit::key;
 use redlock_testkit::launcher::Env;
-use redlock_testkit::resp::{encode_str, redis_cli, Client};
-use std::time::Duration;
+use redlock_testkit::resp::{assert_same_replies, encode_str, redis_cli, Client};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cli_one_shot_session() {
@@ -175,18 +174,7 @@ async fn protocol_errors_match_redis_and_the_proxy_keeps_serving() {
     let checks = MALFORMED.iter().map(|input| {
         let (proxy_port, redis_port) = (env.proxy.port, reference.port);
         async move {
-            let mut ours = Client::connect(proxy_port).await;
-            let mut theirs = Client::connect(redis_port).await;
-            ours.send_raw(input).await;
-            theirs.send_raw(input).await;
-            for n in 0.. {
-                let limit = Duration::from_millis(500);
-                let (a, b) = tokio::join!(ours.try_read(limit), theirs.try_read(limit));
-                assert_eq!(a, b, "reply {n} to {:?}", String::from_utf8_lossy(input));
-                if a.is_none() {
-                    break;
-                }
-            }
+            assert_same_replies(proxy_port, redis_port, input).await;
             // Still serving everyone else.
             let mut other = Client::connect(proxy_port).await;
             assert_eq!(other.cmd(&["PING"]).await, "+PONG");

@@ -7,7 +7,7 @@ use redlock_proxy::on_master::COMPARE_AND_DELETE;
 use redlock_proxy::{Config, LocalMaster};
 use redlock_testkit::key;
 use redlock_testkit::launcher::Env;
-use redlock_testkit::resp::{redis_cli, Client};
+use redlock_testkit::resp::{assert_same_replies, redis_cli, Client};
 use sha2::Digest;
 use std::time::{Duration, Instant};
 
@@ -96,18 +96,7 @@ async fn passwords_users_and_pre_auth_limits_answer_as_redis_does() {
     // Every session on its own pair of connections, all at once (each ends with a timeout).
     let (proxy_port, redis_port) = (env.proxy.port, reference.port);
     let checks = SESSIONS.iter().map(|session| async move {
-        let mut ours = Client::connect(proxy_port).await;
-        let mut theirs = Client::connect(redis_port).await;
-        ours.send_raw(session).await;
-        theirs.send_raw(session).await;
-        for n in 0..64 {
-            let limit = Duration::from_millis(500);
-            let (a, b) = tokio::join!(ours.try_read(limit), theirs.try_read(limit));
-            assert_eq!(a, b, "reply {n} to {:?}", String::from_utf8_lossy(session));
-            if a.is_none() {
-                break;
-            }
-        }
+        let (mut ours, mut theirs) = assert_same_replies(proxy_port, redis_port, session).await;
         let (a, b) = tokio::join!(ours.is_closed(), theirs.is_closed());
         assert_eq!(a, b, "close after {:?}", String::from_utf8_lossy(session));
     });
@@ -261,11 +250,7 @@ print("python ok")
         .output()
         .await
         .expect("redis-py (tests/clients/install.sh)");
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("python ok"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_printed(&out, "python ok");
 
     // ioredis: username/password.
     let node = r#"
@@ -296,8 +281,13 @@ const [port, key] = process.argv.slice(1);
         .output()
         .await
         .expect("node");
+    assert_printed(&out, "node ok");
+}
+
+/// A client script's output says `what` (else its stderr is the failure).
+fn assert_printed(out: &std::process::Output, what: &str) {
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("node ok"),
+        String::from_utf8_lossy(&out.stdout).contains(what),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

@@ -431,6 +431,29 @@ impl Client {
     }
 }
 
+/// Sends `input` on a fresh connection to the proxy and on one to a redis-server, and checks
+/// that the replies are the same, byte for byte, reply after reply until 500 ms pass without
+/// one (at most 64). Returns both connections, for checks of what follows (close, …).
+pub async fn assert_same_replies(
+    proxy_port: u16,
+    redis_port: u16,
+    input: &[u8],
+) -> (Client, Client) {
+    let mut ours = Client::connect(proxy_port).await;
+    let mut theirs = Client::connect(redis_port).await;
+    ours.send_raw(input).await;
+    theirs.send_raw(input).await;
+    for n in 0..64 {
+        let limit = Duration::from_millis(500);
+        let (a, b) = tokio::join!(ours.try_read(limit), theirs.try_read(limit));
+        assert_eq!(a, b, "reply {n} to {:?}", String::from_utf8_lossy(input));
+        if a.is_none() {
+            break;
+        }
+    }
+    (ours, theirs)
+}
+
 /// One command on a fresh blocking connection (for threads outside the runtime: the nemesis,
 /// the benchmark between cells); replies must come within `limit`.
 pub fn blocking_cmd(port: u16, args: &[&[u8]], limit: Duration) -> io::Result<Reply> {
