@@ -282,20 +282,14 @@ pub async fn serve(
     // every event.
     let killed = registration.handle.killed();
     tokio::pin!(killed);
-    let mut session = Session::new(&shared, id, registration.handle.clone(), peer, local);
+    let mut session = Session::new(&shared, registration.handle.clone());
     // Limits as last reloaded, fixed for the life of the connection.
     let settings = shared.settings();
     let max_inflight = settings.max_inflight_per_client;
     let output_limit = settings.client_output_buffer_limit;
     let query_limit = settings.client_query_buffer_limit;
-    // Before authentication a client gets only short errors: Redis caps what it may queue
-    // far lower (CVE-2025-21605).
     let over_limit = |out: &Output, session: &Session| {
-        let limit = if session.user.is_none() {
-            UNAUTHENTICATED_BUFFER_LIMIT
-        } else {
-            output_limit
-        };
+        let limit = buffer_limit(session, output_limit);
         limit > 0 && out.buf.len() as u64 > limit
     };
     let idle_timeout = (settings.timeout > 0).then(|| Duration::from_secs(settings.timeout));
@@ -394,8 +388,8 @@ pub async fn serve(
                 }
                 if over_limit(&out, &session) {
                     tracing::warn!(
-                        client = session.id,
-                        peer = %session.peer,
+                        client = session.client.id,
+                        peer = %session.client.peer,
                         queued_bytes = out.buf.len(),
                         limit = output_limit,
                         "client does not read its replies: output buffer limit reached, closing the connection"
@@ -420,16 +414,12 @@ pub async fn serve(
                 if !read {
                     closing = true;
                 }
-                let limit = if session.user.is_none() {
-                    UNAUTHENTICATED_BUFFER_LIMIT
-                } else {
-                    query_limit
-                };
+                let limit = buffer_limit(&session, query_limit);
                 if rbuf.len() as u64 > limit {
                     // Redis closes such a client without a reply.
                     tracing::warn!(
-                        client = session.id,
-                        peer = %session.peer,
+                        client = session.client.id,
+                        peer = %session.client.peer,
                         query_buffer_bytes = rbuf.len(),
                         limit,
                         "closing client that reached max query buffer length"
@@ -438,7 +428,7 @@ pub async fn serve(
                 }
             }
             Event::Idle => {
-                tracing::info!(client = session.id, peer = %session.peer, "closing idle client");
+                tracing::info!(client = session.client.id, peer = %session.client.peer, "closing idle client");
                 break;
             }
             Event::Stop => closing = true,
@@ -452,6 +442,17 @@ pub async fn serve(
         tokio::spawn(abandon_in_flight(in_flight));
     }
     shared.clients.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// A buffer limit for `session`: `authenticated` once it is, else
+/// [`UNAUTHENTICATED_BUFFER_LIMIT`]. Before authentication a client gets only short errors,
+/// and Redis caps what it may buffer far lower (CVE-2021-32675, CVE-2025-21605).
+fn buffer_limit(session: &Session, authenticated: u64) -> u64 {
+    if session.user.is_none() {
+        UNAUTHENTICATED_BUFFER_LIMIT
+    } else {
+        authenticated
+    }
 }
 
 /// Sleeps until `deadline`, or forever without one.

@@ -182,11 +182,11 @@ pub fn kill(ctx: &Ctx<'_>, session: &Session, args: &[Bytes]) -> Action {
         .registry
         .list()
         .into_iter()
-        .filter(|c| filter.matches(c, session.id, now))
+        .filter(|c| filter.matches(c, session.client.id, now))
         .collect();
     let mut killed_me = false;
     for victim in &victims {
-        if victim.id == session.id {
+        if victim.id == session.client.id {
             killed_me = true;
         } else {
             victim.kill();

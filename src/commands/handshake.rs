@@ -51,8 +51,8 @@ fn authenticate(
         }
         None => {
             tracing::warn!(
-                client = session.id,
-                peer = %session.peer,
+                client = session.client.id,
+                peer = %session.client.peer,
                 user = %String::from_utf8_lossy(user),
                 "authentication failed"
             );
@@ -150,7 +150,7 @@ pub fn hello(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
         (Reply::bulk("server"), Reply::bulk("redis")),
         (Reply::bulk("version"), Reply::bulk(REDIS_VERSION)),
         (Reply::bulk("proto"), Reply::Integer(proto)),
-        (Reply::bulk("id"), Reply::Integer(session.id as i64)),
+        (Reply::bulk("id"), Reply::Integer(session.client.id as i64)),
         (Reply::bulk("mode"), Reply::bulk("standalone")),
         (Reply::bulk("role"), Reply::bulk("master")),
         (Reply::bulk("modules"), Reply::Array(vec![])),
@@ -175,7 +175,7 @@ pub fn client(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action 
     let args = &request.args;
     let sub = args[1].to_ascii_uppercase();
     let reply = match (sub.as_slice(), args.len()) {
-        (b"ID", 2) => Reply::Integer(session.id as i64),
+        (b"ID", 2) => Reply::Integer(session.client.id as i64),
         (b"GETNAME", 2) => session.name.clone().map_or(Reply::Null, Reply::Bulk),
         (b"SETNAME", 3) => match check_client_name(&args[2]) {
             Ok(()) => {

@@ -38,7 +38,7 @@ pub fn info(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
             "# Server\r\nredis_version:{REDIS_VERSION}\r\nredlock_proxy_version:{}\r\nredis_mode:standalone\r\narch_bits:64\r\nprocess_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{uptime}\r\nuptime_in_days:{}\r\n",
             env!("CARGO_PKG_VERSION"),
             std::process::id(),
-            session.local.port(),
+            session.client.local.port(),
             uptime / 86_400,
         );
         if let Some(addr) = shared.metrics_addr.get() {

@@ -92,13 +92,9 @@ fn lease_ttl(script: &Script, args: &[Bytes], numkeys: usize) -> Option<(usize, 
     (ttl_ms > 0).then_some((at, ttl_ms, shape.unit_ms))
 }
 
+/// The script's `KEYS` were checked by [`super::dispatch`] (reserved keys, the user's key
+/// patterns).
 fn run(ctx: &Ctx<'_>, request: Request, script: Script, numkeys: usize) -> Action {
-    if request.args[3..3 + numkeys]
-        .iter()
-        .any(super::is_reserved_key)
-    {
-        return Action::error(ProxyError::ReservedKey);
-    }
     let masters = ctx.masters();
     let policy = ctx.shared.policy;
     let lease = lease_ttl(&script, &request.args, numkeys);

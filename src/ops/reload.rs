@@ -70,99 +70,45 @@ pub enum ReloadError {
     NeedsRestart(String),
 }
 
+/// The names of the listed `Config` fields whose values differ between `old` and `new` (the
+/// config keys are the field names).
+macro_rules! changed_keys {
+    ($old:expr, $new:expr; $($field:ident),* $(,)?) => {{
+        let mut changed: Vec<&'static str> = Vec::new();
+        $(
+            if $old.$field != $new.$field {
+                changed.push(stringify!($field));
+            }
+        )*
+        changed
+    }};
+}
+
 /// The keys that differ between `old` and `new` among those only a restart may change.
 fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     let mut changed = Vec::new();
-    let mut check = |key: &'static str, differs: bool| {
-        if differs {
-            changed.push(key);
-        }
-    };
     // With `local`, `backends` are the addresses of the masters the proxy started itself.
-    if new.local.is_none() {
-        check("backends", old.backends != new.backends);
+    if new.local.is_none() && old.backends != new.backends {
+        changed.push("backends");
     }
-    check("local", old.local != new.local);
-    check("drift_factor", old.drift_factor != new.drift_factor);
-    check(
-        "max_lock_ttl_ms",
-        old.max_lock_ttl_ms != new.max_lock_ttl_ms,
-    );
-    check("quarantine", old.quarantine != new.quarantine);
-    check("token_clock", old.token_clock != new.token_clock);
-    check("bind", old.bind != new.bind);
-    check("port", old.port != new.port);
-    check("threads", old.threads != new.threads);
-    check("log_format", old.log_format != new.log_format);
-    check("metrics", old.metrics != new.metrics);
     // The TLS listener and the masters' TLS: the files are re-read from the paths the proxy
     // started with (the certificate hook); other paths, or another mode, need a restart.
-    check("tls_port", old.tls_port != new.tls_port);
-    check("tls_cert_file", old.tls_cert_file != new.tls_cert_file);
-    check("tls_key_file", old.tls_key_file != new.tls_key_file);
-    check(
-        "tls_ca_cert_file",
-        old.tls_ca_cert_file != new.tls_ca_cert_file,
-    );
-    check(
-        "tls_auth_clients",
-        old.tls_auth_clients != new.tls_auth_clients,
-    );
-    check(
-        "backend_tls_ca_cert_file",
-        old.backend_tls_ca_cert_file != new.backend_tls_ca_cert_file,
-    );
-    check(
-        "backend_tls_cert_file",
-        old.backend_tls_cert_file != new.backend_tls_cert_file,
-    );
-    check(
-        "backend_tls_key_file",
-        old.backend_tls_key_file != new.backend_tls_key_file,
-    );
-    check(
-        "allow_locks_without_expiry",
-        old.allow_locks_without_expiry != new.allow_locks_without_expiry,
-    );
+    changed.extend(changed_keys!(old, new;
+        local, drift_factor, max_lock_ttl_ms, quarantine, token_clock, bind, port, threads,
+        log_format, metrics, tls_port, tls_cert_file, tls_key_file, tls_ca_cert_file,
+        tls_auth_clients, backend_tls_ca_cert_file, backend_tls_cert_file,
+        backend_tls_key_file, allow_locks_without_expiry,
+    ));
     changed
 }
 
 /// The live keys that differ between `old` and `new`.
 fn live_changes(old: &Config, new: &Config) -> Vec<&'static str> {
-    [
-        ("maxclients", old.maxclients != new.maxclients),
-        (
-            "max_inflight_per_client",
-            old.max_inflight_per_client != new.max_inflight_per_client,
-        ),
-        (
-            "proto_max_bulk_len",
-            old.proto_max_bulk_len != new.proto_max_bulk_len,
-        ),
-        (
-            "client_output_buffer_limit",
-            old.client_output_buffer_limit != new.client_output_buffer_limit,
-        ),
-        ("log_level", old.log_level != new.log_level),
-        (
-            "node_timeout_ms",
-            old.node_timeout_ms != new.node_timeout_ms,
-        ),
-        ("timeout", old.timeout != new.timeout),
-        (
-            "client_query_buffer_limit",
-            old.client_query_buffer_limit != new.client_query_buffer_limit,
-        ),
-        ("requirepass", old.requirepass != new.requirepass),
-        ("users", old.users != new.users),
-        (
-            "health_interval_ms",
-            old.health_interval_ms != new.health_interval_ms,
-        ),
-    ]
-    .into_iter()
-    .filter_map(|(key, differs)| differs.then_some(key))
-    .collect()
+    changed_keys!(old, new;
+        maxclients, max_inflight_per_client, proto_max_bulk_len, client_output_buffer_limit,
+        log_level, node_timeout_ms, timeout, client_query_buffer_limit, requirepass, users,
+        health_interval_ms,
+    )
 }
 
 /// Applies `new` to the running proxy; returns the live keys it changed.
