@@ -85,6 +85,11 @@ impl FakeMaster {
         self.state.lock().unwrap().keys.clear();
     }
 
+    /// Forgets its scripts (a `SCRIPT FLUSH`).
+    pub fn forget_scripts(&self) {
+        self.state.lock().unwrap().scripts.clear();
+    }
+
     /// Refuses connections and ends the open ones while `down`.
     pub fn set_down(&self, down: bool) {
         self.down.send_replace(down);
@@ -229,28 +234,39 @@ impl FakeMaster {
         } else if body == ACQUIRE_SCRIPT {
             // In µs, as the script compares it (ms with the µs as a fraction).
             let now = self.clock_us();
-            if now > n(3) * 1000 {
-                return Reply::Integer(-2);
-            }
+            let armed = exists(keys_db, &keys[0]) && !exists(keys_db, &keys[1]);
             let refuse = |code: i64, seen: u64| {
                 Reply::Array(vec![Reply::Integer(code), Reply::Integer(seen as i64)])
             };
-            if now < n(5) * 1000 {
-                return refuse(-3, now);
-            }
-            if !exists(keys_db, &keys[1]) || exists(keys_db, &keys[2]) {
-                return Reply::Integer(-1);
-            }
-            let counter = live(keys_db, &keys[3]).map_or(0, |c| counter_token(c));
-            if n(4) <= counter {
-                return refuse(-4, counter);
-            }
-            if exists(keys_db, &keys[0]) {
-                return Reply::Null;
-            }
-            set(keys_db, keys[0].clone(), argv[0].clone(), false, Some(n(1)));
-            set(keys_db, keys[3].clone(), argv[2].clone(), false, Some(n(6)));
-            Reply::ok()
+            let answers = (0..argv.len() / 7).map(|i| {
+                let (key, counter, a) = (&keys[2 * i + 2], &keys[2 * i + 3], 7 * i);
+                if now > n(a + 3) * 1000 {
+                    return Reply::Integer(-2);
+                }
+                if now < n(a + 5) * 1000 {
+                    return refuse(-3, now);
+                }
+                if !armed {
+                    return Reply::Integer(-1);
+                }
+                let seen = live(keys_db, counter).map_or(0, |c| counter_token(c));
+                if n(a + 4) <= seen {
+                    return refuse(-4, seen);
+                }
+                if exists(keys_db, key) {
+                    return Reply::Null;
+                }
+                set(keys_db, key.clone(), argv[a].clone(), false, Some(n(a + 1)));
+                set(
+                    keys_db,
+                    counter.clone(),
+                    argv[a + 2].clone(),
+                    false,
+                    Some(n(a + 6)),
+                );
+                Reply::ok()
+            });
+            Reply::Array(answers.collect())
         } else if body == UNDO_SCRIPT {
             let ours = live(keys_db, &keys[0]) == Some(&argv[0])
                 && live(keys_db, &keys[1]) == Some(&argv[1]);

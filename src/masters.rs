@@ -18,10 +18,10 @@ use crate::config::{Config, Secret};
 use crate::dial::{Dial, PASSWORD_ENV};
 use crate::health::{self, MasterHealth};
 use crate::live::LiveDuration;
-use crate::protocol::{evalsha_as_eval, Reply};
+use crate::protocol::{Reply, ScriptCall};
 use crate::redlock::{merge, no_quorum, quorum, MergeRule, MissingReason, Vote};
 use crate::tls::master_client_config;
-use crate::transport::{Link, NoReply};
+use crate::transport::{Link, NoReply, Pending, SharedScript};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -40,9 +40,14 @@ pub const MAX_FANOUTS: usize = 256;
 /// Votes of a fan-out still pending when it was decided, as `(master index, vote)`.
 pub type LateVotes = FuturesUnordered<BoxFuture<'static, (usize, Vote)>>;
 
-/// A request for one master in [`Masters::fan_out_each`]: the payload, and if it is an
-/// `EVALSHA`, the script's body, to call with `EVAL` instead if the master answers `NOSCRIPT`.
-pub type Ask = (Bytes, Option<&'static str>);
+/// A request for one master in [`Masters::fan_out_each`].
+pub enum Ask {
+    /// Commands, encoded.
+    Commands(Bytes),
+    /// A call of a script that the link merges with other callers' calls; called again with
+    /// its body if the master answers `NOSCRIPT`.
+    Script(Arc<SharedScript>, ScriptCall),
+}
 
 /// How a master's votes went, for `INFO` and the metrics.
 #[derive(Debug)]
@@ -187,12 +192,17 @@ impl Voter {
     /// Sends one request and waits at most the node timeout for its answer. An ineligible
     /// master still gets the request, but its vote is [`Voter::absent_vote`] at once.
     pub async fn ask(&self, payload: Bytes, replies: usize) -> Vote {
+        self.vote_on(|| self.link.send(payload, replies)).await
+    }
+
+    /// The vote on what `send` hands to the link ([`Voter::ask`]).
+    async fn vote_on(&self, send: impl FnOnce() -> Pending) -> Vote {
         if !self.eligible() {
-            drop(self.link.send(payload, replies));
+            drop(send());
             return self.absent_vote();
         }
         let asked = std::time::Instant::now();
-        let vote = match self.link.send(payload, replies).wait().await {
+        let vote = match send().wait().await {
             Ok(reply) => {
                 let took = asked.elapsed().as_secs_f64();
                 self.stats.reply_duration.observe(took);
@@ -220,17 +230,20 @@ impl Voter {
         vote
     }
 
-    /// Asks `first`; if the master lost the script it calls (restart, `SCRIPT FLUSH`), asks
-    /// the same call as `EVAL` of `body`.
-    async fn ask_with_retry(&self, (first, body): Ask, replies: usize) -> Vote {
-        match (self.ask(first.clone(), replies).await, body) {
-            (Vote::Replied(r), Some(body)) if r.is_error_code("NOSCRIPT") => {
-                match evalsha_as_eval(&first, body.as_bytes()) {
-                    Some(eval) => self.ask(eval, replies).await,
-                    None => Vote::Replied(r),
-                }
+    /// Asks `request`; a script call whose script the master lost (restart, `SCRIPT FLUSH`)
+    /// is asked once more with the script's body.
+    async fn ask_with_retry(&self, request: Ask, replies: usize) -> Vote {
+        let (script, call) = match request {
+            Ask::Commands(payload) => return self.ask(payload, replies).await,
+            Ask::Script(script, call) => (script, call),
+        };
+        let by_sha = || self.link.send_script(script.clone(), call.clone(), false);
+        match self.vote_on(by_sha).await {
+            Vote::Replied(r) if r.is_error_code("NOSCRIPT") => {
+                self.vote_on(|| self.link.send_script(script.clone(), call, true))
+                    .await
             }
-            (vote, _) => vote,
+            vote => vote,
         }
     }
 }
@@ -354,7 +367,7 @@ impl Masters {
         decided: impl Fn(&[Vote]) -> bool,
     ) -> Vec<Vote> {
         let (votes, _late) = self
-            .fan_out_each(|_| Some((payload.clone(), None)), replies, decided)
+            .fan_out_each(|_| Some(Ask::Commands(payload.clone())), replies, decided)
             .await;
         votes
     }

@@ -22,6 +22,13 @@
 //!   many connections it went through, and at most [`MAX_PENDING_CLEANUPS`] are kept.
 //! - Writes are batched: the writer drains everything queued since its last write into one
 //!   buffer and writes it with one call (one syscall per burst across all clients).
+//! - Calls of a [`SharedScript`] (the acquire) queued one after another leave as **one** script
+//!   call for all of them ([`Link::send_script`]), whose reply array is split back, one element
+//!   per caller. A master pays a script's fixed cost (argument tables, set-up, reply) once per
+//!   burst instead of once per acquire. Nothing else changes for a caller: the master runs the
+//!   calls in queue order and atomically (a script runs alone), as it would have run them one
+//!   after another, and each caller gets its own answer, or the same error as every caller of
+//!   the merged call.
 //! - A caller never waits longer than the node timeout for one reply ([`Pending::wait`]).
 //!
 //! The byte stream comes from a [`Connect`]: TCP or TLS with its `AUTH` done in production
@@ -30,7 +37,7 @@
 //! [`Link::auth_refused`] (for `INFO`), logged once per change of reason.
 
 use crate::live::LiveDuration;
-use crate::protocol::{decode_reply, Reply};
+use crate::protocol::{decode_reply, encode_script_call, Invoke, Reply, ScriptCall};
 use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
 use std::collections::VecDeque;
@@ -48,6 +55,9 @@ const BACKOFF_MAX: Duration = Duration::from_secs(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Largest batch the writer gathers before writing.
 const WRITE_BATCH: usize = 256 * 1024;
+/// Most calls merged into one script call: enough to amortise the script's fixed cost, few
+/// enough that one call keeps the master busy for well under a millisecond.
+const MAX_MERGED_CALLS: usize = 64;
 /// Most clean-ups kept for a master that cannot be reached. Each undoes one refused acquire's
 /// write and dies with its lease; beyond this many, the oldest is dropped (with a warning): a
 /// dropped clean-up can only leave a key that nobody was granted until it expires.
@@ -88,14 +98,36 @@ struct PendingCleanup {
     expires: Instant,
 }
 
+/// A script that many requests call (see the module header): its SHA1 for the call, its body
+/// for a master that lost it, and the keys every call shares (they are passed once).
+#[derive(Debug)]
+pub struct SharedScript {
+    pub sha: String,
+    pub body: &'static str,
+    pub shared_keys: Vec<Bytes>,
+}
+
 /// A request's reply, or why none will come.
 type Answer = Result<Reply, NoReply>;
 /// Where a request's answer goes.
 type ReplyTo = oneshot::Sender<Answer>;
 
+/// What a request sends.
+enum Payload {
+    /// Commands, encoded.
+    Commands(Bytes),
+    /// A share of a script call that the writer merges with the calls of the same script
+    /// queued right after it.
+    Script {
+        script: Arc<SharedScript>,
+        call: ScriptCall,
+        invoke_by_body: bool,
+    },
+}
+
 /// A request handed to a connection.
 struct Outgoing {
-    payload: Bytes,
+    payload: Payload,
     /// Replies this payload produces (one per command in it).
     replies: usize,
     reply: Option<ReplyTo>,
@@ -105,10 +137,50 @@ struct Outgoing {
     queued_at: Instant,
 }
 
+/// Where a written request's replies go.
+enum Recipients {
+    /// One request: its replies (an array if it expects several).
+    One(Option<ReplyTo>),
+    /// Merged script calls: element `i` of the reply array goes to caller `i`.
+    Merged(Vec<Option<ReplyTo>>),
+}
+
 /// A written request waiting for its replies.
 struct InFlight {
-    out: Outgoing,
+    replies: usize,
     got: Vec<Reply>,
+    to: Recipients,
+    /// A clean-up's payload and expiry, kept for the next connection if no reply confirms it.
+    cleanup: Option<(Bytes, Instant)>,
+    /// When its oldest caller handed it over.
+    queued_at: Instant,
+}
+
+impl InFlight {
+    /// Hands over the reply (`Err`: none will come).
+    fn answer(self, answer: Answer) {
+        match self.to {
+            Recipients::One(Some(tx)) => {
+                let _ = tx.send(answer);
+            }
+            Recipients::One(None) => {}
+            Recipients::Merged(txs) => match answer {
+                Ok(Reply::Array(items)) if items.len() == txs.len() => {
+                    for (tx, item) in txs.into_iter().zip(items) {
+                        if let Some(tx) = tx {
+                            let _ = tx.send(Ok(item));
+                        }
+                    }
+                }
+                // An error (`NOSCRIPT`, `BUSY`, …) concerns every caller of the call alike.
+                other => {
+                    for tx in txs.into_iter().flatten() {
+                        let _ = tx.send(other.clone());
+                    }
+                }
+            },
+        }
+    }
 }
 
 /// One connection to a master: a writer task, a reader task, and the FIFO between them.
@@ -260,6 +332,27 @@ impl Link {
 
     /// Queues `payload` (which produces `replies` replies) on the current connection, now.
     pub fn send(&self, payload: Bytes, replies: usize) -> Pending {
+        self.send_payload(Payload::Commands(payload), replies)
+    }
+
+    /// Queues a call of `script` (by SHA1, or with its body) with this request's keys and
+    /// arguments; the writer merges it with the calls of `script` queued right after it. The
+    /// reply is what the script's reply array holds for this call.
+    pub fn send_script(
+        &self,
+        script: Arc<SharedScript>,
+        call: ScriptCall,
+        invoke_by_body: bool,
+    ) -> Pending {
+        let payload = Payload::Script {
+            script,
+            call,
+            invoke_by_body,
+        };
+        self.send_payload(payload, 1)
+    }
+
+    fn send_payload(&self, payload: Payload, replies: usize) -> Pending {
         let (tx, rx) = oneshot::channel();
         let out = Outgoing {
             payload,
@@ -283,7 +376,7 @@ impl Link {
         let (tx, rx) = oneshot::channel();
         let now = Instant::now();
         let out = Outgoing {
-            payload,
+            payload: Payload::Commands(payload),
             replies: 1,
             reply: Some(tx),
             cleanup_expires: Some(now + lives),
@@ -294,12 +387,12 @@ impl Link {
             Some(conn) => match conn.queue.send(out) {
                 Ok(()) => Some((rx, conn)),
                 Err(mpsc::error::SendError(out)) => {
-                    self.keep_cleanup(out);
+                    self.keep_unwritten(out);
                     None
                 }
             },
             None => {
-                self.keep_cleanup(out);
+                self.keep_unwritten(out);
                 None
             }
         };
@@ -317,12 +410,16 @@ impl Link {
         (!aborted).then_some(conn)
     }
 
-    /// Keeps an unconfirmed clean-up for the next connection (other requests are dropped:
-    /// their callers see their channel close, unless told why first).
-    fn keep_cleanup(&self, out: Outgoing) {
-        let Some(expires) = out.cleanup_expires else {
-            return;
-        };
+    /// Keeps a request that was never written for the next connection if it is a clean-up
+    /// (other requests are dropped: their callers see their channel close).
+    fn keep_unwritten(&self, out: Outgoing) {
+        if let (Payload::Commands(payload), Some(expires)) = (out.payload, out.cleanup_expires) {
+            self.keep_cleanup(payload, expires);
+        }
+    }
+
+    /// Keeps an unconfirmed clean-up for the next connection.
+    fn keep_cleanup(&self, payload: Bytes, expires: Instant) {
         let Ok(mut pending) = self.cleanups.lock() else {
             return;
         };
@@ -330,10 +427,7 @@ impl Link {
             pending.pop_front();
             tracing::warn!(master = %self.addr, "too many clean-ups pending for an unreachable master; dropped the oldest (its key expires by itself)");
         }
-        pending.push_back(PendingCleanup {
-            payload: out.payload,
-            expires,
-        });
+        pending.push_back(PendingCleanup { payload, expires });
     }
 
     /// Takes the pending clean-ups that have not expired, oldest first.
@@ -346,7 +440,7 @@ impl Link {
             .drain(..)
             .filter(|p| p.expires > now)
             .map(|p| Outgoing {
-                payload: p.payload,
+                payload: Payload::Commands(p.payload),
                 replies: 1,
                 reply: None,
                 cleanup_expires: Some(p.expires),
@@ -416,7 +510,7 @@ async fn supervise(link: Arc<Link>, mut stop: watch::Receiver<bool>) {
                 // Clean-ups left by older connections go first, before anything else can.
                 for out in link.take_cleanups() {
                     if let Err(mpsc::error::SendError(out)) = conn.queue.send(out) {
-                        link.keep_cleanup(out);
+                        link.keep_unwritten(out);
                     }
                 }
                 link.install(Some(conn.clone()));
@@ -473,6 +567,7 @@ async fn write_loop(
     link: Arc<Link>,
 ) {
     let mut buf = BytesMut::with_capacity(16 * 1024);
+    let mut merging = Merging::default();
     loop {
         let first = tokio::select! {
             next = rx.recv() => next,
@@ -485,17 +580,36 @@ async fn write_loop(
             };
             let mut next = Some(first);
             while let Some(out) = next {
-                buf.extend_from_slice(&out.payload);
-                queue.push_back(InFlight {
-                    got: Vec::with_capacity(out.replies),
-                    out,
-                });
+                match out.payload {
+                    Payload::Script {
+                        script,
+                        call,
+                        invoke_by_body,
+                    } => {
+                        if !merging.takes(&script, invoke_by_body) {
+                            merging.flush(&mut buf, &mut queue);
+                        }
+                        merging.push(script, call, invoke_by_body, out.reply, out.queued_at);
+                    }
+                    Payload::Commands(payload) => {
+                        merging.flush(&mut buf, &mut queue);
+                        buf.extend_from_slice(&payload);
+                        queue.push_back(InFlight {
+                            replies: out.replies,
+                            got: Vec::with_capacity(out.replies),
+                            to: Recipients::One(out.reply),
+                            cleanup: out.cleanup_expires.map(|at| (payload, at)),
+                            queued_at: out.queued_at,
+                        });
+                    }
+                }
                 next = if buf.len() < WRITE_BATCH {
                     rx.try_recv().ok()
                 } else {
                     None
                 };
             }
+            merging.flush(&mut buf, &mut queue);
         }
         pushed.notify_one();
         let written = tokio::select! {
@@ -511,7 +625,66 @@ async fn write_loop(
     // the next connection.
     rx.close();
     while let Ok(out) = rx.try_recv() {
-        link.keep_cleanup(out);
+        link.keep_unwritten(out);
+    }
+}
+
+/// The calls of one [`SharedScript`] gathered by the writer, not yet encoded.
+#[derive(Default)]
+struct Merging {
+    script: Option<(Arc<SharedScript>, bool)>,
+    calls: Vec<ScriptCall>,
+    replies: Vec<Option<ReplyTo>>,
+    queued_at: Option<Instant>,
+}
+
+impl Merging {
+    /// Whether a call of `script` can join the calls gathered so far.
+    fn takes(&self, script: &Arc<SharedScript>, by_body: bool) -> bool {
+        match &self.script {
+            None => true,
+            Some((gathered, gathered_by_body)) => {
+                Arc::ptr_eq(gathered, script)
+                    && *gathered_by_body == by_body
+                    && self.calls.len() < MAX_MERGED_CALLS
+            }
+        }
+    }
+
+    fn push(
+        &mut self,
+        script: Arc<SharedScript>,
+        call: ScriptCall,
+        by_body: bool,
+        reply: Option<ReplyTo>,
+        queued_at: Instant,
+    ) {
+        self.script.get_or_insert((script, by_body));
+        self.queued_at.get_or_insert(queued_at);
+        self.calls.push(call);
+        self.replies.push(reply);
+    }
+
+    /// Encodes the gathered calls as one call, in flight from now on.
+    fn flush(&mut self, buf: &mut BytesMut, queue: &mut VecDeque<InFlight>) {
+        let (Some((script, by_body)), Some(queued_at)) =
+            (self.script.take(), self.queued_at.take())
+        else {
+            return;
+        };
+        let invoke = match by_body {
+            true => Invoke::Body(script.body),
+            false => Invoke::Sha(&script.sha),
+        };
+        encode_script_call(buf, invoke, &script.shared_keys, self.calls.iter());
+        self.calls.clear();
+        queue.push_back(InFlight {
+            replies: 1,
+            got: Vec::with_capacity(1),
+            to: Recipients::Merged(std::mem::take(&mut self.replies)),
+            cleanup: None,
+            queued_at,
+        });
     }
 }
 
@@ -532,7 +705,7 @@ async fn read_loop(
         let oldest = in_flight
             .lock()
             .ok()
-            .and_then(|q| q.front().map(|p| p.out.queued_at));
+            .and_then(|q| q.front().map(|p| p.queued_at));
         // Watchdog: the oldest request waited past the node timeout, so what this connection
         // still answers is late: abort it and use a fresh one. The proxy's own backlog cannot
         // trip it: fan-outs wait for a permit before any request is queued here
@@ -575,10 +748,10 @@ async fn read_loop(
         .map(|mut q| q.drain(..).collect())
         .unwrap_or_default();
     for mut entry in left {
-        if let Some(tx) = entry.out.reply.take() {
-            let _ = tx.send(Err(why));
+        if let Some((payload, expires)) = entry.cleanup.take() {
+            link.keep_cleanup(payload, expires);
         }
-        link.keep_cleanup(entry.out);
+        entry.answer(Err(why));
     }
 }
 
@@ -602,7 +775,7 @@ fn deliver(buf: &mut BytesMut, in_flight: &Mutex<VecDeque<InFlight>>, addr: &str
             return false;
         };
         front.got.push(reply);
-        if front.got.len() < front.out.replies {
+        if front.got.len() < front.replies {
             continue;
         }
         let Some(mut done) = queue.pop_front() else {
@@ -612,11 +785,9 @@ fn deliver(buf: &mut BytesMut, in_flight: &Mutex<VecDeque<InFlight>>, addr: &str
         let reply = if done.got.len() == 1 {
             done.got.pop().unwrap_or(Reply::Null)
         } else {
-            Reply::Array(done.got)
+            Reply::Array(std::mem::take(&mut done.got))
         };
-        if let Some(tx) = done.out.reply.take() {
-            let _ = tx.send(Ok(reply));
-        }
+        done.answer(Ok(reply));
     }
 }
 

@@ -428,15 +428,15 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
         let (token, deadline) = (format!("{token:016}"), deadline.to_string());
         let record = format!("{token}:{id}");
         async move {
-            master_cmd(
+            let reply = master_cmd(
                 port,
                 &[
                     "EVAL",
                     ACQUIRE_SCRIPT,
                     "4",
-                    &k,
                     ARMED_KEY,
                     QUARANTINE_KEY,
+                    &k,
                     &tk,
                     "tok",
                     "20000",
@@ -447,7 +447,10 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
                     "60000",
                 ],
             )
-            .await
+            .await;
+            // One acquire in the call: its answer is the only element.
+            let only = reply.strip_prefix("*[").and_then(|r| r.strip_suffix(']'));
+            only.unwrap_or_else(|| panic!("{reply}")).to_string()
         }
     };
     // The clean-up names the attempt by its record (token and id).
@@ -487,6 +490,45 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
     master_cmd(port, &["DEL", QUARANTINE_KEY, ARMED_KEY]).await;
     assert_eq!(acquire("a3", t + 60_000, t_us + 3).await, ":-1");
     assert_eq!(master_get(port, &k).await, None);
+    // Two acquires merged into one call (as a link sends them): each gets its own answer, and
+    // the second of the same key finds it held.
+    master_cmd(port, &["SET", ARMED_KEY, "1"]).await;
+    let (deadline, earliest) = ((t + 60_000).to_string(), (t - 10_000).to_string());
+    let (token, other) = (format!("{:016}", t_us + 10), format!("{:016}", t_us + 11));
+    let record = |token: &str, id: &str| format!("{token}:{id}");
+    let (r1, r2) = (record(&token, "m1"), record(&other, "m2"));
+    let merged = master_cmd(
+        port,
+        &[
+            "EVAL",
+            ACQUIRE_SCRIPT,
+            "6",
+            ARMED_KEY,
+            QUARANTINE_KEY,
+            &k,
+            &tk,
+            &k,
+            &tk,
+            "v1",
+            "20000",
+            &r1,
+            &deadline,
+            &token,
+            &earliest,
+            "60000",
+            "v2",
+            "20000",
+            &r2,
+            &deadline,
+            &other,
+            &earliest,
+            "60000",
+        ],
+    )
+    .await;
+    assert_eq!(merged, "*[+OK,$nil]");
+    assert_eq!(master_get(port, &k).await.as_deref(), Some("v1"));
+    assert_eq!(master_get(port, &tk).await, Some(r1));
 }
 
 /// The proxy's own keys on the masters cannot be touched through it: deleting the armed marker

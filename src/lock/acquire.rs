@@ -1,27 +1,33 @@
 //! The Redlock acquire of one attempt, up to its decision ([`decide`]), and the script every
 //! master runs for it ([`ACQUIRE_SCRIPT`]).
 
-use super::rollback::{RollbackPlan, COMPARE_AND_DELETE, UNDO_SCRIPT};
+use super::rollback::{RollbackPlan, Undo};
 use super::{AcquireResult, Acquirer};
 use crate::health::{ARMED_KEY, QUARANTINE_KEY};
 use crate::lease::{Granted, Lease, Outcome};
-use crate::masters::Masters;
-use crate::protocol::{encode_command, Reply};
+use crate::masters::{Ask, Masters};
+use crate::protocol::{encode_command, Reply, ScriptCall};
 use crate::redlock::{
     acquire_decision, backend_ttl_ms, held_by_majority, majority_unreachable, propose_token,
     token_floor, validity_window, AcquireDecision, TokenRules, Vote,
 };
+use crate::script_cache::script_sha;
+use crate::transport::SharedScript;
 use bytes::{Bytes, BytesMut};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// The acquire on one master. `KEYS` = the lock key, [`ARMED_KEY`], [`QUARANTINE_KEY`], the
-/// key's token counter ([`token_key`]); `ARGV` = the value, `PX`, the counter's new record
-/// (`<token>:<proxy instance>`, [`Tokens::record`]), the deadline, the proposed fencing token
-/// (µs, 16 digits zero-padded: a record `<token>:<instance>` is at least the proposal, as
-/// strings, exactly when its token is), the earliest master clock that may take the token, the
-/// counter's `PX` (clocks in ms since the epoch, in the master's clock).
+/// The acquire on one master, for every acquire the link merged into this call
+/// ([`crate::transport::SharedScript`]). `KEYS` = [`ARMED_KEY`], [`QUARANTINE_KEY`], then for
+/// each acquire `i` its lock key and the key's token counter ([`token_key`]) at `KEYS[2i+1]`,
+/// `KEYS[2i+2]`; `ARGV` = for each acquire, from `ARGV[7i-6]`: the value, `PX`, the counter's
+/// new record (`<token>:<proxy instance>`, [`Tokens::record`]), the deadline, the proposed
+/// fencing token (µs, 16 digits zero-padded: a record `<token>:<instance>` is at least the
+/// proposal, as strings, exactly when its token is), the earliest master clock that may take
+/// the token, the counter's `PX` (clocks in ms since the epoch, in the master's clock). The
+/// reply has one element per acquire, in order:
 /// - Nothing is written after the deadline (`-2`): a write held up in a paused master's socket
 ///   buffer cannot take effect once the proxy has given up on it, so the clean-up sent after
 ///   the deadline is final (no phantom holder). The deadline is also the latest clock at which
@@ -38,14 +44,41 @@ use tokio::time::Instant;
 ///   a refused attempt deletes only what *that* attempt wrote, never the grant of a later
 ///   attempt with the same value (redis-py retries with the same token).
 ///
+/// Why a script, and not the plain `SET NX PX` with the marker check beside it: the markers
+/// alone could be a pipelined `MGET` right after the `SET` (a wipe between arming and the `SET`
+/// would also remove the marker before the `MGET` runs), but the token counter is a
+/// compare-then-write across two keys, and the deadline a write conditional on the master's
+/// clock; Redis has no plain command for either, and `MULTI`/`WATCH` would cost a round trip
+/// and a connection per acquire. The script's fixed cost (argument tables, set-up, reply) is
+/// paid once per merged call, and `TIME` and one `MGET` (markers and every counter) once per
+/// call; what is left per acquire is the two `SET`s (BENCHMARKS.md §9).
+///
+/// Merging keeps every acquire's answer what it would be alone: the calls run in queue order,
+/// atomically. The counters are read once, up front: a counter changes during the call only
+/// when an earlier acquire of the same key in it was granted, and then the later one finds the
+/// key held (time does not advance inside a script, so the lock cannot expire meanwhile), so
+/// its answer is null either way. The `SET` of the lock is a `pcall`: an error there (`OOM`
+/// before the call's first write) is that acquire's answer, not the end of the others'.
+///
 /// The clock is compared in ms with its µs as a fraction (`t[1] * 1000 + t[2] / 1000`): the
 /// deadline check is then at least as strict as with whole ms, and the earliest check (an
 /// integer bound) the same. Lua's own string-to-number coercion instead of `tonumber` and
 /// `math.floor`, and a record of at most 44 bytes (Redis keeps it in one allocation), keep the
-/// master's work close to the acquire without tokens (BENCHMARKS.md §6). Four calls (`TIME`,
-/// one `MGET` for both markers and the counter, two `SET`s); the strings it writes come
-/// ready-made from the proxy.
-pub const ACQUIRE_SCRIPT: &str = "local t = redis.call('time') local now = t[1] * 1000 + t[2] / 1000 if now > ARGV[4] + 0 then return -2 end if now < ARGV[6] + 0 then return {-3, t[1] * 1000000 + t[2]} end local m = redis.call('mget', KEYS[2], KEYS[3], KEYS[4]) if not m[1] or m[2] then return -1 end if m[3] and m[3] >= ARGV[5] then return {-4, tonumber(string.sub(m[3], 1, 16))} end local ok = redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) if not ok then return false end redis.call('set', KEYS[4], ARGV[3], 'PX', ARGV[7]) return ok";
+/// master's work small (BENCHMARKS.md §6); the strings it writes come ready-made from the proxy.
+pub const ACQUIRE_SCRIPT: &str = "local t = redis.call('time') local now = t[1] * 1000 + t[2] / 1000 local n = #ARGV / 7 local names = {KEYS[1], KEYS[2]} for i = 1, n do names[i + 2] = KEYS[2 * i + 2] end local m = redis.call('mget', unpack(names)) local armed = m[1] and not m[2] local r = {} for i = 1, n do local a = 7 * i - 7 local c = m[i + 2] if now > ARGV[a + 4] + 0 then r[i] = -2 elseif now < ARGV[a + 6] + 0 then r[i] = {-3, t[1] * 1000000 + t[2]} elseif not armed then r[i] = -1 elseif c and c >= ARGV[a + 5] then r[i] = {-4, tonumber(string.sub(c, 1, 16))} else local ok = redis.pcall('set', KEYS[2 * i + 1], ARGV[a + 1], 'NX', 'PX', ARGV[a + 2]) if ok and not ok.err then redis.call('set', KEYS[2 * i + 2], ARGV[a + 3], 'PX', ARGV[a + 7]) end r[i] = ok end end return r";
+
+/// How the links call [`ACQUIRE_SCRIPT`]: by SHA1 (the health monitors load it on every
+/// master), with the markers as the keys every merged acquire shares.
+pub fn acquire_script() -> Arc<SharedScript> {
+    Arc::new(SharedScript {
+        sha: script_sha(ACQUIRE_SCRIPT.as_bytes()),
+        body: ACQUIRE_SCRIPT,
+        shared_keys: vec![
+            Bytes::from_static(ARMED_KEY.as_bytes()),
+            Bytes::from_static(QUARANTINE_KEY.as_bytes()),
+        ],
+    })
+}
 
 /// The vote of a master that was unarmed or quarantined at acquire time.
 pub const UNARMED: Reply = Reply::Integer(-1);
@@ -257,7 +290,7 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
     let ask = |i: usize| {
         if !quarantine {
             let set = encode_command(&[b"SET".as_ref(), key, value, b"NX", b"PX", px.as_bytes()]);
-            return Some((set, None));
+            return Some(Ask::Commands(set));
         }
         let voter = &masters.voters()[i];
         // A master whose vote cannot count is not asked: nothing to clean up there.
@@ -272,24 +305,21 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
             .unwrap_or(0)
             .min(latest);
         deadlines[i].store(deadline, Ordering::Relaxed);
-        let deadline = deadline.to_string();
-        let evalsha = encode_command(&[
-            b"EVALSHA".as_ref(),
-            acquirer.acquire_sha.as_bytes(),
-            b"4",
-            key,
-            ARMED_KEY.as_bytes(),
-            QUARANTINE_KEY.as_bytes(),
-            &token_key,
-            value,
-            px.as_bytes(),
-            record.as_bytes(),
-            deadline.as_bytes(),
-            token_arg,
-            earliest.as_bytes(),
-            counter_px.as_bytes(),
-        ]);
-        Some((evalsha, Some(ACQUIRE_SCRIPT)))
+        let mut digits = itoa::Buffer::new();
+        let deadline = digits.format(deadline);
+        let call = ScriptCall::new(
+            &[key, &token_key],
+            &[
+                value,
+                px.as_bytes(),
+                record.as_bytes(),
+                deadline.as_bytes(),
+                token_arg,
+                earliest.as_bytes(),
+                counter_px.as_bytes(),
+            ],
+        );
+        Some(Ask::Script(acquirer.script.clone(), call))
     };
     let (votes, late) = masters
         .fan_out_each(ask, 1, |v| {
@@ -306,29 +336,14 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
     // different would happen now: the key is held, or no majority answered in time (they
     // would wait out the same node timeout, on connections the watchdog is about to abort).
     let settled = held_by_majority(&votes) || majority_unreachable(&votes);
-    let undo_payload = if quarantine {
-        encode_command(&[
-            b"EVAL".as_ref(),
-            UNDO_SCRIPT.as_bytes(),
-            b"2",
-            key,
-            &token_key,
-            value,
-            record.as_bytes(),
-        ])
-    } else {
-        encode_command(&[
-            b"EVAL".as_ref(),
-            COMPARE_AND_DELETE.as_bytes(),
-            b"1",
-            key,
-            value,
-        ])
-    };
     let undo = RollbackPlan {
         masters: masters.clone(),
         drift_factor,
-        payload: undo_payload,
+        undo: Undo {
+            key: key.clone(),
+            value: value.clone(),
+            record: quarantine.then_some((token_key, record)),
+        },
         lives: Duration::from_millis(px_ms),
         stats: acquirer.stats.clone(),
         votes: votes.clone(),

@@ -15,7 +15,7 @@ pub use stats::{latency_buckets, AcquireResult, LockStats};
 
 use crate::masters::Masters;
 use crate::redlock::{Policy, TokenRules};
-use crate::script_cache::script_sha;
+use crate::transport::SharedScript;
 use acquire::Tokens;
 use flights::Flights;
 use std::sync::Arc;
@@ -25,8 +25,8 @@ pub struct Acquirer {
     masters: Arc<Masters>,
     policy: Policy,
     tokens: Tokens,
-    /// SHA1 of [`ACQUIRE_SCRIPT`].
-    acquire_sha: String,
+    /// [`ACQUIRE_SCRIPT`], as the links merge its calls.
+    script: Arc<SharedScript>,
     flights: Flights,
     /// Acquires by result, their duration, rollbacks (exported by [`crate::ops`]).
     pub stats: Arc<LockStats>,
@@ -40,7 +40,7 @@ impl Acquirer {
             masters,
             policy,
             tokens: Tokens::new(rules, token_clock),
-            acquire_sha: script_sha(ACQUIRE_SCRIPT.as_bytes()),
+            script: acquire::acquire_script(),
             flights: Flights::default(),
             stats: Arc::default(),
         })
@@ -184,6 +184,36 @@ mod tests {
             assert_eq!(fake.acquires(), 2);
             assert_eq!(fake.get("k").as_deref(), Some(&b"v0"[..]));
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acquires_of_many_keys_leave_as_one_script_call_per_master_each_with_its_answer() {
+        let (fakes, _masters, acquirer) = ready(3).await;
+        fakes[0].set("k3", "someone else");
+        let keyed = |i: usize| Attempt {
+            key: Bytes::from(format!("k{i}")),
+            ..attempt(&format!("v{i}"))
+        };
+        let started: Vec<Started> = (0..8).map(|i| acquirer.acquire(keyed(i))).collect();
+        let replies = futures::future::join_all(started.into_iter().map(run)).await;
+        // k3 is held on one master of three: still granted.
+        assert!(replies.iter().all(|r| *r == Reply::ok()), "{replies:?}");
+        for fake in &fakes {
+            assert_eq!(fake.acquires(), 1, "{:?}", fake.log());
+        }
+        // A master that lost the script answers NOSCRIPT to the whole call: every acquire in
+        // it is asked again with the body, merged again, and answered.
+        for fake in &fakes {
+            fake.forget_scripts();
+        }
+        let started: Vec<Started> = (8..16).map(|i| acquirer.acquire(keyed(i))).collect();
+        let replies = futures::future::join_all(started.into_iter().map(run)).await;
+        assert!(replies.iter().all(|r| *r == Reply::ok()), "{replies:?}");
+        for fake in &fakes {
+            assert_eq!(fake.acquires(), 3, "{:?}", fake.log());
+            assert_eq!(fake.get("k15").as_deref(), Some(&b"v15"[..]));
+        }
+        assert_eq!(fakes[0].get("k3").as_deref(), Some(&b"someone else"[..]));
     }
 
     #[tokio::test(start_paused = true)]

@@ -3,6 +3,7 @@
 
 use super::LockStats;
 use crate::masters::{LateVotes, Masters};
+use crate::protocol::encode_command;
 use crate::redlock::{may_hold_our_value, Vote};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -48,12 +49,46 @@ impl UndoStep {
     }
 }
 
+/// What one attempt wrote, to undo it.
+pub(super) struct Undo {
+    pub(super) key: Bytes,
+    pub(super) value: Bytes,
+    /// The key's token counter and the attempt's record in it; `None` when quarantine is off
+    /// (the acquire is a bare `SET`).
+    pub(super) record: Option<(Bytes, String)>,
+}
+
+impl Undo {
+    /// The clean-up: deletes the lock only if this attempt wrote it ([`UNDO_SCRIPT`]). Encoded
+    /// only when a clean-up is sent (most acquires need none).
+    fn payload(&self) -> Bytes {
+        let Undo { key, value, record } = self;
+        match record {
+            Some((counter, record)) => encode_command(&[
+                b"EVAL".as_ref(),
+                UNDO_SCRIPT.as_bytes(),
+                b"2",
+                key,
+                counter,
+                value,
+                record.as_bytes(),
+            ]),
+            None => encode_command(&[
+                b"EVAL".as_ref(),
+                COMPARE_AND_DELETE.as_bytes(),
+                b"1",
+                key,
+                value,
+            ]),
+        }
+    }
+}
+
 /// Where and how to undo a refused acquire.
 pub(super) struct RollbackPlan {
     pub(super) masters: Arc<Masters>,
     pub(super) drift_factor: f64,
-    /// The clean-up: deletes the lock only if this attempt wrote it ([`UNDO_SCRIPT`]).
-    pub(super) payload: Bytes,
+    pub(super) undo: Undo,
     /// The `PX` the acquire sent: how long a write it undoes can live.
     pub(super) lives: Duration,
     /// The votes at the decision, and those that were still pending then.
@@ -86,9 +121,11 @@ impl RollbackPlan {
             .map(|(vote, deadline)| UndoStep::for_vote(vote, *deadline, script))
             .collect();
         // Counted only if some master may hold the value (a plain refusal has nothing to undo).
-        if steps.iter().any(|step| *step != UndoStep::Skip) {
-            self.stats.rollbacks.inc();
+        if steps.iter().all(|step| *step == UndoStep::Skip) {
+            return;
         }
+        self.stats.rollbacks.inc();
+        let payload = self.undo.payload();
         let node_timeout = self.masters.node_timeout();
         // Where the answer never came, the write may still run until its deadline: the clean-up
         // goes out now (it deletes only this attempt's write, so it is harmless if it runs
@@ -103,7 +140,7 @@ impl RollbackPlan {
                 continue;
             };
             let at = at.min(Instant::now() + 2 * node_timeout);
-            let (link, payload, lives) = (voter.link.clone(), self.payload.clone(), self.lives);
+            let (link, payload, lives) = (voter.link.clone(), payload.clone(), self.lives);
             let late_cleanups = self.stats.late_cleanups.clone();
             tokio::spawn(async move {
                 tokio::time::sleep_until(at).await;
@@ -123,7 +160,7 @@ impl RollbackPlan {
             .zip(&steps)
             .filter(|(_, step)| **step != UndoStep::Skip)
             .map(|(voter, step)| {
-                let sent = voter.link.send_cleanup(self.payload.clone(), self.lives);
+                let sent = voter.link.send_cleanup(payload.clone(), self.lives);
                 let wait = *step == UndoStep::Now;
                 async move {
                     if wait {

@@ -20,29 +20,78 @@ pub fn encode_command<A: AsRef<[u8]>>(args: &[A]) -> Bytes {
     out.freeze()
 }
 
-/// The `EVAL` of `body` with the keys and arguments of `evalsha`, an `EVALSHA` as
-/// [`encode_command`] writes it: what a master that answered `NOSCRIPT` is sent instead.
-/// Built only then, so that a script call does not encode the script's body every time.
-/// `None` if `evalsha` is not such an `EVALSHA`.
-pub fn evalsha_as_eval(evalsha: &[u8], body: &[u8]) -> Option<Bytes> {
-    let (count, rest) = split_header(evalsha, b'*')?;
-    let rest = rest.strip_prefix(b"$7\r\nEVALSHA\r\n".as_slice())?;
-    let (sha_len, rest) = split_header(rest, b'$')?;
-    let keys_and_args = rest.get(sha_len + 2..)?;
-    let mut out = BytesMut::with_capacity(body.len() + keys_and_args.len() + 48);
-    header(&mut out, b'*', count);
-    bulk(&mut out, b'$', b"EVAL");
-    bulk(&mut out, b'$', body);
-    out.extend_from_slice(keys_and_args);
-    Some(out.freeze())
+/// One caller's share of a script call that several callers make together
+/// ([`encode_script_call`]): its keys and its arguments, encoded once as bulk strings.
+#[derive(Debug, Clone)]
+pub struct ScriptCall {
+    /// The keys' bulks, then the arguments' bulks.
+    bulks: Bytes,
+    /// Where the arguments start in `bulks`.
+    args_at: usize,
+    keys: usize,
+    args: usize,
 }
 
-/// `<prefix><n>\r\n` at the start of `buf`: `n` and what follows.
-fn split_header(buf: &[u8], prefix: u8) -> Option<(usize, &[u8])> {
-    let rest = buf.strip_prefix(&[prefix])?;
-    let end = rest.windows(2).position(|w| w == b"\r\n")?;
-    let n = std::str::from_utf8(&rest[..end]).ok()?.parse().ok()?;
-    Some((n, &rest[end + 2..]))
+impl ScriptCall {
+    pub fn new(keys: &[&[u8]], args: &[&[u8]]) -> ScriptCall {
+        let capacity = keys.iter().chain(args).map(|a| a.len() + 16).sum();
+        let mut bulks = BytesMut::with_capacity(capacity);
+        for key in keys {
+            bulk(&mut bulks, b'$', key);
+        }
+        let args_at = bulks.len();
+        for arg in args {
+            bulk(&mut bulks, b'$', arg);
+        }
+        ScriptCall {
+            bulks: bulks.freeze(),
+            args_at,
+            keys: keys.len(),
+            args: args.len(),
+        }
+    }
+}
+
+/// How a script is called: by its SHA1, or with its body (for a master that answered
+/// `NOSCRIPT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Invoke<'a> {
+    Sha(&'a str),
+    Body(&'a str),
+}
+
+/// Encodes into `out` one call of a script for several callers: `EVALSHA sha` (or `EVAL
+/// body`), the number of keys, `shared_keys`, every call's keys, then every call's arguments,
+/// so the script finds call `i`'s keys and arguments at fixed strides after the shared keys.
+pub fn encode_script_call<'a>(
+    out: &mut BytesMut,
+    invoke: Invoke<'_>,
+    shared_keys: &[Bytes],
+    calls: impl Iterator<Item = &'a ScriptCall> + Clone,
+) {
+    let keys = shared_keys.len() + calls.clone().map(|c| c.keys).sum::<usize>();
+    let args = calls.clone().map(|c| c.args).sum::<usize>();
+    header(out, b'*', 3 + keys + args);
+    match invoke {
+        Invoke::Sha(sha) => {
+            bulk(out, b'$', b"EVALSHA");
+            bulk(out, b'$', sha.as_bytes());
+        }
+        Invoke::Body(body) => {
+            bulk(out, b'$', b"EVAL");
+            bulk(out, b'$', body.as_bytes());
+        }
+    }
+    bulk(out, b'$', itoa::Buffer::new().format(keys).as_bytes());
+    for key in shared_keys {
+        bulk(out, b'$', key);
+    }
+    for call in calls.clone() {
+        out.extend_from_slice(&call.bulks[..call.args_at]);
+    }
+    for call in calls {
+        out.extend_from_slice(&call.bulks[call.args_at..]);
+    }
 }
 
 /// A master's reply stream broke the protocol: the connection cannot be trusted further.
@@ -93,26 +142,23 @@ mod tests {
     }
 
     #[test]
-    fn an_evalsha_becomes_the_eval_of_the_body() {
-        let body = "return {KEYS[1], ARGV[1]}";
-        let sha = crate::script_cache::script_sha(body.as_bytes());
-        let evalsha = encode_command(&["EVALSHA", &sha, "1", "k", "v\r\n"]);
+    fn calls_of_one_script_merge_into_one_command() {
+        let shared = [Bytes::from_static(b"m")];
+        let a = ScriptCall::new(&[b"a", b"ta"], &[b"1", b"x\r\n"]);
+        let b = ScriptCall::new(&[b"b", b"tb"], &[b"2", b""]);
+        let mut out = BytesMut::new();
+        encode_script_call(&mut out, Invoke::Sha("f00"), &shared, [&a, &b].into_iter());
         assert_eq!(
-            evalsha_as_eval(&evalsha, body.as_bytes()),
-            Some(encode_command(&["EVAL", body, "1", "k", "v\r\n"]))
+            out.freeze(),
+            encode_command(&[
+                "EVALSHA", "f00", "5", "m", "a", "ta", "b", "tb", "1", "x\r\n", "2", ""
+            ])
         );
-        let no_args = encode_command(&["EVALSHA", &sha, "0"]);
+        let mut out = BytesMut::new();
+        encode_script_call(&mut out, Invoke::Body("return 1"), &[], [&a].into_iter());
         assert_eq!(
-            evalsha_as_eval(&no_args, body.as_bytes()),
-            Some(encode_command(&["EVAL", body, "0"]))
+            out.freeze(),
+            encode_command(&["EVAL", "return 1", "2", "a", "ta", "1", "x\r\n"])
         );
-        for other in [
-            encode_command(&["EVAL", body, "0"]),
-            encode_command(&["EVALSHA"]),
-            Bytes::from_static(b"*3\r\n$7\r\nEVALSHA\r\n$40\r\nabc"),
-            Bytes::new(),
-        ] {
-            assert_eq!(evalsha_as_eval(&other, body.as_bytes()), None, "{other:?}");
-        }
     }
 }
