@@ -11,7 +11,7 @@
 #   scripts/bench.sh memory contention         # only these sections (same as BENCH_ONLY=memory,contention)
 #   BENCH_TARGETS=direct,proxy5 BENCH_CONNS=50 BENCH_DEPTHS=1 scripts/bench.sh cycles
 #
-# Sections: cycles, clientside, node, redis-benchmark, memory, contention, fencing. Every knob is listed
+# Sections: cycles, clientside, node, redis-benchmark, cpu, memory, contention, fencing, metrics. Every knob is listed
 # in BENCHMARKS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -216,6 +216,14 @@ pub fn redis_benchmark(
     })
 }
 
+/// `DBSIZE` of a redis-server (`None` if it does not answer an integer within 30 s).
+pub fn dbsize(port: u16) -> Option<u64> {
+    match blocking_cmd(port, &[b"DBSIZE"], Duration::from_secs(30)) {
+        Ok(Reply::Int(n)) => u64::try_from(n).ok(),
+        _ => None,
+    }
+}
+
 pub fn redis_benchmark_ready() -> Result<(), String> {
     match Command::new("redis-benchmark").arg("--version").output() {
         Ok(o) if o.status.success() => Ok(()),
@@ -235,10 +243,7 @@ pub fn redis_benchmark_cell(
     depth: usize,
 ) -> Result<RbResult, String> {
     let ttl = settings.ttl_ms;
-    let dbsize = || match blocking_cmd(master_port, &[b"DBSIZE"], Duration::from_secs(30)) {
-        Ok(Reply::Int(n)) => Some(n as u64),
-        _ => None,
-    };
+    let dbsize = || dbsize(master_port);
     let probe = redis_benchmark(port, depth, 20_000 * depth as u64, ttl)?;
     let requests = if probe.rps.is_finite() {
         ((probe.rps * settings.secs) as u64).clamp(20_000, 20_000_000)

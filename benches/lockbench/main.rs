@@ -12,6 +12,10 @@
 //!   one ioredis client at the proxy (needs `benches/node/node_modules`, see scripts/bench.sh).
 //! - `redis-benchmark`: `redis-benchmark … SET key:__rand_int__ v NX PX 30000`, direct vs
 //!   the proxy over 1 master.
+//! - `cpu`: CPU time per request under that redis-benchmark load (a fixed number of requests
+//!   per cell): redis-server directly vs the proxy over 1 and 5 fresh masters, `--threads 1`
+//!   and `--threads 2`, interleaved rounds; the proxy's and the masters' CPU per request
+//!   against redis-server's own.
 //! - `memory`: proxy resident bytes per idle client connection (10k connections, one PING each).
 //! - `contention`: 100 clients polling `SET hot v NX PX 30000` every 5 ms while one holder
 //!   holds it; master operations per client operation.
@@ -25,6 +29,7 @@
 //! variables): settings.rs and BENCHMARKS.md.
 
 mod contention;
+mod cpu;
 mod cycles;
 mod external;
 mod fencing;
@@ -41,7 +46,7 @@ use redlock_proxy::{LocalCluster, LocalMaster};
 use redlock_testkit::launcher::{ready_for_load, ProxyProcess};
 use redlock_testkit::masters::pids;
 use redlock_testkit::resp::blocking_cmd;
-use report::{fmt_kib, fmt_lat, fmt_mib, fmt_rate, fmt_us, Results};
+use report::{fmt_kib, fmt_lat, fmt_mib, fmt_rate, fmt_ratio, fmt_us, Results};
 use settings::{Settings, Target, SECTIONS};
 use stats::CycleResult;
 use std::future::Future;
@@ -239,6 +244,38 @@ impl Bench {
         // Drop the ~N keys (30 s TTL) left behind, once the proxy is gone.
         drop(proxy);
         let _ = blocking_cmd(master, &[b"FLUSHALL"], Duration::from_secs(30));
+    }
+
+    /// The five cells of [`cpu::VARIANTS`] in each of `BENCH_ROUNDS` rounds.
+    fn cpu(&mut self) {
+        if let Err(why) = external::redis_benchmark_ready() {
+            return self.skip(format!("cpu: redis-benchmark {why}"));
+        }
+        let s = self.settings.clone();
+        for round in 1..=s.rounds {
+            for variant in cpu::VARIANTS {
+                match cpu::run_cell(&s, variant, round, self.hz, |port| self.prepare(port)) {
+                    Ok(cell) => {
+                        let r = cpu::ratios(&self.results.cpu, &cell);
+                        progress(&format!(
+                            "cpu round {round} {}: {} req/s, µs/req proxy {} masters {:.2} (×direct proxy {} masters {}), threads2/1 req/s {}, {} of {} granted{}",
+                            variant.label(),
+                            fmt_rate(cell.rps),
+                            cell.proxy_us().map_or("–".into(), |p| format!("{p:.2}")),
+                            cell.masters_us(),
+                            r.proxy_vs_direct.map_or("–".into(), fmt_ratio),
+                            r.masters_vs_direct.map_or("–".into(), fmt_ratio),
+                            r.rps_vs_threads1.map_or("–".into(), fmt_ratio),
+                            cell.granted.map_or("?".into(), |g| g.to_string()),
+                            cell.requests,
+                            cell.note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default()
+                        ));
+                        self.results.cpu.push(cell);
+                    }
+                    Err(err) => self.skip(format!("cpu {} round {round}: {err}", variant.label())),
+                }
+            }
+        }
     }
 
     fn memory(&mut self) {
@@ -451,6 +488,7 @@ fn main() {
             "clientside" => bench.clientside(),
             "node" => bench.node(),
             "redis-benchmark" => bench.redis_benchmark(),
+            "cpu" => bench.cpu(),
             "memory" => bench.memory(),
             "contention" => bench.contention(),
             "fencing" => bench.fencing(),

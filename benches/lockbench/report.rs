@@ -15,6 +15,7 @@ pub struct Results {
     pub clientside: Vec<CycleResult>,
     pub node: Vec<NodeResult>,
     pub rb: Vec<RbResult>,
+    pub cpu: Vec<crate::cpu::CpuCell>,
     pub memory: Vec<MemResult>,
     pub hot: Vec<HotResult>,
     pub fencing: Vec<crate::fencing::FenceResult>,
@@ -375,6 +376,10 @@ pub fn render(settings: &Settings, env: &str, results: &Results, elapsed: Durati
         md.push('\n');
     }
 
+    if !results.cpu.is_empty() {
+        render_cpu(&mut md, settings, &results.cpu);
+    }
+
     if !results.memory.is_empty() {
         let _ = writeln!(md, "## 4. Memory per idle client connection\n");
         let _ = writeln!(
@@ -613,7 +618,7 @@ pub fn verdicts(results: &Results) -> Vec<Verdict> {
     finish_verdicts(out, results)
 }
 
-/// Targets 3 and 4.
+/// Targets 3, 4 and 5.
 fn finish_verdicts(mut out: Vec<Verdict>, results: &Results) -> Vec<Verdict> {
     // 3. ≤ 16 KiB per idle connection.
     let mem = results
@@ -646,7 +651,125 @@ fn finish_verdicts(mut out: Vec<Verdict>, results: &Results) -> Vec<Verdict> {
         },
         met: per.map(|p| p <= 1.5),
     });
+    // 5. Proxy CPU per request ≤ 1.0× redis-server's own (issue 14), the default --threads 1.
+    let ratio = |target: Target| {
+        let variant = crate::cpu::Variant { target, threads: 1 };
+        median(
+            results
+                .cpu
+                .iter()
+                .filter(|c| c.variant == variant)
+                .filter_map(|c| crate::cpu::ratios(&results.cpu, c).proxy_vs_direct)
+                .collect(),
+        )
+    };
+    let (one, five) = (ratio(Target::Proxy(1)), ratio(Target::Proxy(5)));
+    out.push(Verdict {
+        target: "proxy CPU per SET NX PX ≤ 1.0× redis-server's own CPU per SET NX PX (redis-benchmark -c 50 -P 1)",
+        measured: if one.is_finite() {
+            format!(
+                "median per-round ratio over 1 master **{}**, over 5 masters {} (`--threads 1`)",
+                fmt_ratio(one),
+                fmt_ratio(five)
+            )
+        } else {
+            "cpu section not run".into()
+        },
+        met: one.is_finite().then_some(one <= 1.0),
+    });
     out
+}
+
+/// Section 8: CPU per request, every cell, then the medians of each variant.
+fn render_cpu(md: &mut String, settings: &Settings, cells: &[crate::cpu::CpuCell]) {
+    use crate::cpu::{ratios, VARIANTS};
+    let _ = writeln!(md, "## 8. CPU per request: redis-server vs the proxy\n");
+    let _ = writeln!(
+        md,
+        "`redis-benchmark -c {RB_CONNS} -P 1 -r 100000000 -n {} SET lb:rb:TAG:__rand_int__ v NX PX {}` against redis-server directly, then the proxy over 1 and over 5 fresh masters with `--threads 1` and `--threads 2`; each of {} round(s) runs those five cells in that order, and every ratio compares cells of the same round. Each cell: fresh masters and proxy, {} unmeasured requests, then utime + stime (/proc/PID/stat) before and after the measured run, divided by its requests. Masters = the sum over the masters (through the proxy: CPU per acquire); direct = the direct cell's redis-server. Load gen = redis-benchmark. Other = CPU % of one core used by everything else on the machine meanwhile (noise; ⚠ above {NOISY_OTHER_CPU:.0} %). Granted = the proxy's `acquires_granted` (with its other `acquires_*` outcomes when not 0); direct: keys added.\n",
+        settings.cpu_requests,
+        settings.ttl_ms,
+        settings.rounds,
+        settings.cpu_warmup_requests,
+    );
+    let _ = writeln!(
+        md,
+        "| round | scenario | req/s | proxy µs/req | masters µs/acquire | direct µs/req | proxy / direct | masters / direct | req/s vs --threads 1 | proxy CPU vs --threads 1 | load gen µs/req | other CPU % | granted |"
+    );
+    let _ = writeln!(
+        md,
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    );
+    let us = |x: Option<f64>| x.map_or("–".into(), |x| format!("{x:.2}"));
+    let ratio = |x: Option<f64>| x.map_or("–".into(), fmt_ratio);
+    for c in cells {
+        let r = ratios(cells, c);
+        let direct = crate::cpu::find(cells, VARIANTS[0], c.round).map(|d| d.masters_us());
+        let mut granted = c.granted.map_or("?".into(), |g| {
+            format!("{:.1} %", g as f64 * 100.0 / c.requests.max(1) as f64)
+        });
+        for (outcome, n) in &c.not_granted {
+            let _ = write!(granted, ", {outcome} {n}");
+        }
+        if let Some(note) = &c.note {
+            let _ = write!(granted, "; {note}");
+        }
+        let noisy = if c.other_pct > NOISY_OTHER_CPU {
+            " ⚠"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {:.2} | {} | {} | {} | {} | {} | {:.2} | {:.0}{noisy} | {} |",
+            c.round,
+            c.variant.label(),
+            fmt_rate(c.rps),
+            us(c.proxy_us()),
+            c.masters_us(),
+            us(direct),
+            ratio(r.proxy_vs_direct),
+            ratio(r.masters_vs_direct),
+            ratio(r.rps_vs_threads1),
+            ratio(r.proxy_cpu_vs_threads1),
+            c.per_request.client,
+            c.other_pct,
+            cell(&granted)
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nMedians over the rounds (ratios: the median of the per-round ratios):\n"
+    );
+    let _ = writeln!(
+        md,
+        "| scenario | req/s | proxy µs/req | masters µs/acquire | proxy / direct | masters / direct | req/s vs --threads 1 | proxy CPU vs --threads 1 |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    for variant in VARIANTS {
+        let mine: Vec<&crate::cpu::CpuCell> =
+            cells.iter().filter(|c| c.variant == variant).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let med = |f: &dyn Fn(&crate::cpu::CpuCell) -> Option<f64>| {
+            let m = median(mine.iter().filter_map(|c| f(c)).collect());
+            m.is_finite().then_some(m)
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            variant.label(),
+            med(&|c| Some(c.rps)).map_or("–".into(), fmt_rate),
+            us(med(&|c| c.proxy_us())),
+            us(med(&|c| Some(c.masters_us()))),
+            ratio(med(&|c| ratios(cells, c).proxy_vs_direct)),
+            ratio(med(&|c| ratios(cells, c).masters_vs_direct)),
+            ratio(med(&|c| ratios(cells, c).rps_vs_threads1)),
+            ratio(med(&|c| ratios(cells, c).proxy_cpu_vs_threads1)),
+        );
+    }
+    md.push('\n');
 }
 
 /// Section 7: metrics off vs on, per round, the medians, and a scrape under load.
