@@ -9,7 +9,10 @@
 //! - `clientside`: the same cycles as an in-process Redlock client over the `redis` crate
 //!   (5 multiplexed connections) vs the proxy over the same 5 masters.
 //! - `node`: node `redlock` with 5 ioredis clients over the 5 masters vs the same script with
-//!   one ioredis client at the proxy (needs `benches/node/node_modules`, see scripts/bench.sh).
+//!   one ioredis client at the proxy; at the largest worker count also with one ioredis client
+//!   per worker, and the raw-RESP load generator, in each interleaved round; the CPU per cycle
+//!   of node, the proxy and the masters (needs `benches/node/node_modules`, see
+//!   scripts/bench.sh).
 //! - `redis-benchmark`: `redis-benchmark … SET key:__rand_int__ v NX PX 30000`, direct vs
 //!   the proxy over 1 master.
 //! - `cpu`: CPU time per request under that redis-benchmark load (a fixed number of requests
@@ -118,24 +121,85 @@ impl Bench {
         if let Err(why) = external::node_ready() {
             return self.skip(format!("node: {why}"));
         }
-        let s = self.settings.clone();
         let master_pids = pids(&self.masters.masters);
-        // The largest worker count is the target comparison: repeated, interleaved.
-        let target_workers = s.node_workers.iter().copied().max();
-        for &workers in &s.node_workers {
-            let rounds = if Some(workers) == target_workers {
-                s.rounds
-            } else {
-                1
-            };
+        // The largest worker count is the target comparison: repeated, interleaved, with the
+        // other clients of the proxy beside it.
+        let target_workers = self.settings.node_workers.iter().copied().max();
+        for workers in self.settings.node_workers.clone() {
+            let target = Some(workers) == target_workers;
+            let rounds = if target { self.settings.rounds } else { 1 };
             for round in 1..=rounds {
-                self.node_pair(workers, round, &master_pids);
+                self.node_round(workers, round, target, &master_pids);
             }
         }
-        // Target 2 (a) compares with raw-RESP clients through the proxy at as many connections.
-        if let Some(workers) = target_workers {
-            self.ensure_proxy5_cell(workers);
+    }
+
+    /// node redlock over the 5 masters, then the same script through a fresh proxy over them
+    /// with one ioredis client; with `all`, also with one ioredis client per worker, and the
+    /// raw-RESP load generator at as many connections (target 2 (a)).
+    fn node_round(&mut self, workers: usize, round: usize, all: bool, master_pids: &[u32]) {
+        let s = self.settings.clone();
+        let probe = CpuProbe::new(None, master_pids, self.hz);
+        let mut runs = vec![external::run_node(
+            &s,
+            &self.master_ports,
+            workers,
+            1,
+            external::NODE_DIRECT,
+            &probe,
+        )];
+        runs.push(self.node_via_proxy(workers, 1, external::NODE_PROXY, master_pids));
+        if all && workers > 1 {
+            let per_worker = external::NODE_PROXY_PER_WORKER;
+            runs.push(self.node_via_proxy(workers, workers, per_worker, master_pids));
         }
+        if all {
+            let cell =
+                cycles::run_cycle_cell(&s, &self.masters, Target::Proxy(5), workers, 1, self.hz);
+            runs.push(Ok(external::NodeResult::from_cycles(self.block_on(cell))));
+        }
+        for r in runs {
+            match r {
+                Ok(mut r) => {
+                    r.round = round;
+                    let (p50, p99, _) = fmt_lat(r.latency);
+                    let per = r.cpu_per_cycle();
+                    progress(&format!(
+                        "{} workers {} round {round}: {} cycles/s p50 {p50} p99 {p99} ms, load gen CPU {} %, CPU µs/cycle gen/proxy/masters {:.0}/{}/{:.0}, other CPU {:.0} %, refused {}",
+                        r.scenario,
+                        r.workers,
+                        fmt_rate(r.cycles_per_sec),
+                        r.node_cpu.map_or("–".into(), |c| format!("{c:.0}")),
+                        per.client,
+                        per.proxy.map_or("–".into(), |p| format!("{p:.0}")),
+                        per.masters,
+                        r.cpu.other,
+                        r.fails
+                    ));
+                    self.results.node.push(r);
+                }
+                Err(err) => self.skip(format!("node ({workers} workers): {err}")),
+            }
+        }
+    }
+
+    /// The node script through a fresh proxy over the 5 masters, `conns` ioredis clients.
+    fn node_via_proxy(
+        &mut self,
+        workers: usize,
+        conns: usize,
+        scenario: &str,
+        master_pids: &[u32],
+    ) -> Result<external::NodeResult, String> {
+        let s = self.settings.clone();
+        let mut proxy = s
+            .start_proxy(&self.masters.addrs())
+            .map_err(|e| e.to_string())?;
+        self.prepare(proxy.port);
+        let probe = CpuProbe::new(Some(proxy.pid()), master_pids, self.hz);
+        let mut r = external::run_node(&s, &[proxy.port], workers, conns, scenario, &probe)?;
+        r.note = proxy.health_note();
+        Ok(r)
     }
 
     /// Runs the proxy-over-5 lock-cycle cell at `conns` connections, depth 1, unless the
@@ -147,48 +211,6 @@ impl Bench {
                 cycles::run_cycle_cell(&s, &self.masters, Target::Proxy(5), conns, 1, self.hz);
             let r = self.block_on(cell);
             self.record_cycle(r);
-        }
-    }
-
-    /// node redlock over the 5 masters, then the same script through a fresh proxy over them.
-    fn node_pair(&mut self, workers: usize, round: usize, master_pids: &[u32]) {
-        let s = self.settings.clone();
-        let probe = CpuProbe::new(None, master_pids, self.hz);
-        let before = probe.snap();
-        let direct = external::run_node(&s, &self.master_ports, workers, external::NODE_DIRECT)
-            .map(|mut r| {
-                r.cpu = probe.between(before, probe.snap());
-                r
-            });
-        let via_proxy = s
-            .start_proxy(&self.masters.addrs())
-            .map_err(|e| e.to_string())
-            .and_then(|mut proxy| {
-                self.prepare(proxy.port);
-                let probe = CpuProbe::new(Some(proxy.pid()), master_pids, self.hz);
-                let before = probe.snap();
-                let mut r = external::run_node(&s, &[proxy.port], workers, external::NODE_PROXY)?;
-                r.cpu = probe.between(before, probe.snap());
-                r.note = proxy.health_note();
-                Ok(r)
-            });
-        for r in [direct, via_proxy] {
-            match r {
-                Ok(mut r) => {
-                    r.round = round;
-                    let (p50, p99, _) = fmt_lat(r.latency);
-                    progress(&format!(
-                        "{} workers {} round {round}: {} cycles/s p50 {p50} p99 {p99} ms cpu p/m/c/o {} refused {}",
-                        r.scenario,
-                        r.workers,
-                        fmt_rate(r.cycles_per_sec),
-                        report::fmt_cpu(&r.cpu),
-                        r.fails
-                    ));
-                    self.results.node.push(r);
-                }
-                Err(err) => self.skip(format!("node ({workers} workers): {err}")),
-            }
         }
     }
 
