@@ -69,15 +69,20 @@ pub const NOISY_OTHER_CPU: f64 = 50.0;
 
 pub fn fmt_cpu(c: &CpuUse) -> String {
     let proxy = c.proxy.map_or("–".into(), |p| format!("{p:.0}"));
-    let noisy = if c.other > NOISY_OTHER_CPU {
-        " ⚠"
-    } else {
-        ""
-    };
+    let noisy = noisy_mark(c.other);
     format!(
         "{proxy} / {:.0} / {:.0} / {:.0}{noisy}",
         c.masters, c.client, c.other
     )
+}
+
+/// " ⚠" when other processes used more than [`NOISY_OTHER_CPU`] (% of one core).
+pub fn noisy_mark(other_pct: f64) -> &'static str {
+    if other_pct > NOISY_OTHER_CPU {
+        " ⚠"
+    } else {
+        ""
+    }
 }
 
 pub fn fmt_kib(bytes: f64) -> String {
@@ -727,11 +732,7 @@ fn render_node(md: &mut String, settings: &Settings, runs: &[NodeResult]) {
         }
         let per = r.cpu_per_cycle();
         let direct = node_direct(runs, r);
-        let noisy = if r.cpu.other > NOISY_OTHER_CPU {
-            " ⚠"
-        } else {
-            ""
-        };
+        let noisy = noisy_mark(r.cpu.other);
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {:.0} | {:.0} | {} | {:.0}{noisy} | {} |",
@@ -793,11 +794,7 @@ fn render_cpu(md: &mut String, settings: &Settings, cells: &[crate::cpu::CpuCell
         if let Some(note) = &c.note {
             let _ = write!(granted, "; {note}");
         }
-        let noisy = if c.other_pct > NOISY_OTHER_CPU {
-            " ⚠"
-        } else {
-            ""
-        };
+        let noisy = noisy_mark(c.other_pct);
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {:.2} | {} | {} | {} | {} | {} | {:.2} | {:.0}{noisy} | {} |",
