@@ -14,15 +14,13 @@
 //! `acquires_granted` (and the other `acquires_*` outcomes); direct, the growth of `DBSIZE`
 //! (through the proxy each grant also writes a fencing token counter key on the masters).
 
-use crate::external::{dbsize, redis_benchmark};
+use crate::external::{acquire_counters, dbsize, redis_benchmark, GRANTED};
 use crate::procs::{CpuProbe, CpuUse};
 use crate::settings::{Settings, Target};
 use redlock_proxy::LocalCluster;
 use redlock_testkit::launcher::ProxyProcess;
 use redlock_testkit::masters::pids;
-use redlock_testkit::resp::blocking_cmd;
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 /// One of the five cells of a round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -175,21 +173,6 @@ pub fn run_cell(
             .collect(),
         note: proxy.as_mut().and_then(ProxyProcess::health_note),
     })
-}
-
-const GRANTED: &str = "granted";
-
-/// The proxy's acquire outcomes (`INFO stats`: `acquires_granted` → `granted`, …).
-fn acquire_counters(port: u16) -> Option<BTreeMap<String, u64>> {
-    let info = blocking_cmd(port, &[b"INFO", b"stats"], Duration::from_secs(30))
-        .ok()?
-        .text()?;
-    let counters: BTreeMap<String, u64> = info
-        .lines()
-        .filter_map(|l| l.strip_prefix("acquires_")?.trim().split_once(':'))
-        .filter_map(|(name, n)| Some((name.to_string(), n.parse().ok()?)))
-        .collect();
-    counters.contains_key(GRANTED).then_some(counters)
 }
 
 /// The cell of `variant` in `round`.

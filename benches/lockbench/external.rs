@@ -5,6 +5,7 @@ use crate::procs::{CpuProbe, CpuUse};
 use crate::settings::Settings;
 use crate::stats::{CycleResult, Latency};
 use redlock_testkit::resp::{blocking_cmd, Reply};
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -308,6 +309,31 @@ pub fn dbsize(port: u16) -> Option<u64> {
     }
 }
 
+pub const GRANTED: &str = "granted";
+
+/// The proxy's acquire outcomes (`INFO stats`: `acquires_granted` → `granted`, …).
+pub fn acquire_counters(port: u16) -> Option<BTreeMap<String, u64>> {
+    let info = blocking_cmd(port, &[b"INFO", b"stats"], Duration::from_secs(30))
+        .ok()?
+        .text()?;
+    let counters: BTreeMap<String, u64> = info
+        .lines()
+        .filter_map(|l| l.strip_prefix("acquires_")?.trim().split_once(':'))
+        .filter_map(|(name, n)| Some((name.to_string(), n.parse().ok()?)))
+        .collect();
+    counters.contains_key(GRANTED).then_some(counters)
+}
+
+/// SETs granted so far: the proxy's `acquires_granted` when `port` is a proxy, else the keys
+/// on the master (each grant through the proxy also leaves a fencing token counter key there).
+pub fn granted_so_far(port: u16, master_port: u16) -> Option<u64> {
+    if port == master_port {
+        dbsize(master_port)
+    } else {
+        acquire_counters(port)?.get(GRANTED).copied()
+    }
+}
+
 pub fn redis_benchmark_ready() -> Result<(), String> {
     match Command::new("redis-benchmark").arg("--version").output() {
         Ok(o) if o.status.success() => Ok(()),
@@ -316,10 +342,11 @@ pub fn redis_benchmark_ready() -> Result<(), String> {
 }
 
 /// One redis-benchmark cell against `port` (master 0 directly, or the proxy over it) for about
-/// `settings.secs`: a short calibration run sizes the real one. The growth of master 0's
-/// `DBSIZE` over the real run is the number of SETs that were granted (random keys in a space
-/// of 10⁸ practically never collide). The caller empties master 0 afterwards, once no proxy
-/// is attached: a proxy treats a `FLUSHALL` under it as lost data and quarantines the master.
+/// `settings.secs`: a short calibration run sizes the real one. The SETs granted over the real
+/// run: [`granted_so_far`] (directly, the growth of `DBSIZE`: random keys in a space of 10⁸
+/// practically never collide). The caller empties master 0 afterwards, once no proxy is
+/// attached (a proxy treats a `FLUSHALL` under it as lost data and quarantines the master),
+/// and arms it again.
 pub fn redis_benchmark_cell(
     settings: &Settings,
     port: u16,
@@ -327,15 +354,15 @@ pub fn redis_benchmark_cell(
     depth: usize,
 ) -> Result<RbResult, String> {
     let ttl = settings.ttl_ms;
-    let dbsize = || dbsize(master_port);
+    let granted = || granted_so_far(port, master_port);
     let probe = redis_benchmark(port, depth, 20_000 * depth as u64, ttl)?;
     let requests = if probe.rps.is_finite() {
         ((probe.rps * settings.secs) as u64).clamp(20_000, 20_000_000)
     } else {
         200_000
     };
-    let before = dbsize();
+    let before = granted();
     let mut result = redis_benchmark(port, depth, requests, ttl)?;
-    result.granted = before.zip(dbsize()).map(|(b, a)| a.saturating_sub(b));
+    result.granted = before.zip(granted()).map(|(b, a)| a.saturating_sub(b));
     Ok(result)
 }

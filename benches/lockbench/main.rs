@@ -263,9 +263,12 @@ impl Bench {
             }
             Err(err) => self.skip(format!("redis-benchmark {}: {err}", target.label())),
         }
-        // Drop the ~N keys (30 s TTL) left behind, once the proxy is gone.
+        // Drop the ~N keys (30 s TTL) left behind, once the proxy is gone, and arm the master
+        // again: later sections' proxies over all 5 would otherwise find it unarmed while the
+        // others are armed, and quarantine it (about a minute) as a master that lost its data.
         drop(proxy);
         let _ = blocking_cmd(master, &[b"FLUSHALL"], Duration::from_secs(30));
+        arm(master);
     }
 
     /// The five cells of [`cpu::VARIANTS`] in each of `BENCH_ROUNDS` rounds.
@@ -432,6 +435,18 @@ impl Bench {
     }
 }
 
+/// Sets the lock marker on a master (directly, no proxy attached).
+fn arm(port: u16) {
+    let armed = blocking_cmd(
+        port,
+        &[b"SET", ARMED_KEY.as_bytes(), b"1"],
+        Duration::from_secs(5),
+    );
+    if !armed.as_ref().is_ok_and(|reply| reply.is_ok()) {
+        settings::fail(&format!("cannot arm master {port}: {armed:?}"));
+    }
+}
+
 fn progress(text: &str) {
     eprintln!("lockbench: {text}");
 }
@@ -483,14 +498,7 @@ fn main() {
     // 1, 3 or 5 of them must never find some armed (by an earlier cell's proxy) and others
     // not, which it has to take for lost data and quarantine (docs/SAFETY.md).
     for master in &masters.masters {
-        let armed = blocking_cmd(
-            master.port,
-            &[b"SET", ARMED_KEY.as_bytes(), b"1"],
-            Duration::from_secs(5),
-        );
-        if !armed.as_ref().is_ok_and(|reply| reply.is_ok()) {
-            settings::fail(&format!("cannot arm master {}: {armed:?}", master.port));
-        }
+        arm(master.port);
     }
     let mut bench = Bench {
         master_ports: masters.masters.iter().map(|m| m.port).collect(),
