@@ -10,8 +10,9 @@
 #   BENCH_SECS=2 scripts/bench.sh              # shorter cells
 #   scripts/bench.sh memory contention         # only these sections (same as BENCH_ONLY=memory,contention)
 #   BENCH_TARGETS=direct,proxy5 BENCH_CONNS=50 BENCH_DEPTHS=1 scripts/bench.sh cycles
+#   BENCH_ROUNDS=5 BENCH_CPU_REQUESTS=200000 scripts/bench.sh cpu   # CPU per request (issue 14)
 #
-# Sections: cycles, clientside, node, redis-benchmark, memory, contention, fencing. Every knob is listed
+# Sections: cycles, clientside, node, redis-benchmark, cpu, memory, contention, fencing, metrics. Every knob is listed
 # in BENCHMARKS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,13 +1,16 @@
 //! Load from other programs: node `redlock` (benches/node/lockbench.js) and `redis-benchmark`.
 
 use crate::cycles::unique_tag;
-use crate::procs::CpuUse;
+use crate::procs::{CpuProbe, CpuUse};
 use crate::settings::Settings;
-use crate::stats::Latency;
+use crate::stats::{CycleResult, Latency};
 use redlock_testkit::resp::{blocking_cmd, Reply};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug)]
 pub struct NodeResult {
@@ -15,13 +18,17 @@ pub struct NodeResult {
     /// 1-based repetition of the same comparison (`BENCH_ROUNDS`).
     pub round: usize,
     pub workers: usize,
+    /// Connections of the load generator (node: ioredis clients, over all ports).
+    pub conns: usize,
     pub cycles_per_sec: f64,
     pub latency: Option<Latency>,
     pub fails: u64,
     pub first_error: Option<String>,
-    /// CPU % of node itself over its measured window (its own `process.cpuUsage()`).
+    /// CPU % of the load generator over its measured window: node's own
+    /// `process.cpuUsage()`, or this process for the raw-RESP load generator.
     pub node_cpu: Option<f64>,
-    /// CPU over the whole node run (start-up and warm-up included); "client" = node + harness.
+    /// CPU % of the proxy and the masters over the measured window ("client" = this process
+    /// alone while node runs).
     pub cpu: CpuUse,
     pub note: Option<String>,
 }
@@ -50,39 +57,112 @@ pub fn node_ready() -> Result<(), String> {
     }
 }
 
-/// Runs benches/node/lockbench.js against `ports` and parses its JSON line.
+impl NodeResult {
+    /// The `cycles` cell of the raw-RESP load generator through the proxy, as a row of the
+    /// node comparison (its load generator is this process).
+    pub fn from_cycles(c: CycleResult) -> NodeResult {
+        NodeResult {
+            scenario: NODE_RAW.into(),
+            round: 1,
+            workers: c.conns,
+            conns: c.conns,
+            cycles_per_sec: c.cycles_per_sec,
+            latency: c.latency,
+            fails: c.fails + c.errors,
+            first_error: c.first_error,
+            node_cpu: Some(c.cpu.client),
+            cpu: c.cpu,
+            note: c.note,
+        }
+    }
+
+    /// CPU µs per cycle over the measured window: load generator ("client"), proxy, masters
+    /// (summed), everything else on the machine.
+    pub fn cpu_per_cycle(&self) -> CpuUse {
+        CpuUse {
+            client: self.node_cpu.unwrap_or(f64::NAN),
+            ..self.cpu
+        }
+        .scaled(1e4 / self.cycles_per_sec.max(f64::EPSILON))
+    }
+
+    /// The CPU µs per cycle of the load generator, the proxy and the masters together.
+    pub fn total_cpu_per_cycle(&self) -> f64 {
+        let per = self.cpu_per_cycle();
+        per.client + per.proxy.unwrap_or(0.0) + per.masters
+    }
+}
+
+/// How long past its own end a node run may take before it is killed.
+const NODE_GRACE: Duration = Duration::from_secs(30);
+
+/// Runs benches/node/lockbench.js against `ports` with `conns` ioredis clients per port and
+/// parses its JSON line; `probe` samples the proxy's and the masters' CPU over node's measured
+/// window (between its "window start" and "window end" lines).
 pub fn run_node(
     settings: &Settings,
     ports: &[u16],
     workers: usize,
+    conns: usize,
     scenario: &str,
+    probe: &CpuProbe,
 ) -> Result<NodeResult, String> {
     let ports_text = ports
         .iter()
         .map(u16::to_string)
         .collect::<Vec<_>>()
         .join(",");
-    let output = Command::new("node")
+    let mut child = Command::new("node")
         .arg(node_dir().join("lockbench.js"))
         .args(["--ports", &ports_text])
         .args(["--workers", &workers.to_string()])
+        .args(["--conns", &conns.to_string()])
         .args(["--secs", &settings.secs.to_string()])
         .args(["--warmup", &settings.warmup.to_string()])
         .args(["--ttl", &settings.ttl_ms.to_string()])
         .args(["--tag", &unique_tag()])
         .current_dir(node_dir())
         .stdin(Stdio::null())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .map_err(|err| format!("cannot run node: {err}"))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let Some(line) = stdout.lines().rev().find(|l| l.starts_with('{')) else {
-        return Err(format!(
-            "node printed no result ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
+    let (tx, lines) = mpsc::channel();
+    if let Some(out) = child.stdout.take() {
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+    }
+    let stderr = child.stderr.take().map(|mut err| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = err.read_to_string(&mut text);
+            text
+        })
+    });
+    let deadline =
+        Instant::now() + Duration::from_secs_f64(settings.warmup + settings.secs) + NODE_GRACE;
+    let (mut opened, mut window, mut result) = (None, None, None);
+    // One line at a time until node closes its stdout (it exits) or the deadline passes.
+    while let Ok(line) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        match line.as_str() {
+            "window start" => opened = Some(probe.snap()),
+            "window end" => window = opened.map(|a| probe.between(a, probe.snap())),
+            l if l.starts_with('{') => result = Some(line),
+            _ => {}
+        }
+    }
+    if Instant::now() >= deadline {
+        let _ = child.kill();
+    }
+    let status = child.wait().map_err(|err| format!("node: {err}"))?;
+    let Some(line) = result else {
+        let err = stderr.and_then(|t| t.join().ok()).unwrap_or_default();
+        return Err(format!("node printed no result ({status}): {}", err.trim()));
     };
-    let num = |name: &str| json_number(line, name);
+    let num = |name: &str| json_number(&line, name);
     let latency = match (num("p50_us"), num("p99_us"), num("p999_us")) {
         (Some(p50), Some(p99), Some(p999)) => Some(Latency { p50, p99, p999 }),
         _ => None,
@@ -91,12 +171,13 @@ pub fn run_node(
         scenario: scenario.into(),
         round: 1,
         workers,
+        conns: conns * ports.len(),
         cycles_per_sec: num("cycles_per_sec").unwrap_or(0.0),
         latency,
         fails: num("fails").unwrap_or(0.0) as u64,
-        first_error: json_string(line, "first_error"),
+        first_error: json_string(&line, "first_error"),
         node_cpu: num("cpu_pct"),
-        cpu: CpuUse::default(),
+        cpu: window.unwrap_or_default(),
         note: None,
     })
 }
@@ -154,6 +235,10 @@ pub const RB_CONNS: usize = 50;
 
 pub const NODE_DIRECT: &str = "node redlock, 5 ioredis clients → 5 masters";
 pub const NODE_PROXY: &str = "node redlock, 1 ioredis client → proxy over 5";
+/// One ioredis client (connection) per worker, as many connections as the raw-RESP cell.
+pub const NODE_PROXY_PER_WORKER: &str = "node redlock, 1 ioredis client per worker → proxy over 5";
+/// The lock-cycle load generator of `cycles` (one connection per worker, pre-encoded RESP).
+pub const NODE_RAW: &str = "raw-RESP load generator (Rust), 1 connection per worker → proxy over 5";
 
 /// `redis-benchmark -c 50 -P depth -n requests -r 1e8 --csv SET lb:rb:TAG:__rand_int__ v NX PX ttl`.
 pub fn redis_benchmark(
@@ -216,6 +301,39 @@ pub fn redis_benchmark(
     })
 }
 
+/// `DBSIZE` of a redis-server (`None` if it does not answer an integer within 30 s).
+pub fn dbsize(port: u16) -> Option<u64> {
+    match blocking_cmd(port, &[b"DBSIZE"], Duration::from_secs(30)) {
+        Ok(Reply::Int(n)) => u64::try_from(n).ok(),
+        _ => None,
+    }
+}
+
+pub const GRANTED: &str = "granted";
+
+/// The proxy's acquire outcomes (`INFO stats`: `acquires_granted` → `granted`, …).
+pub fn acquire_counters(port: u16) -> Option<BTreeMap<String, u64>> {
+    let info = blocking_cmd(port, &[b"INFO", b"stats"], Duration::from_secs(30))
+        .ok()?
+        .text()?;
+    let counters: BTreeMap<String, u64> = info
+        .lines()
+        .filter_map(|l| l.strip_prefix("acquires_")?.trim().split_once(':'))
+        .filter_map(|(name, n)| Some((name.to_string(), n.parse().ok()?)))
+        .collect();
+    counters.contains_key(GRANTED).then_some(counters)
+}
+
+/// SETs granted so far: the proxy's `acquires_granted` when `port` is a proxy, else the keys
+/// on the master (each grant through the proxy also leaves a fencing token counter key there).
+pub fn granted_so_far(port: u16, master_port: u16) -> Option<u64> {
+    if port == master_port {
+        dbsize(master_port)
+    } else {
+        acquire_counters(port)?.get(GRANTED).copied()
+    }
+}
+
 pub fn redis_benchmark_ready() -> Result<(), String> {
     match Command::new("redis-benchmark").arg("--version").output() {
         Ok(o) if o.status.success() => Ok(()),
@@ -224,10 +342,11 @@ pub fn redis_benchmark_ready() -> Result<(), String> {
 }
 
 /// One redis-benchmark cell against `port` (master 0 directly, or the proxy over it) for about
-/// `settings.secs`: a short calibration run sizes the real one. The growth of master 0's
-/// `DBSIZE` over the real run is the number of SETs that were granted (random keys in a space
-/// of 10⁸ practically never collide). The caller empties master 0 afterwards, once no proxy
-/// is attached: a proxy treats a `FLUSHALL` under it as lost data and quarantines the master.
+/// `settings.secs`: a short calibration run sizes the real one. The SETs granted over the real
+/// run: [`granted_so_far`] (directly, the growth of `DBSIZE`: random keys in a space of 10⁸
+/// practically never collide). The caller empties master 0 afterwards, once no proxy is
+/// attached (a proxy treats a `FLUSHALL` under it as lost data and quarantines the master),
+/// and arms it again.
 pub fn redis_benchmark_cell(
     settings: &Settings,
     port: u16,
@@ -235,18 +354,15 @@ pub fn redis_benchmark_cell(
     depth: usize,
 ) -> Result<RbResult, String> {
     let ttl = settings.ttl_ms;
-    let dbsize = || match blocking_cmd(master_port, &[b"DBSIZE"], Duration::from_secs(30)) {
-        Ok(Reply::Int(n)) => Some(n as u64),
-        _ => None,
-    };
+    let granted = || granted_so_far(port, master_port);
     let probe = redis_benchmark(port, depth, 20_000 * depth as u64, ttl)?;
     let requests = if probe.rps.is_finite() {
         ((probe.rps * settings.secs) as u64).clamp(20_000, 20_000_000)
     } else {
         200_000
     };
-    let before = dbsize();
+    let before = granted();
     let mut result = redis_benchmark(port, depth, requests, ttl)?;
-    result.granted = before.zip(dbsize()).map(|(b, a)| a.saturating_sub(b));
+    result.granted = before.zip(granted()).map(|(b, a)| a.saturating_sub(b));
     Ok(result)
 }

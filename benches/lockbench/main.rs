@@ -9,9 +9,16 @@
 //! - `clientside`: the same cycles as an in-process Redlock client over the `redis` crate
 //!   (5 multiplexed connections) vs the proxy over the same 5 masters.
 //! - `node`: node `redlock` with 5 ioredis clients over the 5 masters vs the same script with
-//!   one ioredis client at the proxy (needs `benches/node/node_modules`, see scripts/bench.sh).
+//!   one ioredis client at the proxy; at the largest worker count also with one ioredis client
+//!   per worker, and the raw-RESP load generator, in each interleaved round; the CPU per cycle
+//!   of node, the proxy and the masters (needs `benches/node/node_modules`, see
+//!   scripts/bench.sh).
 //! - `redis-benchmark`: `redis-benchmark … SET key:__rand_int__ v NX PX 30000`, direct vs
 //!   the proxy over 1 master.
+//! - `cpu`: CPU time per request under that redis-benchmark load (a fixed number of requests
+//!   per cell): redis-server directly vs the proxy over 1 and 5 fresh masters, `--threads 1`
+//!   and `--threads 2`, interleaved rounds; the proxy's and the masters' CPU per request
+//!   against redis-server's own.
 //! - `memory`: proxy resident bytes per idle client connection (10k connections, one PING each).
 //! - `contention`: 100 clients polling `SET hot v NX PX 30000` every 5 ms while one holder
 //!   holds it; master operations per client operation.
@@ -25,6 +32,7 @@
 //! variables): settings.rs and BENCHMARKS.md.
 
 mod contention;
+mod cpu;
 mod cycles;
 mod external;
 mod fencing;
@@ -41,7 +49,7 @@ use redlock_proxy::{LocalCluster, LocalMaster};
 use redlock_testkit::launcher::{ready_for_load, ProxyProcess};
 use redlock_testkit::masters::pids;
 use redlock_testkit::resp::blocking_cmd;
-use report::{fmt_kib, fmt_lat, fmt_mib, fmt_rate, fmt_us, Results};
+use report::{fmt_kib, fmt_lat, fmt_mib, fmt_rate, fmt_ratio, fmt_us, Results};
 use settings::{Settings, Target, SECTIONS};
 use stats::CycleResult;
 use std::future::Future;
@@ -113,24 +121,85 @@ impl Bench {
         if let Err(why) = external::node_ready() {
             return self.skip(format!("node: {why}"));
         }
-        let s = self.settings.clone();
         let master_pids = pids(&self.masters.masters);
-        // The largest worker count is the target comparison: repeated, interleaved.
-        let target_workers = s.node_workers.iter().copied().max();
-        for &workers in &s.node_workers {
-            let rounds = if Some(workers) == target_workers {
-                s.rounds
-            } else {
-                1
-            };
+        // The largest worker count is the target comparison: repeated, interleaved, with the
+        // other clients of the proxy beside it.
+        let target_workers = self.settings.node_workers.iter().copied().max();
+        for workers in self.settings.node_workers.clone() {
+            let target = Some(workers) == target_workers;
+            let rounds = if target { self.settings.rounds } else { 1 };
             for round in 1..=rounds {
-                self.node_pair(workers, round, &master_pids);
+                self.node_round(workers, round, target, &master_pids);
             }
         }
-        // Target 2 (a) compares with raw-RESP clients through the proxy at as many connections.
-        if let Some(workers) = target_workers {
-            self.ensure_proxy5_cell(workers);
+    }
+
+    /// node redlock over the 5 masters, then the same script through a fresh proxy over them
+    /// with one ioredis client; with `all`, also with one ioredis client per worker, and the
+    /// raw-RESP load generator at as many connections (target 2 (a)).
+    fn node_round(&mut self, workers: usize, round: usize, all: bool, master_pids: &[u32]) {
+        let s = self.settings.clone();
+        let probe = CpuProbe::new(None, master_pids, self.hz);
+        let mut runs = vec![external::run_node(
+            &s,
+            &self.master_ports,
+            workers,
+            1,
+            external::NODE_DIRECT,
+            &probe,
+        )];
+        runs.push(self.node_via_proxy(workers, 1, external::NODE_PROXY, master_pids));
+        if all && workers > 1 {
+            let per_worker = external::NODE_PROXY_PER_WORKER;
+            runs.push(self.node_via_proxy(workers, workers, per_worker, master_pids));
         }
+        if all {
+            let cell =
+                cycles::run_cycle_cell(&s, &self.masters, Target::Proxy(5), workers, 1, self.hz);
+            runs.push(Ok(external::NodeResult::from_cycles(self.block_on(cell))));
+        }
+        for r in runs {
+            match r {
+                Ok(mut r) => {
+                    r.round = round;
+                    let (p50, p99, _) = fmt_lat(r.latency);
+                    let per = r.cpu_per_cycle();
+                    progress(&format!(
+                        "{} workers {} round {round}: {} cycles/s p50 {p50} p99 {p99} ms, load gen CPU {} %, CPU µs/cycle gen/proxy/masters {:.0}/{}/{:.0}, other CPU {:.0} %, refused {}",
+                        r.scenario,
+                        r.workers,
+                        fmt_rate(r.cycles_per_sec),
+                        r.node_cpu.map_or("–".into(), |c| format!("{c:.0}")),
+                        per.client,
+                        per.proxy.map_or("–".into(), |p| format!("{p:.0}")),
+                        per.masters,
+                        r.cpu.other,
+                        r.fails
+                    ));
+                    self.results.node.push(r);
+                }
+                Err(err) => self.skip(format!("node ({workers} workers): {err}")),
+            }
+        }
+    }
+
+    /// The node script through a fresh proxy over the 5 masters, `conns` ioredis clients.
+    fn node_via_proxy(
+        &mut self,
+        workers: usize,
+        conns: usize,
+        scenario: &str,
+        master_pids: &[u32],
+    ) -> Result<external::NodeResult, String> {
+        let s = self.settings.clone();
+        let mut proxy = s
+            .start_proxy(&self.masters.addrs())
+            .map_err(|e| e.to_string())?;
+        self.prepare(proxy.port);
+        let probe = CpuProbe::new(Some(proxy.pid()), master_pids, self.hz);
+        let mut r = external::run_node(&s, &[proxy.port], workers, conns, scenario, &probe)?;
+        r.note = proxy.health_note();
+        Ok(r)
     }
 
     /// Runs the proxy-over-5 lock-cycle cell at `conns` connections, depth 1, unless the
@@ -142,48 +211,6 @@ impl Bench {
                 cycles::run_cycle_cell(&s, &self.masters, Target::Proxy(5), conns, 1, self.hz);
             let r = self.block_on(cell);
             self.record_cycle(r);
-        }
-    }
-
-    /// node redlock over the 5 masters, then the same script through a fresh proxy over them.
-    fn node_pair(&mut self, workers: usize, round: usize, master_pids: &[u32]) {
-        let s = self.settings.clone();
-        let probe = CpuProbe::new(None, master_pids, self.hz);
-        let before = probe.snap();
-        let direct = external::run_node(&s, &self.master_ports, workers, external::NODE_DIRECT)
-            .map(|mut r| {
-                r.cpu = probe.between(before, probe.snap());
-                r
-            });
-        let via_proxy = s
-            .start_proxy(&self.masters.addrs())
-            .map_err(|e| e.to_string())
-            .and_then(|mut proxy| {
-                self.prepare(proxy.port);
-                let probe = CpuProbe::new(Some(proxy.pid()), master_pids, self.hz);
-                let before = probe.snap();
-                let mut r = external::run_node(&s, &[proxy.port], workers, external::NODE_PROXY)?;
-                r.cpu = probe.between(before, probe.snap());
-                r.note = proxy.health_note();
-                Ok(r)
-            });
-        for r in [direct, via_proxy] {
-            match r {
-                Ok(mut r) => {
-                    r.round = round;
-                    let (p50, p99, _) = fmt_lat(r.latency);
-                    progress(&format!(
-                        "{} workers {} round {round}: {} cycles/s p50 {p50} p99 {p99} ms cpu p/m/c/o {} refused {}",
-                        r.scenario,
-                        r.workers,
-                        fmt_rate(r.cycles_per_sec),
-                        report::fmt_cpu(&r.cpu),
-                        r.fails
-                    ));
-                    self.results.node.push(r);
-                }
-                Err(err) => self.skip(format!("node ({workers} workers): {err}")),
-            }
         }
     }
 
@@ -236,9 +263,44 @@ impl Bench {
             }
             Err(err) => self.skip(format!("redis-benchmark {}: {err}", target.label())),
         }
-        // Drop the ~N keys (30 s TTL) left behind, once the proxy is gone.
+        // Drop the ~N keys (30 s TTL) left behind, once the proxy is gone, and arm the master
+        // again: later sections' proxies over all 5 would otherwise find it unarmed while the
+        // others are armed, and quarantine it (about a minute) as a master that lost its data.
         drop(proxy);
         let _ = blocking_cmd(master, &[b"FLUSHALL"], Duration::from_secs(30));
+        arm(master);
+    }
+
+    /// The five cells of [`cpu::VARIANTS`] in each of `BENCH_ROUNDS` rounds.
+    fn cpu(&mut self) {
+        if let Err(why) = external::redis_benchmark_ready() {
+            return self.skip(format!("cpu: redis-benchmark {why}"));
+        }
+        let s = self.settings.clone();
+        for round in 1..=s.rounds {
+            for variant in cpu::VARIANTS {
+                match cpu::run_cell(&s, variant, round, self.hz, |port| self.prepare(port)) {
+                    Ok(cell) => {
+                        let r = cpu::ratios(&self.results.cpu, &cell);
+                        progress(&format!(
+                            "cpu round {round} {}: {} req/s, µs/req proxy {} masters {:.2} (×direct proxy {} masters {}), threads2/1 req/s {}, {} of {} granted{}",
+                            variant.label(),
+                            fmt_rate(cell.rps),
+                            cell.proxy_us().map_or("–".into(), |p| format!("{p:.2}")),
+                            cell.masters_us(),
+                            r.proxy_vs_direct.map_or("–".into(), fmt_ratio),
+                            r.masters_vs_direct.map_or("–".into(), fmt_ratio),
+                            r.rps_vs_threads1.map_or("–".into(), fmt_ratio),
+                            cell.granted.map_or("?".into(), |g| g.to_string()),
+                            cell.requests,
+                            cell.note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default()
+                        ));
+                        self.results.cpu.push(cell);
+                    }
+                    Err(err) => self.skip(format!("cpu {} round {round}: {err}", variant.label())),
+                }
+            }
+        }
     }
 
     fn memory(&mut self) {
@@ -373,6 +435,18 @@ impl Bench {
     }
 }
 
+/// Sets the lock marker on a master (directly, no proxy attached).
+fn arm(port: u16) {
+    let armed = blocking_cmd(
+        port,
+        &[b"SET", ARMED_KEY.as_bytes(), b"1"],
+        Duration::from_secs(5),
+    );
+    if !armed.as_ref().is_ok_and(|reply| reply.is_ok()) {
+        settings::fail(&format!("cannot arm master {port}: {armed:?}"));
+    }
+}
+
 fn progress(text: &str) {
     eprintln!("lockbench: {text}");
 }
@@ -424,14 +498,7 @@ fn main() {
     // 1, 3 or 5 of them must never find some armed (by an earlier cell's proxy) and others
     // not, which it has to take for lost data and quarantine (docs/SAFETY.md).
     for master in &masters.masters {
-        let armed = blocking_cmd(
-            master.port,
-            &[b"SET", ARMED_KEY.as_bytes(), b"1"],
-            Duration::from_secs(5),
-        );
-        if !armed.as_ref().is_ok_and(|reply| reply.is_ok()) {
-            settings::fail(&format!("cannot arm master {}: {armed:?}", master.port));
-        }
+        arm(master.port);
     }
     let mut bench = Bench {
         master_ports: masters.masters.iter().map(|m| m.port).collect(),
@@ -451,6 +518,7 @@ fn main() {
             "clientside" => bench.clientside(),
             "node" => bench.node(),
             "redis-benchmark" => bench.redis_benchmark(),
+            "cpu" => bench.cpu(),
             "memory" => bench.memory(),
             "contention" => bench.contention(),
             "fencing" => bench.fencing(),

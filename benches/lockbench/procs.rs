@@ -85,6 +85,18 @@ pub struct CpuUse {
     pub other: f64,
 }
 
+impl CpuUse {
+    /// Every figure multiplied by `factor` (seconds → %, seconds → µs per request, …).
+    pub fn scaled(self, factor: f64) -> CpuUse {
+        CpuUse {
+            proxy: self.proxy.map(|p| p * factor),
+            masters: self.masters * factor,
+            client: self.client * factor,
+            other: self.other * factor,
+        }
+    }
+}
+
 /// Samples the CPU time of the proxy, the masters, this process and the whole machine.
 pub struct CpuProbe {
     proxy: Option<String>,
@@ -120,18 +132,25 @@ impl CpuProbe {
         }
     }
 
+    /// CPU use between two snaps as % of one core.
     pub fn between(&self, a: CpuSnap, b: CpuSnap) -> CpuUse {
         let secs = (b.at - a.at).as_secs_f64().max(1e-9);
-        let pct = |x: u64, y: u64| (y.saturating_sub(x)) as f64 / self.hz / secs * 100.0;
+        self.seconds(a, b).scaled(100.0 / secs)
+    }
+
+    /// CPU time used between two snaps, in seconds (not %).
+    pub fn seconds(&self, a: CpuSnap, b: CpuSnap) -> CpuUse {
+        let secs = |x: u64, y: u64| y.saturating_sub(x) as f64 / self.hz;
+        let (proxy, masters, client) = (
+            secs(a.proxy, b.proxy),
+            secs(a.masters, b.masters),
+            secs(a.client, b.client),
+        );
         CpuUse {
-            proxy: self.proxy.as_ref().map(|_| pct(a.proxy, b.proxy)),
-            masters: pct(a.masters, b.masters),
-            client: pct(a.client, b.client),
-            other: (pct(a.machine, b.machine)
-                - pct(a.proxy, b.proxy)
-                - pct(a.masters, b.masters)
-                - pct(a.client, b.client))
-            .max(0.0),
+            proxy: self.proxy.as_ref().map(|_| proxy),
+            masters,
+            client,
+            other: (secs(a.machine, b.machine) - proxy - masters - client).max(0.0),
         }
     }
 

@@ -1,7 +1,9 @@
 //! The markdown report and the verdicts against the targets.
 
 use crate::contention::HotResult;
-use crate::external::{NodeResult, RbResult, NODE_DIRECT, NODE_PROXY, RB_CONNS};
+use crate::external::{
+    NodeResult, RbResult, NODE_DIRECT, NODE_PROXY, NODE_PROXY_PER_WORKER, NODE_RAW, RB_CONNS,
+};
 use crate::memory::MemResult;
 use crate::procs::CpuUse;
 use crate::settings::{ReleaseKind, Settings, Target};
@@ -15,6 +17,7 @@ pub struct Results {
     pub clientside: Vec<CycleResult>,
     pub node: Vec<NodeResult>,
     pub rb: Vec<RbResult>,
+    pub cpu: Vec<crate::cpu::CpuCell>,
     pub memory: Vec<MemResult>,
     pub hot: Vec<HotResult>,
     pub fencing: Vec<crate::fencing::FenceResult>,
@@ -66,15 +69,20 @@ pub const NOISY_OTHER_CPU: f64 = 50.0;
 
 pub fn fmt_cpu(c: &CpuUse) -> String {
     let proxy = c.proxy.map_or("–".into(), |p| format!("{p:.0}"));
-    let noisy = if c.other > NOISY_OTHER_CPU {
-        " ⚠"
-    } else {
-        ""
-    };
+    let noisy = noisy_mark(c.other);
     format!(
         "{proxy} / {:.0} / {:.0} / {:.0}{noisy}",
         c.masters, c.client, c.other
     )
+}
+
+/// " ⚠" when other processes used more than [`NOISY_OTHER_CPU`] (% of one core).
+pub fn noisy_mark(other_pct: f64) -> &'static str {
+    if other_pct > NOISY_OTHER_CPU {
+        " ⚠"
+    } else {
+        ""
+    }
 }
 
 pub fn fmt_kib(bytes: f64) -> String {
@@ -287,41 +295,7 @@ pub fn render(settings: &Settings, env: &str, results: &Results, elapsed: Durati
         md.push('\n');
     }
     if !results.node.is_empty() {
-        let _ = writeln!(
-            md,
-            "node `redlock` 5.0.0-beta.2 + ioredis 5.9.2, `retryCount: 0`; W async workers in one node process, each looping `acquire([own key], {})` → `release()`. Redlock acquires with its own Lua script (EVALSHA), so through the proxy this exercises the script fan-out path. At the largest worker count the pair (5 masters, then the proxy) runs {} interleaved round(s) and the target uses medians. Latency = one cycle, ms.\n",
-            settings.ttl_ms, settings.rounds
-        );
-        let _ = writeln!(
-            md,
-            "| scenario | workers | round | cycles/s | p50 | p99 | p999 | node CPU % | CPU % p/m/c/o (whole run) | refused / errors |"
-        );
-        let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---|---|");
-        for r in &results.node {
-            let (p50, p99, p999) = fmt_lat(r.latency);
-            let mut fails = r.fails.to_string();
-            if let Some(e) = &r.first_error {
-                let _ = write!(fails, " ({e})");
-            }
-            if let Some(n) = &r.note {
-                let _ = write!(fails, "; {n}");
-            }
-            let _ = writeln!(
-                md,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                r.scenario,
-                r.workers,
-                r.round,
-                fmt_rate(r.cycles_per_sec),
-                p50,
-                p99,
-                p999,
-                r.node_cpu.map_or("–".into(), |c| format!("{c:.0}")),
-                fmt_cpu(&r.cpu),
-                cell(&fails)
-            );
-        }
-        md.push('\n');
+        render_node(&mut md, settings, &results.node);
     }
 
     if !results.rb.is_empty() {
@@ -373,6 +347,10 @@ pub fn render(settings: &Settings, env: &str, results: &Results, elapsed: Durati
             );
         }
         md.push('\n');
+    }
+
+    if !results.cpu.is_empty() {
+        render_cpu(&mut md, settings, &results.cpu);
     }
 
     if !results.memory.is_empty() {
@@ -571,49 +549,69 @@ pub fn verdicts(results: &Results) -> Vec<Verdict> {
         });
         return finish_verdicts(out, results);
     };
-    let node_runs = |scenario: &str| -> Vec<&NodeResult> {
-        results
-            .node
-            .iter()
-            .filter(|n| n.workers == workers && n.scenario == scenario)
-            .collect()
-    };
-    let direct = node_runs(NODE_DIRECT);
+    let direct = node_runs(&results.node, NODE_DIRECT, workers);
     let direct_rate = median(direct.iter().map(|n| n.cycles_per_sec).collect());
     let direct_p99 = median(direct.iter().map(|n| p99(n.latency)).collect());
-    let compare = |what: String, rate: f64, lat_p99: f64| {
+    let compare = |what: String, runs: &[&NodeResult]| {
+        let ratios: Vec<f64> = runs
+            .iter()
+            .filter_map(|r| node_vs_direct(&results.node, r))
+            .collect();
+        let ratio = median(ratios.clone());
+        let lat_p99 = median(runs.iter().map(|n| p99(n.latency)).collect());
         Verdict {
-        target: NODE_TARGET,
-        measured: format!(
-            "{what}: {} vs node redlock {} cycles/s ({workers} workers, median of {}) = **{}**; p99 {} vs {} ms",
-            fmt_rate(rate),
-            fmt_rate(direct_rate),
-            direct.len(),
-            fmt_ratio(rate / direct_rate),
-            fmt_us(lat_p99),
-            fmt_us(direct_p99)
-        ),
-        met: Some(rate >= 2.0 * direct_rate && lat_p99 <= direct_p99),
-    }
+            target: NODE_TARGET,
+            measured: format!(
+                "{what}: {} vs node redlock {} cycles/s ({workers} workers, medians of {}); per-round ratios {} → median **{}**; p99 {} vs {} ms; load generator CPU {} % vs node's {} %",
+                fmt_rate(median(runs.iter().map(|n| n.cycles_per_sec).collect())),
+                fmt_rate(direct_rate),
+                runs.len(),
+                ratios.iter().map(|r| fmt_ratio(*r)).collect::<Vec<_>>().join(", "),
+                fmt_ratio(ratio),
+                fmt_us(lat_p99),
+                fmt_us(direct_p99),
+                fmt_pct(median(runs.iter().filter_map(|n| n.node_cpu).collect())),
+                fmt_pct(median(direct.iter().filter_map(|n| n.node_cpu).collect())),
+            ),
+            met: Some(ratio >= 2.0 && lat_p99 <= direct_p99),
+        }
     };
-    if let Some(r) = find_cycle(&results.cycles, Target::Proxy(5), workers, 1) {
-        let what = format!("(a) raw-RESP clients → proxy, {} conns, depth 1", r.conns);
-        out.push(compare(what, r.cycles_per_sec, p99(r.latency)));
+    let raw = node_runs(&results.node, NODE_RAW, workers);
+    if !raw.is_empty() {
+        let what = format!("(a) raw-RESP clients → proxy, {workers} conns, depth 1");
+        out.push(compare(what, &raw));
+    } else if let Some(r) = find_cycle(&results.cycles, Target::Proxy(5), workers, 1) {
+        // Not interleaved: the `cycles` cell against the median of node's rounds.
+        out.push(Verdict {
+            target: NODE_TARGET,
+            measured: format!(
+                "(a) raw-RESP clients → proxy, {} conns, depth 1 (cycles section, not interleaved): {} vs node redlock {} cycles/s = **{}**; p99 {} vs {} ms",
+                r.conns,
+                fmt_rate(r.cycles_per_sec),
+                fmt_rate(direct_rate),
+                fmt_ratio(r.cycles_per_sec / direct_rate),
+                fmt_us(p99(r.latency)),
+                fmt_us(direct_p99)
+            ),
+            met: Some(r.cycles_per_sec >= 2.0 * direct_rate && p99(r.latency) <= direct_p99),
+        });
     }
-    let via_proxy = node_runs(NODE_PROXY);
-    if !via_proxy.is_empty() {
-        let what = format!(
-            "(b) same node script, 1 ioredis client → proxy (median of {})",
-            via_proxy.len()
-        );
-        let rate = median(via_proxy.iter().map(|n| n.cycles_per_sec).collect());
-        let lat = median(via_proxy.iter().map(|n| p99(n.latency)).collect());
-        out.push(compare(what, rate, lat));
+    for (tag, scenario) in [
+        ("(b) same node script, 1 ioredis client", NODE_PROXY),
+        (
+            "(b') same node script, 1 ioredis client per worker",
+            NODE_PROXY_PER_WORKER,
+        ),
+    ] {
+        let runs = node_runs(&results.node, scenario, workers);
+        if !runs.is_empty() {
+            out.push(compare(format!("{tag} → proxy"), &runs));
+        }
     }
     finish_verdicts(out, results)
 }
 
-/// Targets 3 and 4.
+/// Targets 3, 4 and 5.
 fn finish_verdicts(mut out: Vec<Verdict>, results: &Results) -> Vec<Verdict> {
     // 3. ≤ 16 KiB per idle connection.
     let mem = results
@@ -646,7 +644,208 @@ fn finish_verdicts(mut out: Vec<Verdict>, results: &Results) -> Vec<Verdict> {
         },
         met: per.map(|p| p <= 1.5),
     });
+    // 5. Proxy CPU per request ≤ 1.0× redis-server's own (issue 14), the default --threads 1.
+    let ratio = |target: Target| {
+        let variant = crate::cpu::Variant { target, threads: 1 };
+        median(
+            results
+                .cpu
+                .iter()
+                .filter(|c| c.variant == variant)
+                .filter_map(|c| crate::cpu::ratios(&results.cpu, c).proxy_vs_direct)
+                .collect(),
+        )
+    };
+    let (one, five) = (ratio(Target::Proxy(1)), ratio(Target::Proxy(5)));
+    out.push(Verdict {
+        target: "proxy CPU per SET NX PX ≤ 1.0× redis-server's own CPU per SET NX PX (redis-benchmark -c 50 -P 1)",
+        measured: if one.is_finite() {
+            format!(
+                "median per-round ratio over 1 master **{}**, over 5 masters {} (`--threads 1`)",
+                fmt_ratio(one),
+                fmt_ratio(five)
+            )
+        } else {
+            "cpu section not run".into()
+        },
+        met: one.is_finite().then_some(one <= 1.0),
+    });
     out
+}
+
+fn fmt_pct(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.0}")
+    } else {
+        "–".into()
+    }
+}
+
+/// The runs of `scenario` at `workers`.
+fn node_runs<'a>(runs: &'a [NodeResult], scenario: &str, workers: usize) -> Vec<&'a NodeResult> {
+    runs.iter()
+        .filter(|n| n.workers == workers && n.scenario == scenario)
+        .collect()
+}
+
+/// The node redlock run over the 5 masters of `r`'s round and worker count.
+fn node_direct<'a>(runs: &'a [NodeResult], r: &NodeResult) -> Option<&'a NodeResult> {
+    runs.iter().find(|d| {
+        d.scenario == NODE_DIRECT
+            && d.workers == r.workers
+            && d.round == r.round
+            && d.scenario != r.scenario
+    })
+}
+
+/// cycles/s of `r` / node redlock's over the 5 masters in the same round.
+fn node_vs_direct(runs: &[NodeResult], r: &NodeResult) -> Option<f64> {
+    node_direct(runs, r)
+        .filter(|d| d.cycles_per_sec > 0.0)
+        .map(|d| r.cycles_per_sec / d.cycles_per_sec)
+}
+
+/// Section 2 (b): node redlock over the masters and through the proxy, with the CPU each
+/// party spent per cycle.
+fn render_node(md: &mut String, settings: &Settings, runs: &[NodeResult]) {
+    let _ = writeln!(
+        md,
+        "node `redlock` 5.0.0-beta.2 + ioredis 5.9.2, `retryCount: 0`; W async workers in one node process, each looping `acquire([own key], {})` → `release()`. Redlock acquires with its own Lua script (EVALSHA), so through the proxy this exercises the script fan-out path. Through the proxy node uses one ioredis client (one connection), and at the largest worker count also one per worker; the raw-RESP row is the `cycles` load generator (this process, pre-encoded commands, one connection per worker) through the proxy. At the largest worker count every round runs these rows in this order ({} interleaved round(s)); ratios compare rows of the same round, the targets use their medians. Latency = one cycle, ms. Load gen CPU % = node's own CPU over its measured window (node is single-threaded: near 100 % node limits the rate), or this process for the raw-RESP row. CPU µs/cycle = each party's CPU over the measured window per completed cycle; total = load generator + proxy + masters. Other = CPU % of one core used by everything else on the machine (⚠ above {NOISY_OTHER_CPU:.0} %): the 2 cores are shared, so when they are full, cycles/s follows the total CPU per cycle and the share of the cores the benchmark gets.\n",
+        settings.ttl_ms, settings.rounds
+    );
+    let _ = writeln!(
+        md,
+        "| scenario | workers | conns | round | cycles/s | vs node direct | p50 | p99 | p999 | load gen CPU % | CPU µs/cycle gen / proxy / masters | total µs/cycle | node direct total / this | other CPU % | refused / errors |"
+    );
+    let _ = writeln!(
+        md,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"
+    );
+    for r in runs {
+        let (p50, p99, p999) = fmt_lat(r.latency);
+        let mut fails = r.fails.to_string();
+        if let Some(e) = &r.first_error {
+            let _ = write!(fails, " ({e})");
+        }
+        if let Some(n) = &r.note {
+            let _ = write!(fails, "; {n}");
+        }
+        let per = r.cpu_per_cycle();
+        let direct = node_direct(runs, r);
+        let noisy = noisy_mark(r.cpu.other);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {:.0} | {:.0} | {} | {:.0}{noisy} | {} |",
+            r.scenario,
+            r.workers,
+            r.conns,
+            r.round,
+            fmt_rate(r.cycles_per_sec),
+            node_vs_direct(runs, r).map_or("–".into(), fmt_ratio),
+            p50,
+            p99,
+            p999,
+            r.node_cpu.map_or("–".into(), fmt_pct),
+            fmt_pct(per.client),
+            per.proxy.map_or("–".into(), fmt_pct),
+            per.masters,
+            r.total_cpu_per_cycle(),
+            direct.map_or("–".into(), |d| {
+                fmt_ratio(d.total_cpu_per_cycle() / r.total_cpu_per_cycle())
+            }),
+            r.cpu.other,
+            cell(&fails)
+        );
+    }
+    md.push('\n');
+}
+
+/// Section 8: CPU per request, every cell, then the medians of each variant.
+fn render_cpu(md: &mut String, settings: &Settings, cells: &[crate::cpu::CpuCell]) {
+    use crate::cpu::{ratios, VARIANTS};
+    let _ = writeln!(md, "## 8. CPU per request: redis-server vs the proxy\n");
+    let _ = writeln!(
+        md,
+        "`redis-benchmark -c {RB_CONNS} -P 1 -r 100000000 -n {} SET lb:rb:TAG:__rand_int__ v NX PX {}` against redis-server directly, then the proxy over 1 and over 5 fresh masters with `--threads 1` and `--threads 2`; each of {} round(s) runs those five cells in that order, and every ratio compares cells of the same round. Each cell: fresh masters and proxy, {} unmeasured requests, then utime + stime (/proc/PID/stat) before and after the measured run, divided by its requests. Masters = the sum over the masters (through the proxy: CPU per acquire); direct = the direct cell's redis-server. Load gen = redis-benchmark. Other = CPU % of one core used by everything else on the machine meanwhile (noise; ⚠ above {NOISY_OTHER_CPU:.0} %). Granted = the proxy's `acquires_granted` (with its other `acquires_*` outcomes when not 0); direct: keys added.\n",
+        settings.cpu_requests,
+        settings.ttl_ms,
+        settings.rounds,
+        settings.cpu_warmup_requests,
+    );
+    let _ = writeln!(
+        md,
+        "| round | scenario | req/s | proxy µs/req | masters µs/acquire | direct µs/req | proxy / direct | masters / direct | req/s vs --threads 1 | proxy CPU vs --threads 1 | load gen µs/req | other CPU % | granted |"
+    );
+    let _ = writeln!(
+        md,
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    );
+    let us = |x: Option<f64>| x.map_or("–".into(), |x| format!("{x:.2}"));
+    let ratio = |x: Option<f64>| x.map_or("–".into(), fmt_ratio);
+    for c in cells {
+        let r = ratios(cells, c);
+        let direct = crate::cpu::find(cells, VARIANTS[0], c.round).map(|d| d.masters_us());
+        let mut granted = c.granted.map_or("?".into(), |g| {
+            format!("{:.1} %", g as f64 * 100.0 / c.requests.max(1) as f64)
+        });
+        for (outcome, n) in &c.not_granted {
+            let _ = write!(granted, ", {outcome} {n}");
+        }
+        if let Some(note) = &c.note {
+            let _ = write!(granted, "; {note}");
+        }
+        let noisy = noisy_mark(c.other_pct);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {:.2} | {} | {} | {} | {} | {} | {:.2} | {:.0}{noisy} | {} |",
+            c.round,
+            c.variant.label(),
+            fmt_rate(c.rps),
+            us(c.proxy_us()),
+            c.masters_us(),
+            us(direct),
+            ratio(r.proxy_vs_direct),
+            ratio(r.masters_vs_direct),
+            ratio(r.rps_vs_threads1),
+            ratio(r.proxy_cpu_vs_threads1),
+            c.per_request.client,
+            c.other_pct,
+            cell(&granted)
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nMedians over the rounds (ratios: the median of the per-round ratios):\n"
+    );
+    let _ = writeln!(
+        md,
+        "| scenario | req/s | proxy µs/req | masters µs/acquire | proxy / direct | masters / direct | req/s vs --threads 1 | proxy CPU vs --threads 1 |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    for variant in VARIANTS {
+        let mine: Vec<&crate::cpu::CpuCell> =
+            cells.iter().filter(|c| c.variant == variant).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let med = |f: &dyn Fn(&crate::cpu::CpuCell) -> Option<f64>| {
+            let m = median(mine.iter().filter_map(|c| f(c)).collect());
+            m.is_finite().then_some(m)
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            variant.label(),
+            med(&|c| Some(c.rps)).map_or("–".into(), fmt_rate),
+            us(med(&|c| c.proxy_us())),
+            us(med(&|c| Some(c.masters_us()))),
+            ratio(med(&|c| ratios(cells, c).proxy_vs_direct)),
+            ratio(med(&|c| ratios(cells, c).masters_vs_direct)),
+            ratio(med(&|c| ratios(cells, c).rps_vs_threads1)),
+            ratio(med(&|c| ratios(cells, c).proxy_cpu_vs_threads1)),
+        );
+    }
+    md.push('\n');
 }
 
 /// Section 7: metrics off vs on, per round, the medians, and a scrape under load.

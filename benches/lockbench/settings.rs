@@ -9,13 +9,15 @@
 //! | `BENCH_CONNS` / `BENCH_DEPTHS` | `1,50,500` / `1,16` | `cycles` connections and pipeline depths |
 //! | `BENCH_CLIENTSIDE_CONNS` | `1,50,500` | `clientside` worker counts |
 //! | `BENCH_NODE_WORKERS` | `1,50` | `node` worker counts |
-//! | `BENCH_ROUNDS` | `3` | repetitions (interleaved) of redis-benchmark `-P 1` and of node at the most workers |
+//! | `BENCH_ROUNDS` | `3` | repetitions (interleaved) of redis-benchmark `-P 1`, of node at the most workers, of `cpu`'s five cells and of `metrics` |
 //! | `BENCH_CLIENT_THREADS` | `1` | tokio worker threads of the load generator |
 //! | `BENCH_RELEASE` | `evalsha` | release command of `cycles`: `evalsha` or `eval` |
 //! | `BENCH_TTL_MS` | `30000` | lock TTL |
 //! | `BENCH_PROXY_BIN` | this build's `redlock-proxy` | proxy binary to measure |
 //! | `BENCH_PROXY_ARGS` | none | extra proxy flags, e.g. `--node-timeout-ms 200` |
 //! | `BENCH_BASELINE_BIN` | `BENCH_PROXY_BIN` | `metrics`: the proxy of the cells without metrics (e.g. a build without the metrics code) |
+//! | `BENCH_CPU_REQUESTS` | `100000` | `cpu`: measured `SET NX PX` requests per cell |
+//! | `BENCH_CPU_WARMUP_REQUESTS` | `10000` | `cpu`: unmeasured requests before each cell's measured run |
 //! | `BENCH_MEM_CONNS` | `10000` | idle connections of `memory` |
 //! | `BENCH_HOT_CLIENTS` / `BENCH_HOT_INTERVAL_MS` | `100` / `5` | `contention` pollers and their sleep |
 //! | `BENCH_OUT` | `target/bench-results.md` | where the report is written |
@@ -26,11 +28,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Every section, in the order they run.
-pub const SECTIONS: [&str; 8] = [
+pub const SECTIONS: [&str; 9] = [
     "cycles",
     "clientside",
     "node",
     "redis-benchmark",
+    "cpu",
     "memory",
     "contention",
     "fencing",
@@ -91,6 +94,9 @@ pub struct Settings {
     pub proxy_args: Vec<String>,
     /// The proxy of `metrics`' cells without metrics.
     pub baseline_bin: Option<PathBuf>,
+    /// `cpu`: measured requests per cell, and unmeasured ones before them.
+    pub cpu_requests: u64,
+    pub cpu_warmup_requests: u64,
     pub mem_conns: usize,
     pub hot_clients: usize,
     pub hot_interval_ms: u64,
@@ -200,6 +206,8 @@ impl Settings {
                 .map(str::to_string)
                 .collect(),
             baseline_bin: std::env::var("BENCH_BASELINE_BIN").ok().map(PathBuf::from),
+            cpu_requests: env_num::<u64>("BENCH_CPU_REQUESTS", "100000").max(1),
+            cpu_warmup_requests: env_num("BENCH_CPU_WARMUP_REQUESTS", "10000"),
             mem_conns: env_num("BENCH_MEM_CONNS", "10000"),
             hot_clients: env_num("BENCH_HOT_CLIENTS", "100"),
             hot_interval_ms: env_num("BENCH_HOT_INTERVAL_MS", "5"),

@@ -4,17 +4,34 @@
 //   node benches/node/lockbench.js --ports 6379,6380,6381,6382,6383 --workers 50 --secs 4
 //   node benches/node/lockbench.js --ports 7379 --workers 50 --secs 4     # through the proxy
 //
-// One ioredis client per port, one Redlock over all of them (retryCount 0, so a refused
-// acquire is counted, not retried). W async workers each loop acquire([own key], ttl) ->
-// release() for --warmup + --secs seconds; only cycles that complete inside the measured
-// window count. The last stdout line is one JSON object:
-//   {cycles, secs, cycles_per_sec, p50_us, p99_us, p999_us, fails, first_error, cpu_pct, ...}
+// --conns C (default 1) ioredis clients per port and C Redlocks, Redlock i over the i-th client
+// of every port (retryCount 0, so a refused acquire is counted, not retried); worker w uses
+// Redlock w % C. W async workers each loop acquire([key], ttl) -> release() for --warmup +
+// --secs seconds, the key their own (--keys own, the default) or a fresh random one per cycle
+// (--keys random); only cycles that complete inside the measured window count (refused
+// acquires are counted apart, as fails; attempts = cycles + fails). The last stdout line is one
+// JSON object:
+//   {cycles, secs, cycles_per_sec, attempts_per_sec, p50_us, p99_us, p999_us, fails,
+//    first_error, cpu_pct, ...}
+// cpu_pct is node's own CPU (user + system, % of one core) over the measured window: node runs
+// on one thread, so near 100 it is the load generator, not the servers, that limits the rate.
+// The lines "window start" and "window end" are printed when the measured window opens and
+// closes, so that a caller can sample the servers' CPU over the same window.
 "use strict";
 const Redis = require("ioredis");
 const Redlock = require("redlock").default;
 
 function parseArgs(argv) {
-  const out = { ports: "", workers: 50, secs: 4, warmup: 0.5, ttl: 30000, tag: String(process.pid) };
+  const out = {
+    ports: "",
+    workers: 50,
+    conns: 1,
+    keys: "own",
+    secs: 4,
+    warmup: 0.5,
+    ttl: 30000,
+    tag: String(process.pid),
+  };
   for (let i = 2; i < argv.length; i += 2) {
     const name = argv[i].replace(/^--/, "");
     if (!(name in out)) throw new Error(`unknown option ${argv[i]}`);
@@ -22,6 +39,8 @@ function parseArgs(argv) {
   }
   out.ports = out.ports.split(",").filter(Boolean).map(Number);
   if (out.ports.length === 0) throw new Error("--ports P1[,P2...] is required");
+  if (!(out.conns >= 1)) throw new Error("--conns must be at least 1");
+  if (out.keys !== "own" && out.keys !== "random") throw new Error("--keys is own or random");
   return out;
 }
 
@@ -46,11 +65,17 @@ function percentile(sorted, q) {
 
 async function main() {
   const opt = parseArgs(process.argv);
-  const clients = opt.ports.map((port) => new Redis({ host: "127.0.0.1", port }));
+  const sets = Array.from({ length: opt.conns }, () =>
+    opt.ports.map((port) => new Redis({ host: "127.0.0.1", port })),
+  );
+  const clients = sets.flat();
   await Promise.all(clients.map((c) => c.ping()));
-  const redlock = new Redlock(clients, { retryCount: 0 });
-  // Redlock emits "error" for every vote against; without a listener EventEmitter throws.
-  redlock.on("error", () => {});
+  const redlocks = sets.map((set) => {
+    const redlock = new Redlock(set, { retryCount: 0 });
+    // Redlock emits "error" for every vote against; without a listener EventEmitter throws.
+    redlock.on("error", () => {});
+    return redlock;
+  });
 
   const t0 = performance.now();
   const start = t0 + opt.warmup * 1000;
@@ -59,15 +84,31 @@ async function main() {
   let cycles = 0;
   let fails = 0;
   let firstError = null;
+  // node's CPU between two timers at the window's ends, over the time they actually fired.
   let cpuAtStart = null;
+  let cpuStartedAt = 0;
+  let cpuPct = null;
   const cpuTimer = setTimeout(() => {
     cpuAtStart = process.cpuUsage();
+    cpuStartedAt = performance.now();
+    console.log("window start");
   }, Math.max(0, start - performance.now()));
+  const cpuEndTimer = setTimeout(() => {
+    if (cpuAtStart === null) return;
+    const used = process.cpuUsage(cpuAtStart);
+    const ms = performance.now() - cpuStartedAt;
+    cpuPct = ms > 0 ? ((used.user + used.system) / 1e3 / ms) * 100 : null;
+    console.log("window end");
+  }, Math.max(0, end - performance.now()));
 
   async function worker(id) {
-    const key = `nb:${opt.tag}:${id}`;
+    const redlock = redlocks[id % redlocks.length];
+    const own = `nb:${opt.tag}:${id}`;
+    let n = 0;
     while (performance.now() < end) {
       const begin = performance.now();
+      n += 1;
+      const key = opt.keys === "own" ? own : `${own}:${n}:${Math.random().toString(36).slice(2)}`;
       try {
         const lock = await redlock.acquire([key], opt.ttl);
         await lock.release();
@@ -89,20 +130,23 @@ async function main() {
 
   await Promise.all(Array.from({ length: opt.workers }, (_, i) => worker(i)));
   clearTimeout(cpuTimer);
-  const cpu = process.cpuUsage(cpuAtStart || undefined);
+  clearTimeout(cpuEndTimer);
   latencies.sort((a, b) => a - b);
   const result = {
     clients: clients.length,
+    conns_per_port: opt.conns,
     workers: opt.workers,
+    keys: opt.keys,
     cycles,
     secs: opt.secs,
     cycles_per_sec: cycles / opt.secs,
+    attempts_per_sec: (cycles + fails) / opt.secs,
     p50_us: percentile(latencies, 0.5),
     p99_us: percentile(latencies, 0.99),
     p999_us: percentile(latencies, 0.999),
     fails,
     first_error: firstError,
-    cpu_pct: cpuAtStart ? ((cpu.user + cpu.system) / 1e6 / opt.secs) * 100 : null,
+    cpu_pct: cpuPct,
   };
   await Promise.all(clients.map((c) => c.quit().catch(() => {})));
   console.log(JSON.stringify(result));
