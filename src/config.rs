@@ -72,7 +72,8 @@ pub struct Config {
     /// data is quarantined for this long plus drift, so every proxy in front of the same
     /// masters must use the same value (the default does).
     pub max_lock_ttl_ms: u64,
-    /// Runtime worker threads (1 = everything on one thread).
+    /// Shards, one thread each, each serving its share of the clients with its own
+    /// connections to the masters (0 and 1: everything on one thread).
     pub threads: usize,
     /// Reply bytes waiting for a client that does not read before it is disconnected, like
     /// Redis' `client-output-buffer-limit normal` hard limit (0 = no limit).

@@ -262,11 +262,13 @@ pub async fn refuse(mut stream: impl AsyncWrite + Unpin, why: ProxyError) {
     }
 }
 
-/// Serves one client until it disconnects, sends `QUIT`, breaks the protocol, does not read
-/// its replies past the output limit, or `stop` is set.
+/// Serves one client, with the masters and acquire service of shard `shard` (which runs on
+/// the runtime this is called in), until it disconnects, sends `QUIT`, breaks the protocol,
+/// does not read its replies past the output limit, or `stop` is set.
 pub async fn serve(
     stream: impl ClientStream,
     shared: Arc<Shared>,
+    shard: usize,
     mut stop: watch::Receiver<bool>,
 ) {
     shared.clients.fetch_add(1, Ordering::Relaxed);
@@ -326,6 +328,7 @@ pub async fn serve(
             };
             let ctx = Ctx {
                 shared: &shared,
+                shard: &shared.shards[shard],
                 received_at,
             };
             let action = commands::dispatch(&ctx, &mut session, request);

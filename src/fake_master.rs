@@ -417,6 +417,7 @@ pub fn masters(fakes: &[Arc<FakeMaster>], node_timeout: Duration) -> Arc<Masters
                 preload: vec![ACQUIRE_SCRIPT],
             },
         },
+        fakes.iter().map(|_| Arc::default()).collect(),
     )
 }
 

@@ -95,8 +95,8 @@ struct Cli {
     /// Request bytes one client may have buffered before it is closed [default: 1 GB].
     #[arg(long, value_name = "BYTES")]
     client_query_buffer_limit: Option<u64>,
-    /// Worker threads; 1 runs everything on one thread, which is fastest when the proxy
-    /// shares a small machine with its masters [default: 1].
+    /// Threads, each serving its share of the clients with its own connections to the
+    /// masters (a shard); 1 runs everything on one thread [default: 1].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// Serve /metrics, /healthz and /readyz over HTTP on ADDR:PORT [default: off].
@@ -288,16 +288,11 @@ fn main() -> ExitCode {
     };
     let reloader = Arc::new(Reloader::default());
     reloader.on_reload("log_level", init_logging(&config));
-    let runtime = if config.threads <= 1 {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(config.threads)
-            .enable_all()
-            .build()
-    };
+    // The proxy's first shard runs here; `threads` > 1 starts the others on threads of their
+    // own, each with a single-threaded runtime (`server`).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
     match runtime {
         Ok(runtime) => runtime.block_on(serve(config, cli, reloader)),
         Err(err) => {

@@ -167,7 +167,8 @@ impl VoteStats {
 pub struct Voter {
     pub link: Arc<Link>,
     pub health: Arc<MasterHealth>,
-    pub stats: VoteStats,
+    /// Common to every shard's voter for this master ([`Masters::connect_like`]).
+    pub stats: Arc<VoteStats>,
 }
 
 impl Voter {
@@ -273,7 +274,28 @@ impl Masters {
     /// masters down, with the reason logged on every attempt's change (the binary refuses to
     /// start with it: [`Config::check_files`]).
     pub fn connect(config: &Config, health: health::Policy) -> Arc<Masters> {
-        let node_timeout = LiveDuration::new(config.node_timeout());
+        let settings = Settings {
+            node_timeout: LiveDuration::new(config.node_timeout()),
+            health,
+        };
+        let stats = config.backends.iter().map(|_| Arc::default()).collect();
+        Masters::connect_with(config, settings, stats)
+    }
+
+    /// Another set of connections to the masters of `first`, for a shard on another thread
+    /// ([`crate::shared::Shard`]): its own links and health monitors on the runtime this is
+    /// called in, the same live settings (a reload changes both) and the same vote counters.
+    pub fn connect_like(config: &Config, first: &Masters) -> Arc<Masters> {
+        let stats = first.voters.iter().map(|v| v.stats.clone()).collect();
+        Masters::connect_with(config, first.settings.clone(), stats)
+    }
+
+    fn connect_with(
+        config: &Config,
+        settings: Settings,
+        stats: Vec<Arc<VoteStats>>,
+    ) -> Arc<Masters> {
+        let node_timeout = settings.node_timeout.clone();
         let env_password = std::env::var(PASSWORD_ENV).ok().map(Secret::new);
         let tls = match config.backends.iter().any(|b| b.tls) {
             true => Some(master_client_config(&config.master_tls()).map_err(|e| e.to_string())),
@@ -287,26 +309,25 @@ impl Masters {
                 Link::with_connector(backend.to_string(), Box::new(dial), node_timeout.clone())
             })
             .collect();
-        Masters::start(
-            links,
-            Settings {
-                node_timeout,
-                health,
-            },
-        )
+        Masters::start(links, settings, stats)
     }
 
-    /// Starts every link and its health monitor.
-    pub fn start(links: Vec<Arc<Link>>, settings: Settings) -> Arc<Masters> {
+    /// Starts every link and its health monitor; `stats[i]` counts master `i`'s votes.
+    pub fn start(
+        links: Vec<Arc<Link>>,
+        settings: Settings,
+        stats: Vec<Arc<VoteStats>>,
+    ) -> Arc<Masters> {
         let (stop, stop_rx) = watch::channel(false);
         let voters: Vec<Arc<Voter>> = links
             .into_iter()
-            .map(|link| {
+            .zip(stats)
+            .map(|(link, stats)| {
                 link.spawn(stop_rx.clone());
                 Arc::new(Voter {
                     link,
                     health: Arc::default(),
-                    stats: VoteStats::default(),
+                    stats,
                 })
             })
             .collect();

@@ -5,6 +5,11 @@
 //! A TLS client holds its `maxclients` place from its handshake on; a handshake that does not
 //! finish within [`TLS_HANDSHAKE_LIMIT`] is dropped, so silent connections cannot pile up.
 //!
+//! With `threads` N > 1 the proxy runs N shards ([`crate::shared::Shard`]): this runtime and
+//! N − 1 threads with a single-threaded runtime each ([`ShardThreads`]). Clients are handed to
+//! the shards in turn as they are accepted, and each is served to the end on its shard's thread,
+//! with that shard's own connections to the masters.
+//!
 //! Beside them run the operations endpoint and the reload task ([`crate::ops`]).
 
 use crate::client_stream::ClientStream;
@@ -21,6 +26,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Handle;
 use tokio::sync::{watch, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
@@ -110,11 +116,126 @@ async fn serve_or_refuse(
     stream: impl ClientStream + tokio::io::AsyncWrite + Unpin,
     permit: Option<OwnedSemaphorePermit>,
     shared: Arc<Shared>,
+    shard: usize,
     stop: watch::Receiver<bool>,
 ) {
     match permit {
-        Some(_permit) => connection::serve(stream, shared, stop).await,
+        Some(_permit) => connection::serve(stream, shared, shard, stop).await,
         None => connection::refuse(stream, ProxyError::MaxClients).await,
+    }
+}
+
+/// An accepted client and what serving it needs, on the way to its shard.
+struct Accepted {
+    stream: TcpStream,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    permit: Option<OwnedSemaphorePermit>,
+    shared: Arc<Shared>,
+    shard: usize,
+    stop: watch::Receiver<bool>,
+}
+
+impl Accepted {
+    /// The TLS handshake (bounded by [`TLS_HANDSHAKE_LIMIT`]) if any, then the client.
+    async fn serve(self) {
+        let Accepted {
+            stream,
+            acceptor,
+            permit,
+            shared,
+            shard,
+            stop,
+        } = self;
+        let Some(acceptor) = acceptor else {
+            return serve_or_refuse(stream, permit, shared, shard, stop).await;
+        };
+        match tokio::time::timeout(TLS_HANDSHAKE_LIMIT, acceptor.accept(stream)).await {
+            Ok(Ok(stream)) => serve_or_refuse(stream, permit, shared, shard, stop).await,
+            Ok(Err(err)) => tracing::debug!(error = %err, "TLS handshake failed"),
+            Err(_) => tracing::debug!("TLS handshake timed out"),
+        }
+    }
+
+    /// Serves it on this runtime (shard 0), or hands its socket to its shard's runtime: a
+    /// socket is bound to the runtime that registered it, so it crosses as a std socket.
+    fn dispatch(self, shards: &ShardThreads) {
+        let Some(runtime) = self
+            .shard
+            .checked_sub(1)
+            .and_then(|i| shards.handles.get(i))
+        else {
+            tokio::spawn(self.serve());
+            return;
+        };
+        let Ok(std_stream) = self.stream.into_std() else {
+            return;
+        };
+        let Accepted {
+            acceptor,
+            permit,
+            shared,
+            shard,
+            stop,
+            ..
+        } = self;
+        runtime.spawn(async move {
+            if let Ok(stream) = TcpStream::from_std(std_stream) {
+                let accepted = Accepted {
+                    stream,
+                    acceptor,
+                    permit,
+                    shared,
+                    shard,
+                    stop,
+                };
+                accepted.serve().await;
+            }
+        });
+    }
+}
+
+/// The threads of shards 1 to N − 1, each running a single-threaded runtime until dropped.
+struct ShardThreads {
+    handles: Vec<Handle>,
+    stop: Vec<std::sync::mpsc::Sender<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl ShardThreads {
+    /// Starts `n` threads (none for `n` = 0).
+    fn start(n: usize) -> io::Result<ShardThreads> {
+        let mut shards = ShardThreads {
+            handles: Vec::with_capacity(n),
+            stop: Vec::with_capacity(n),
+            threads: Vec::with_capacity(n),
+        };
+        for i in 1..=n {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let (stop, stopped) = std::sync::mpsc::channel::<()>();
+            shards.handles.push(runtime.handle().clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("redlock-proxy-shard-{i}"))
+                .spawn(move || {
+                    // Runs the shard's tasks until told to stop (or the sender is gone).
+                    runtime.block_on(async move {
+                        let _ = tokio::task::spawn_blocking(move || stopped.recv()).await;
+                    });
+                })?;
+            shards.stop.push(stop);
+            shards.threads.push(thread);
+        }
+        Ok(shards)
+    }
+}
+
+impl Drop for ShardThreads {
+    fn drop(&mut self) {
+        self.stop.clear();
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -137,12 +258,18 @@ pub async fn run_with(
 ) -> std::io::Result<()> {
     let Listeners { plain, tls } = listeners.into();
     let metrics = config.metrics.clone();
-    let shared = Shared::start(config, crate::commands::COMMANDS.len());
+    let shard_threads = ShardThreads::start(config.threads.saturating_sub(1))?;
+    let shared = Shared::start(
+        config,
+        crate::commands::COMMANDS.len(),
+        &shard_threads.handles,
+    );
+    let mut next_shard = 0;
     let limit = shared.client_slots.clone();
     let (stop_tx, stop_rx) = watch::channel(false);
     if let Some(addr) = metrics {
         if let Err(err) = ops::http::start(&addr, shared.clone(), stop_rx.clone()).await {
-            shared.masters.stop();
+            shared.stop_masters();
             return Err(std::io::Error::new(err.kind(), format!("{addr}: {err}")));
         }
     }
@@ -164,24 +291,20 @@ pub async fn run_with(
                 if permit.is_none() {
                     shared.stats.rejected_connections.inc();
                 }
-                let shared = shared.clone();
-                let stop = stop_rx.clone();
                 let acceptor = match (&tls, over_tls) {
                     (Some((_, handle)), true) => Some(handle.acceptor()),
                     _ => None,
                 };
-                tokio::spawn(async move {
-                    let Some(acceptor) = acceptor else {
-                        return serve_or_refuse(stream, permit, shared, stop).await;
-                    };
-                    match tokio::time::timeout(TLS_HANDSHAKE_LIMIT, acceptor.accept(stream)).await {
-                        Ok(Ok(stream)) => serve_or_refuse(stream, permit, shared, stop).await,
-                        Ok(Err(err)) => {
-                            tracing::debug!(error = %err, "TLS handshake failed");
-                        }
-                        Err(_) => tracing::debug!("TLS handshake timed out"),
-                    }
-                });
+                let accepted = Accepted {
+                    stream,
+                    acceptor,
+                    permit,
+                    shared: shared.clone(),
+                    shard: next_shard,
+                    stop: stop_rx.clone(),
+                };
+                next_shard = (next_shard + 1) % shared.shards.len();
+                accepted.dispatch(&shard_threads);
             }
             Err(err) => {
                 // EMFILE and friends: keep serving the clients we have (Redis CVE-2025-48367
@@ -197,6 +320,6 @@ pub async fn run_with(
     while shared.clients.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    shared.masters.stop();
+    shared.stop_masters();
     Ok(())
 }

@@ -1,12 +1,12 @@
 //! The state every connection shares ([`Shared`]): the configuration (as started, and the
-//! settings a reload may change), the voting masters, the acquire service, the script cache,
-//! the client counters and registry. Depends only on the layers below it (config, masters,
-//! lock, script cache, stats), never on commands or connections.
+//! settings a reload may change), the shards (each thread's voting masters and acquire service:
+//! [`Shard`]), the script cache, the client counters and registry. Depends only on the layers
+//! below it (config, masters, lock, script cache, stats), never on commands or connections.
 
 use crate::auth::Users;
 use crate::config::Config;
 use crate::health;
-use crate::lock::Acquirer;
+use crate::lock::{Acquirer, LockStats};
 use crate::masters::Masters;
 use crate::redlock::Policy;
 use crate::script_cache::ScriptCache;
@@ -14,8 +14,21 @@ use crate::stats::{Clients, ServerStats};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
+use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
+
+/// One thread's share of the proxy (`threads`): its own connection to every master, their
+/// health monitors, and its own acquire service, all on that thread's runtime. A client is
+/// served from start to end by one shard, so a request and its masters' replies never cross
+/// threads: throughput grows with threads the way it grows with proxies, with nothing locked or
+/// handed over per request. Shards are independent voters like separate proxies, which the
+/// safety argument already covers (markers and quarantine live on the masters, each shard's
+/// token proposals carry their own instance name); their vote and acquire counters are common.
+pub struct Shard {
+    pub masters: Arc<Masters>,
+    pub acquirer: Arc<Acquirer>,
+}
 
 /// State shared by every connection.
 pub struct Shared {
@@ -26,8 +39,8 @@ pub struct Shared {
     /// One permit per client connection (`maxclients`, resized by a reload).
     pub client_slots: Arc<Semaphore>,
     pub policy: Policy,
-    pub masters: Arc<Masters>,
-    pub acquirer: Arc<Acquirer>,
+    /// At least one; the first runs on the runtime that started the proxy.
+    pub shards: Vec<Shard>,
     pub scripts: ScriptCache,
     pub started: Instant,
     /// Connections being served now.
@@ -47,9 +60,9 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Connects to the masters of `config` and starts watching them; counts commands for a
-    /// command table of `commands` rows.
-    pub fn start(config: Config, commands: usize) -> Arc<Shared> {
+    /// Connects to the masters of `config` and starts watching them, once on this runtime and
+    /// once on each of `more_shards`; counts commands for a command table of `commands` rows.
+    pub fn start(config: Config, commands: usize, more_shards: &[Handle]) -> Arc<Shared> {
         let policy = Policy {
             drift_factor: config.drift_factor,
             max_lock_ttl_ms: config.max_lock_ttl_ms,
@@ -65,6 +78,22 @@ impl Shared {
                 preload: Acquirer::preload(),
             },
         );
+        let acquire_stats: Arc<LockStats> = Arc::default();
+        let shard = |masters: Arc<Masters>| Shard {
+            acquirer: Acquirer::new(
+                masters.clone(),
+                policy,
+                config.token_clock,
+                acquire_stats.clone(),
+            ),
+            masters,
+        };
+        let mut shards = vec![shard(masters)];
+        for runtime in more_shards {
+            // Links and monitors are spawned on the runtime entered here.
+            let _entered = runtime.enter();
+            shards.push(shard(Masters::connect_like(&config, &shards[0].masters)));
+        }
         let users = Users::from_config(&config).unwrap_or_else(|err| {
             // `Config::validate` refuses such a configuration; a caller that skipped it gets a
             // proxy nobody can authenticate to, never one open to all.
@@ -74,13 +103,12 @@ impl Shared {
         let stats = Arc::new(ServerStats::new(commands));
         ServerStats::spawn_sampler(Arc::downgrade(&stats));
         Arc::new(Shared {
-            acquirer: Acquirer::new(masters.clone(), policy, config.token_clock),
             live: RwLock::new(Arc::new(config.clone())),
             client_slots: Arc::new(Semaphore::new(config.maxclients)),
             stats,
             registry: Arc::default(),
             metrics_addr: OnceLock::new(),
-            masters,
+            shards,
             policy,
             config,
             scripts: ScriptCache::default(),
@@ -90,6 +118,24 @@ impl Shared {
             users: RwLock::new(Arc::new(users)),
             users_generation: AtomicU64::new(0),
         })
+    }
+
+    /// The first shard's masters: what `INFO`, the metrics and `/readyz` report (every shard
+    /// connects to the same masters; the vote counters are common to all).
+    pub fn masters(&self) -> &Arc<Masters> {
+        &self.shards[0].masters
+    }
+
+    /// Counts of every shard's acquires.
+    pub fn acquire_stats(&self) -> &Arc<LockStats> {
+        &self.shards[0].acquirer.stats
+    }
+
+    /// Stops every shard's connections and monitors.
+    pub fn stop_masters(&self) {
+        for shard in &self.shards {
+            shard.masters.stop();
+        }
     }
 
     /// The users now, and their generation.

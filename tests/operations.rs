@@ -556,3 +556,59 @@ async fn deploy_files_name_only_metrics_the_proxy_exports() {
         .as_array()
         .is_some_and(|p| !p.is_empty()));
 }
+
+/// `threads 3`: three shards, each on its own thread with its own connection to every master.
+/// Clients spread over them still contend at the masters (one grant for one key), and `INFO`
+/// counts every shard's acquires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_on_their_own_threads_grant_one_holder_and_count_together() {
+    let env = Env::start_with(3, |c| c.threads = 3).await;
+    let mut clients = Vec::new();
+    for _ in 0..30 {
+        clients.push(env.proxy.client().await);
+    }
+    // Clients go to the shards in turn: each shard's masters must be judged before it grants.
+    let mut attempts = 0;
+    for (i, c) in clients.iter_mut().take(3).enumerate() {
+        let warm = key(&format!("shard-warm-{i}"));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            attempts += 1;
+            if c.cmd(&["SET", &warm, "v", "NX", "PX", "30000"]).await == "+OK" {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "shard of client {i} never granted"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let k = key("sharded");
+    let replies = futures::future::join_all(clients.iter_mut().enumerate().map(|(i, c)| {
+        let k = k.clone();
+        async move {
+            c.cmd(&["SET", &k, &format!("v{i}"), "NX", "PX", "30000"])
+                .await
+        }
+    }))
+    .await;
+    attempts += replies.len() as u64;
+    let winners = replies.iter().filter(|r| *r == "+OK").count();
+    assert_eq!(winners, 1, "{replies:?}");
+    assert!(
+        replies.iter().all(|r| r == "+OK" || r == "$nil"),
+        "{replies:?}"
+    );
+    for port in env.ports() {
+        let clients = redlock_testkit::masters::master_cmd(port, &["INFO", "clients"]).await;
+        let connected = field(&clients, "connected_clients");
+        assert!(connected >= 3, "master {port}: {connected} connections");
+    }
+    let stats = info(&mut clients[0], "stats").await;
+    let counted: u64 = ["granted", "contended", "no_quorum", "expired", "refused"]
+        .iter()
+        .map(|r| field(&stats, &format!("acquires_{r}")))
+        .sum();
+    assert_eq!(counted, attempts, "{stats}");
+}

@@ -28,7 +28,7 @@ pub fn info(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
                 .any(|w| w == section || w == "all" || w == "default" || w == "everything")
     };
     let shared = ctx.shared;
-    let masters = &shared.masters;
+    let masters = shared.masters();
     let policy = &shared.policy;
     let mut out = String::new();
     if show("server") {
@@ -58,7 +58,7 @@ pub fn info(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
         out.push_str("# Persistence\r\nloading:0\r\n\r\n");
     }
     if show("stats") {
-        let (stats, locks) = (&shared.stats, &shared.acquirer.stats);
+        let (stats, locks) = (&shared.stats, shared.acquire_stats());
         let _ = write!(
             out,
             "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:{}\r\nrejected_connections:{}\r\n",

@@ -120,7 +120,7 @@ pub fn set(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
 
 /// An acquire refused by rule before it reaches the masters: counted, then answered `err`.
 pub fn refuse_acquire(ctx: &Ctx<'_>, err: ProxyError) -> Action {
-    ctx.shared.acquirer.stats.refused_by_rule();
+    ctx.shard.acquirer.stats.refused_by_rule();
     Action::error(err)
 }
 
@@ -133,7 +133,7 @@ pub fn acquire(ctx: &Ctx<'_>, request: &Request, ttl_ms: u64, with_token: bool) 
         received_at: ctx.received_at,
         with_token,
     };
-    match ctx.shared.acquirer.acquire(attempt) {
+    match ctx.shard.acquirer.acquire(attempt) {
         Started::Leading(acquire) => Action::Defer(acquire),
         // Nothing later from this client may reach the masters before this acquire has
         // (a pipelined `DEL` must not overtake its `SET`): a barrier.

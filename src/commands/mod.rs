@@ -19,7 +19,7 @@ use crate::error::ProxyError;
 use crate::lease::Outcome;
 use crate::masters::Masters;
 use crate::protocol::{Protocol, Reply, Request};
-use crate::shared::Shared;
+use crate::shared::{Shard, Shared};
 use crate::stats::ClientHandle;
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -74,6 +74,8 @@ pub enum Action {
 /// Everything a handler may use besides the session.
 pub struct Ctx<'a> {
     pub shared: &'a Arc<Shared>,
+    /// The shard serving this client: its masters and acquire service.
+    pub shard: &'a Shard,
     /// When the request's bytes were read off the client socket (monotonic): the start of the
     /// validity clock.
     pub received_at: Instant,
@@ -81,7 +83,7 @@ pub struct Ctx<'a> {
 
 impl Ctx<'_> {
     pub fn masters(&self) -> Arc<Masters> {
-        self.shared.masters.clone()
+        self.shard.masters.clone()
     }
 }
 

@@ -33,8 +33,14 @@ pub struct Acquirer {
 }
 
 impl Acquirer {
-    /// `token_clock` off only in the negative control of the tests (see [`TokenRules`]).
-    pub fn new(masters: Arc<Masters>, policy: Policy, token_clock: bool) -> Arc<Acquirer> {
+    /// `token_clock` off only in the negative control of the tests (see [`TokenRules`]);
+    /// `stats` may be common to several acquirers (one per shard: [`crate::shared::Shard`]).
+    pub fn new(
+        masters: Arc<Masters>,
+        policy: Policy,
+        token_clock: bool,
+        stats: Arc<LockStats>,
+    ) -> Arc<Acquirer> {
         let rules = TokenRules::for_lease_bound(policy.lease_bound());
         Arc::new(Acquirer {
             masters,
@@ -42,7 +48,7 @@ impl Acquirer {
             tokens: Tokens::new(rules, token_clock),
             script: acquire::acquire_script(),
             flights: Flights::default(),
-            stats: Arc::default(),
+            stats,
         })
     }
 
@@ -76,7 +82,7 @@ mod tests {
         let fakes: Vec<_> = (0..n).map(|_| FakeMaster::new()).collect();
         let masters = fake_master::masters(&fakes, NODE_TIMEOUT);
         until(LIMIT, || masters.voters().iter().all(|v| v.eligible())).await;
-        let acquirer = Acquirer::new(masters.clone(), POLICY, true);
+        let acquirer = Acquirer::new(masters.clone(), POLICY, true, Arc::default());
         (fakes, masters, acquirer)
     }
 
@@ -119,7 +125,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn tokens_of_successive_grants_increase_whichever_proxy_grants() {
         let (fakes, masters, first) = ready(3).await;
-        let second = Acquirer::new(masters.clone(), POLICY, true);
+        let second = Acquirer::new(masters.clone(), POLICY, true, Arc::default());
         let mut tokens = Vec::new();
         for round in 0..6 {
             let acquirer = if round % 2 == 0 { &first } else { &second };

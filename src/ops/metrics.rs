@@ -108,7 +108,7 @@ fn state_label(state: &str) -> &'static str {
 impl Collector for ProxyCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let shared = &self.shared;
-        let (stats, locks, masters) = (&shared.stats, &shared.acquirer.stats, &shared.masters);
+        let (stats, locks, masters) = (&shared.stats, shared.acquire_stats(), shared.masters());
         let counter = |n: u64| ConstCounter::new(n);
         let gauge = |n: i64| ConstGauge::new(n);
         let e = &mut encoder;

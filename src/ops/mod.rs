@@ -17,7 +17,7 @@ use crate::shared::Shared;
 
 /// Whether a quorum of masters may vote now; otherwise why not (for `/readyz`).
 pub fn readiness(shared: &Shared) -> Result<String, String> {
-    let masters = &shared.masters;
+    let masters = shared.masters();
     let usable = masters.voters().iter().filter(|v| v.eligible()).count();
     let summary = format!(
         "{usable} of {} masters usable, quorum {}",

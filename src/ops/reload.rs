@@ -134,10 +134,10 @@ pub fn apply(
     hooks.run_hooks(&new);
     resize_client_slots(shared, old.maxclients, new.maxclients);
     let interval = Duration::from_millis(new.health_interval_ms);
-    shared.masters.health_interval().set(interval);
+    shared.masters().health_interval().set(interval);
     // Safe live: the validity of a grant counts the time its fan-out actually took, whatever
     // the timeout; requests already waiting keep the timeout they started with.
-    shared.masters.live_node_timeout().set(new.node_timeout());
+    shared.masters().live_node_timeout().set(new.node_timeout());
     shared.set_settings(new);
     Ok(changed)
 }
