@@ -10,7 +10,7 @@
 
 use crate::health::{QUARANTINE_SCRIPT, STATUS_SCRIPT};
 use crate::live::LiveDuration;
-use crate::lock::{ACQUIRE_SCRIPT, COMPARE_AND_DELETE, UNDO_SCRIPT};
+use crate::lock::{ACQUIRE_SCRIPT, COMPARE_AND_DELETE, RELEASE_SCRIPT, UNDO_SCRIPT};
 use crate::masters::{Masters, Settings};
 use crate::protocol::{Protocol, Reply, RequestParser};
 use crate::script_cache::script_sha;
@@ -267,6 +267,15 @@ impl FakeMaster {
                 Reply::ok()
             });
             Reply::Array(answers.collect())
+        } else if body == RELEASE_SCRIPT {
+            let released = keys.iter().zip(argv).map(|(key, value)| {
+                let ours = live(keys_db, key) == Some(value);
+                if ours {
+                    keys_db.remove(key);
+                }
+                Reply::Integer(ours as i64)
+            });
+            Reply::Array(released.collect())
         } else if body == UNDO_SCRIPT {
             let ours = live(keys_db, &keys[0]) == Some(&argv[0])
                 && live(keys_db, &keys[1]) == Some(&argv[1]);
@@ -332,6 +341,7 @@ fn known_script(sha: &str) -> Option<&'static str> {
         STATUS_SCRIPT,
         QUARANTINE_SCRIPT,
         ACQUIRE_SCRIPT,
+        RELEASE_SCRIPT,
         UNDO_SCRIPT,
         COMPARE_AND_DELETE,
     ]

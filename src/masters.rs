@@ -238,6 +238,12 @@ impl Voter {
             Ask::Commands(payload) => return self.ask(payload, replies).await,
             Ask::Script(script, call) => (script, call),
         };
+        // A master that cannot vote still gets the call (a release must reach it), with the
+        // body: its answer is not read, so a `NOSCRIPT` would go unnoticed.
+        if !self.eligible() {
+            drop(self.link.send_script(script, call, true));
+            return self.absent_vote();
+        }
         let by_sha = || self.link.send_script(script.clone(), call.clone(), false);
         match self.vote_on(by_sha).await {
             Vote::Replied(r) if r.is_error_code("NOSCRIPT") => {
@@ -440,6 +446,19 @@ impl Masters {
     pub async fn quorum_reply(&self, payload: &Bytes, rule: MergeRule) -> Reply {
         let votes = self.fan_out(payload, 1, |v| merge(v, rule).is_some()).await;
         merge(&votes, rule).unwrap_or_else(|| no_quorum(votes.len()))
+    }
+
+    /// The votes on `ask(i)` ([`Masters::fan_out_each`]), collected until the quorum rule
+    /// `rule` has an answer.
+    pub async fn quorum_votes(
+        &self,
+        ask: impl Fn(usize) -> Option<Ask>,
+        rule: MergeRule,
+    ) -> Vec<Vote> {
+        let (votes, _late) = self
+            .fan_out_each(ask, 1, |v| merge(v, rule).is_some())
+            .await;
+        votes
     }
 }
 

@@ -14,9 +14,10 @@ use super::{Action, Ctx, Session};
 use crate::error::ProxyError;
 use crate::health::{ARMED_KEY, QUARANTINE_KEY};
 use crate::lease::{Granted, Lease, Outcome};
-use crate::lock::{token_key, COMPARE_AND_DELETE, UNARMED};
+use crate::lock::{token_key, UNARMED};
 use crate::protocol::{encode_command, Reply, Request};
 use crate::redlock::{backend_ttl_ms, quorum, validity_window, MergeRule, Vote};
+use bytes::Bytes;
 
 /// `KEYS` = key, its token counter; `ARGV` = value. The token (of `<token>:<proxy instance>`),
 /// while `value` holds `key`.
@@ -58,8 +59,21 @@ pub fn lock_token(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Ac
 
 /// `LOCK.RELEASE key value`
 pub fn lock_release(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
-    let (key, value) = (&request.args[1], &request.args[2]);
-    eval_by_quorum(ctx, COMPARE_AND_DELETE, &[key], value, MergeRule::Release)
+    let (key, value) = (request.args[1].clone(), request.args[2].clone());
+    release(ctx, key, value)
+}
+
+/// The compare-and-delete of `key` if it holds `value`, on every master, answered by the
+/// release rule ([`crate::lock::Acquirer::release`]): `LOCK.RELEASE`, and the recognised
+/// compare-and-delete script of every client library.
+pub fn release(ctx: &Ctx<'_>, key: Bytes, value: Bytes) -> Action {
+    let acquirer = ctx.shard.acquirer.clone();
+    let stats = ctx.shared.stats.clone();
+    Action::Defer(Box::pin(async move {
+        let reply = acquirer.release(&key, &value).await;
+        stats.count_if_release(MergeRule::Release, &reply);
+        Outcome::Reply(reply)
+    }))
 }
 
 /// `EVAL script keys… value` on every master, answered by the quorum rule `rule`.

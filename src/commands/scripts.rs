@@ -110,8 +110,15 @@ fn run(ctx: &Ctx<'_>, request: Request, script: Script, numkeys: usize) -> Actio
         let window = validity_window(ttl_ms, policy.drift_factor).unwrap_or(Duration::ZERO);
         deadline = Some(ctx.received_at + window);
     }
-    // The masters always get the body (`EVAL`), never a SHA1 they may not know.
     let read_only = args[0].len() > 4 && args[0].to_ascii_uppercase().ends_with(b"_RO");
+    // The recognised compare-and-delete reads only `KEYS[1]` and `ARGV[1]` and answers as the
+    // proxy's own release script does, which the links merge (`EVAL_RO` keeps Redis' refusal
+    // of the `DEL`).
+    if script.merge == MergeRule::Release && !read_only && numkeys >= 1 && args.len() > 3 + numkeys
+    {
+        return super::fencing::release(ctx, args[3].clone(), args[3 + numkeys].clone());
+    }
+    // The masters always get the body (`EVAL`), never a SHA1 they may not know.
     args[0] = Bytes::from_static(if read_only { b"EVAL_RO" } else { b"EVAL" });
     args[1] = script.body;
     let mut payload = bytes::BytesMut::from(encode_command(&args).as_ref());

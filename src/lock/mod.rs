@@ -5,11 +5,13 @@
 
 mod acquire;
 mod flights;
+mod release;
 mod rollback;
 mod stats;
 
 pub use acquire::{token_key, Attempt, ACQUIRE_SCRIPT, UNARMED};
 pub use flights::Started;
+pub use release::RELEASE_SCRIPT;
 pub use rollback::{COMPARE_AND_DELETE, UNDO_SCRIPT};
 pub use stats::{latency_buckets, AcquireResult, LockStats};
 
@@ -25,8 +27,9 @@ pub struct Acquirer {
     masters: Arc<Masters>,
     policy: Policy,
     tokens: Tokens,
-    /// [`ACQUIRE_SCRIPT`], as the links merge its calls.
+    /// [`ACQUIRE_SCRIPT`] and [`RELEASE_SCRIPT`], as the links merge their calls.
     script: Arc<SharedScript>,
+    release_script: Arc<SharedScript>,
     flights: Flights,
     /// Acquires by result, their duration, rollbacks (exported by [`crate::ops`]).
     pub stats: Arc<LockStats>,
@@ -47,6 +50,7 @@ impl Acquirer {
             policy,
             tokens: Tokens::new(rules, token_clock),
             script: acquire::acquire_script(),
+            release_script: release::release_script(),
             flights: Flights::default(),
             stats,
         })
@@ -54,7 +58,7 @@ impl Acquirer {
 
     /// Scripts the health monitors keep loaded on every master (acquires call them by SHA1).
     pub fn preload() -> Vec<&'static str> {
-        vec![ACQUIRE_SCRIPT]
+        vec![ACQUIRE_SCRIPT, RELEASE_SCRIPT]
     }
 }
 
@@ -220,6 +224,41 @@ mod tests {
             assert_eq!(fake.get("k15").as_deref(), Some(&b"v15"[..]));
         }
         assert_eq!(fakes[0].get("k3").as_deref(), Some(&b"someone else"[..]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn releases_merge_into_one_call_per_master_and_delete_only_their_own_value() {
+        let (fakes, _masters, acquirer) = ready(3).await;
+        let keyed = |i: usize| Attempt {
+            key: Bytes::from(format!("k{i}")),
+            ..attempt(&format!("v{i}"))
+        };
+        let started: Vec<Started> = (0..4).map(|i| acquirer.acquire(keyed(i))).collect();
+        futures::future::join_all(started.into_iter().map(run)).await;
+        let calls = |fake: &FakeMaster| {
+            let log = fake.log();
+            log.iter().filter(|(_, c)| c.starts_with("EVALSHA")).count()
+        };
+        let before: Vec<usize> = fakes.iter().map(|f| calls(f)).collect();
+        let releases = (0..4).map(|i| {
+            // k3 is released with a value it does not hold.
+            let value = if i == 3 {
+                "not v3".into()
+            } else {
+                format!("v{i}")
+            };
+            let key = format!("k{i}");
+            let acquirer = acquirer.clone();
+            async move { acquirer.release(key.as_bytes(), value.as_bytes()).await }
+        });
+        let replies = futures::future::join_all(releases).await;
+        let expected = [1, 1, 1, 0].map(Reply::Integer);
+        assert_eq!(replies, expected);
+        for (fake, before) in fakes.iter().zip(before) {
+            assert_eq!(calls(fake) - before, 1, "{:?}", fake.log());
+            assert_eq!(fake.get("k0"), None);
+            assert_eq!(fake.get("k3").as_deref(), Some(&b"v3"[..]));
+        }
     }
 
     #[tokio::test(start_paused = true)]
