@@ -202,8 +202,9 @@ impl Voter {
             drop(send());
             return self.absent_vote();
         }
-        let asked = std::time::Instant::now();
-        let vote = match send().wait().await {
+        let pending = send();
+        let asked = pending.queued_at;
+        let vote = match pending.wait().await {
             Ok(reply) => {
                 let took = asked.elapsed().as_secs_f64();
                 self.stats.reply_duration.observe(took);

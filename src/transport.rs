@@ -47,7 +47,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
-use tokio::time::{sleep, sleep_until, timeout, Instant};
+use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
 
 /// Reconnect backoff bounds.
 const BACKOFF_MIN: Duration = Duration::from_millis(20);
@@ -201,6 +201,8 @@ pub struct Pending {
     /// `None`: there was no connection to send it on.
     sent: Option<(oneshot::Receiver<Answer>, Arc<Connection>)>,
     node_timeout: Duration,
+    /// When it was handed to the link: the start of its node timeout.
+    pub queued_at: Instant,
 }
 
 impl Pending {
@@ -212,7 +214,7 @@ impl Pending {
         let Some((rx, conn)) = self.sent else {
             return Err(NoReply::NoLink);
         };
-        let result = receive(rx, self.node_timeout).await;
+        let result = receive(rx, self.queued_at + self.node_timeout).await;
         if result == Err(NoReply::Timeout) {
             conn.abort();
         }
@@ -222,15 +224,15 @@ impl Pending {
     /// Waits at most `limit`, leaving the connection as it is.
     pub async fn wait_at_most(self, limit: Duration) -> Result<Reply, NoReply> {
         match self.sent {
-            Some((rx, _conn)) => receive(rx, limit).await,
+            Some((rx, _conn)) => receive(rx, Instant::now() + limit).await,
             None => Err(NoReply::NoLink),
         }
     }
 }
 
-/// The answer on `rx`, waiting at most `limit`.
-async fn receive(rx: oneshot::Receiver<Answer>, limit: Duration) -> Answer {
-    match timeout(limit, rx).await {
+/// The answer on `rx`, waiting until `deadline` at most.
+async fn receive(rx: oneshot::Receiver<Answer>, deadline: Instant) -> Answer {
+    match timeout_at(deadline, rx).await {
         Ok(Ok(answer)) => answer,
         Ok(Err(_)) => Err(NoReply::Closed),
         Err(_) => Err(NoReply::Timeout),
@@ -354,12 +356,13 @@ impl Link {
 
     fn send_payload(&self, payload: Payload, replies: usize) -> Pending {
         let (tx, rx) = oneshot::channel();
+        let queued_at = Instant::now();
         let out = Outgoing {
             payload,
             replies,
             reply: Some(tx),
             cleanup_expires: None,
-            queued_at: Instant::now(),
+            queued_at,
         };
         let sent = self
             .usable_connection()
@@ -367,6 +370,7 @@ impl Link {
         Pending {
             sent,
             node_timeout: self.node_timeout.get(),
+            queued_at,
         }
     }
 
@@ -399,6 +403,7 @@ impl Link {
         Pending {
             sent,
             node_timeout: self.node_timeout.get(),
+            queued_at: now,
         }
     }
 
