@@ -118,6 +118,36 @@ pub fn is_compare_and_delete(body: &[u8]) -> bool {
         .any(|t| normalised(t).as_ref() == Some(&script))
 }
 
+/// A whole lock script of a client library that the proxy runs as its own acquire or release
+/// when it names one key ([`known_lock_script`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KnownLock {
+    /// node-redlock (v5)'s acquire: `EXISTS` of every key (`0` if any exists), then `SET key
+    /// ARGV[1] PX ARGV[2]` on each, `#KEYS`. With one key: `SET key ARGV[1] NX PX ARGV[2]`
+    /// answering `1` or `0`.
+    NodeRedlockAcquire,
+    /// node-redlock (v5)'s release: the compare-and-delete of every key, answering how many it
+    /// deleted. With one key: the classic compare-and-delete (`1` or `0`).
+    NodeRedlockRelease,
+}
+
+/// node-redlock 5's scripts (`redlock/dist/esm/index.js`), layout and comments aside.
+const NODE_REDLOCK_ACQUIRE: &str = "for i, key in ipairs(KEYS) do if redis.call(\"exists\", key) == 1 then return 0 end end for i, key in ipairs(KEYS) do redis.call(\"set\", key, ARGV[1], \"PX\", ARGV[2]) end return #KEYS";
+const NODE_REDLOCK_RELEASE: &str = "local count = 0 for i, key in ipairs(KEYS) do if redis.call(\"get\", key) == ARGV[1] then redis.pcall(\"del\", key) count = count + 1 end end return count";
+
+/// Which known lock script `body` is, matched whole (comments, `;` and layout aside), like
+/// [`is_compare_and_delete`]: a script that differs in anything else is not one.
+pub fn known_lock_script(body: &[u8]) -> Option<KnownLock> {
+    let script = normalised(std::str::from_utf8(body).ok()?)?;
+    [
+        (NODE_REDLOCK_ACQUIRE, KnownLock::NodeRedlockAcquire),
+        (NODE_REDLOCK_RELEASE, KnownLock::NodeRedlockRelease),
+    ]
+    .into_iter()
+    .find(|(text, _)| normalised(text).as_ref() == Some(&script))
+    .map(|(_, known)| known)
+}
+
 /// Could the script set or extend an expiry? Conservative: true if the body, in any case,
 /// mentions a command family that can (`expire`, `set`, `getex`, `restore`, `copy`, `rename`,
 /// `move`, `swapdb`, `persist`) or a way to run other code (`eval`, `fcall`); and true too when
@@ -605,6 +635,31 @@ mod tests {
             let expected = expected.map(|(argv, unit_ms)| LeaseShape { argv, unit_ms });
             assert_eq!(recognise(body.as_bytes()), expected, "{body}");
         }
+    }
+
+    #[test]
+    fn node_redlock_scripts_are_known_whole() {
+        let acquire = include_str!("../tests/scripts/node-redlock-acquire.lua");
+        let release = include_str!("../tests/scripts/node-redlock-release.lua");
+        assert_eq!(
+            known_lock_script(acquire.as_bytes()),
+            Some(KnownLock::NodeRedlockAcquire)
+        );
+        assert_eq!(
+            known_lock_script(release.as_bytes()),
+            Some(KnownLock::NodeRedlockRelease)
+        );
+        // Any other meaning is not one: a set without the expiry, a count without the delete.
+        for changed in [
+            acquire.replace(", \"PX\", ARGV[2]", ""),
+            acquire.replace("return 0", "return 1"),
+            release.replace("redis.pcall(\"del\", key)", ""),
+            release.replace("== ARGV[1]", "~= ARGV[1]"),
+        ] {
+            assert_eq!(known_lock_script(changed.as_bytes()), None, "{changed}");
+        }
+        let classic = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+        assert_eq!(known_lock_script(classic.as_bytes()), None);
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! Bounded: at most [`MAX_SCRIPTS`] scripts; an evicted script's `EVALSHA` gets `NOSCRIPT`,
 //! and every client library then sends the body again (`EVAL`).
 
-use crate::lease_script::{is_compare_and_delete, may_set_expiry, recognise, LeaseShape};
+use crate::lease_script::{
+    is_compare_and_delete, known_lock_script, may_set_expiry, recognise, KnownLock, LeaseShape,
+};
 use crate::redlock::MergeRule;
 use bytes::Bytes;
 use dashmap::DashMap;
@@ -26,6 +28,8 @@ pub struct Script {
     /// It may set or extend expiries: followed by a guard on every master
     /// ([`crate::commands::scripts`]).
     pub sets_expiry: bool,
+    /// A client library's whole acquire or release script, run as the proxy's own.
+    pub lock: Option<KnownLock>,
 }
 
 impl Script {
@@ -39,6 +43,7 @@ impl Script {
                 MergeRule::Strict
             },
             sets_expiry: may_set_expiry(&body),
+            lock: known_lock_script(&body),
             body,
         }
     }

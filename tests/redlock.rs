@@ -398,3 +398,66 @@ async fn concurrent_acquires_of_one_key_coalesce_and_exactly_one_wins() {
         after - before
     );
 }
+
+/// node-redlock's own acquire and release scripts, with one key, run as the proxy's Redlock
+/// acquire (padded TTL, fencing counter, validity) and merged release, answering what the
+/// scripts answer (`1`/`0`); with two keys they take the general script path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_redlock_scripts_run_as_the_proxys_acquire_and_release() {
+    let env = Env::start(3).await;
+    let mut c = env.proxy.client().await;
+    let (acquire, release) = (
+        script("node-redlock-acquire"),
+        script("node-redlock-release"),
+    );
+    let k = key("node-redlock");
+    let eval = |body: &str, keys: &[&str], argv: &[&str]| {
+        let count = keys.len().to_string();
+        let mut cmd = vec!["EVAL".to_string(), body.to_string(), count];
+        cmd.extend(keys.iter().chain(argv).map(|s| s.to_string()));
+        cmd
+    };
+    let mut ask = async |cmd: Vec<String>| {
+        let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        c.cmd(&args).await
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let reply = ask(eval(&acquire, &[&k], &["a", "10000"])).await;
+        if reply == ":1" {
+            break;
+        }
+        assert_eq!(reply, ":0");
+        assert!(Instant::now() < deadline, "never granted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(ask(eval(&acquire, &[&k], &["b", "10000"])).await, ":0");
+    assert!(env.holders(&k, "a").await >= 2);
+    // Through the proxy's acquire: a majority has the key's fencing counter, and the TTL
+    // padded by the drift (10 000 ms × 0.01 + 2 ms).
+    let mut counted = 0;
+    for port in env.ports() {
+        if master_get(port, &format!("redlock-proxy:token:{k}"))
+            .await
+            .is_some()
+        {
+            counted += 1;
+            let pttl: i64 = master_cmd(port, &["PTTL", &k]).await[1..].parse().unwrap();
+            assert!(pttl > 10_000 && pttl <= 10_102, "{pttl}");
+        }
+    }
+    assert!(counted >= 2, "{counted} masters with the counter");
+    assert_eq!(ask(eval(&release, &[&k], &["b"])).await, ":0");
+    assert_eq!(ask(eval(&release, &[&k], &["a"])).await, ":1");
+    assert_eq!(env.holders(&k, "a").await, 0);
+    // Two keys: the general path (a lease script, TTL padded, Q identical answers).
+    let (k1, k2) = (key("node-redlock-1"), key("node-redlock-2"));
+    assert_eq!(
+        ask(eval(&acquire, &[&k1, &k2], &["c", "10000"])).await,
+        ":2"
+    );
+    assert_eq!(ask(eval(&release, &[&k1, &k2], &["c"])).await, ":2");
+    // Above max_lock_ttl_ms: refused like a SET NX PX would be.
+    let long = ask(eval(&acquire, &[&k], &["d", "60000000"])).await;
+    assert!(long.starts_with("-ERR"), "{long}");
+}

@@ -133,6 +133,11 @@ pub fn acquire(ctx: &Ctx<'_>, request: &Request, ttl_ms: u64, with_token: bool) 
         received_at: ctx.received_at,
         with_token,
     };
+    start(ctx, attempt)
+}
+
+/// Starts the Redlock acquire `attempt`.
+pub fn start(ctx: &Ctx<'_>, attempt: Attempt) -> Action {
     match ctx.shard.acquirer.acquire(attempt) {
         Started::Leading(acquire) => Action::Defer(acquire),
         // Nothing later from this client may reach the masters before this acquire has

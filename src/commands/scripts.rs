@@ -31,6 +31,8 @@ use super::{Action, Ctx, Session};
 use crate::error::ProxyError;
 use crate::health::{ARMED_KEY, QUARANTINE_KEY};
 use crate::lease::{Granted, Lease, Outcome};
+use crate::lease_script::KnownLock;
+use crate::lock::Attempt;
 use crate::masters::Masters;
 use crate::protocol::{encode_command, Reply, Request};
 use crate::redlock::{
@@ -38,6 +40,7 @@ use crate::redlock::{
 };
 use crate::script_cache::Script;
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -95,6 +98,11 @@ fn lease_ttl(script: &Script, args: &[Bytes], numkeys: usize) -> Option<(usize, 
 /// The script's `KEYS` were checked by [`super::dispatch`] (reserved keys, the user's key
 /// patterns).
 fn run(ctx: &Ctx<'_>, request: Request, script: Script, numkeys: usize) -> Action {
+    let read_only =
+        request.args[0].len() > 4 && request.args[0].to_ascii_uppercase().ends_with(b"_RO");
+    if let Some(action) = known_lock(ctx, &script, &request.args, numkeys, read_only) {
+        return action;
+    }
     let masters = ctx.masters();
     let policy = ctx.shared.policy;
     let lease = lease_ttl(&script, &request.args, numkeys);
@@ -109,14 +117,6 @@ fn run(ctx: &Ctx<'_>, request: Request, script: Script, numkeys: usize) -> Actio
         args[at] = Bytes::from(padded.to_string());
         let window = validity_window(ttl_ms, policy.drift_factor).unwrap_or(Duration::ZERO);
         deadline = Some(ctx.received_at + window);
-    }
-    let read_only = args[0].len() > 4 && args[0].to_ascii_uppercase().ends_with(b"_RO");
-    // The recognised compare-and-delete reads only `KEYS[1]` and `ARGV[1]` and answers as the
-    // proxy's own release script does, which the links merge (`EVAL_RO` keeps Redis' refusal
-    // of the `DEL`).
-    if script.merge == MergeRule::Release && !read_only && numkeys >= 1 && args.len() > 3 + numkeys
-    {
-        return super::fencing::release(ctx, args[3].clone(), args[3 + numkeys].clone());
     }
     // The masters always get the body (`EVAL`), never a SHA1 they may not know.
     args[0] = Bytes::from_static(if read_only { b"EVAL_RO" } else { b"EVAL" });
@@ -150,6 +150,74 @@ fn run(ctx: &Ctx<'_>, request: Request, script: Script, numkeys: usize) -> Actio
         stats.count_if_release(rule, &reply);
         settle(reply, deadline)
     }))
+}
+
+/// A client library's whole acquire or release script, run as the proxy's own (`EVAL_RO`
+/// keeps Redis' refusal of the writes):
+/// - the recognised compare-and-delete reads only `KEYS[1]` and `ARGV[1]` and answers as the
+///   proxy's merged release does;
+/// - with one key ([`KnownLock`]), node-redlock's acquire is the Redlock acquire (`SET key
+///   ARGV[1] NX PX ARGV[2]`, `1` for `OK` and `0` for null, the lease checked at write time
+///   like any grant), and its release the merged release.
+///
+/// Any other shape takes the general path.
+fn known_lock(
+    ctx: &Ctx<'_>,
+    script: &Script,
+    args: &[Bytes],
+    numkeys: usize,
+    read_only: bool,
+) -> Option<Action> {
+    if read_only || numkeys == 0 {
+        return None;
+    }
+    let (key, value) = (args.get(3)?.clone(), args.get(3 + numkeys)?.clone());
+    if script.merge == MergeRule::Release {
+        return Some(super::fencing::release(ctx, key, value));
+    }
+    if numkeys != 1 {
+        return None;
+    }
+    match script.lock? {
+        KnownLock::NodeRedlockRelease => Some(super::fencing::release(ctx, key, value)),
+        KnownLock::NodeRedlockAcquire => {
+            let ttl_ms = super::parse_int(args.get(5)?).ok()?;
+            let ttl_ms = u64::try_from(ttl_ms).ok().filter(|ms| *ms > 0)?;
+            if let Err(err) = ctx.shared.policy.check_ttl(ttl_ms) {
+                return Some(Action::error(err));
+            }
+            let attempt = Attempt {
+                key,
+                value,
+                ttl_ms,
+                received_at: ctx.received_at,
+                with_token: false,
+            };
+            Some(counted(super::lock::start(ctx, attempt)))
+        }
+    }
+}
+
+/// An acquire answered as node-redlock's script answers: `1` keys set, or `0`.
+fn counted(action: Action) -> Action {
+    let count = |acquire: BoxFuture<'static, Outcome>| -> BoxFuture<'static, Outcome> {
+        Box::pin(async move {
+            match acquire.await {
+                Outcome::Lease(lease) => Outcome::Lease(Lease {
+                    granted: Granted::Reply(Reply::Integer(1)),
+                    expired: Reply::Integer(0),
+                    ..lease
+                }),
+                Outcome::Reply(Reply::Null) => Outcome::Reply(Reply::Integer(0)),
+                other => other,
+            }
+        })
+    };
+    match action {
+        Action::Defer(acquire) => Action::Defer(count(acquire)),
+        Action::Barrier(acquire) => Action::Barrier(count(acquire)),
+        other => other,
+    }
 }
 
 /// The script's vote of one master from its `[script reply, guard reply]` pair: counted only if
