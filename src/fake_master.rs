@@ -10,7 +10,7 @@
 
 use crate::health::{QUARANTINE_SCRIPT, STATUS_SCRIPT};
 use crate::live::LiveDuration;
-use crate::lock::{ACQUIRE_SCRIPT, COMPARE_AND_DELETE, RELEASE_SCRIPT, UNDO_SCRIPT};
+use crate::lock::{COMPARE_AND_DELETE, LOCK_SCRIPT, UNDO_SCRIPT};
 use crate::masters::{Masters, Settings};
 use crate::protocol::{Protocol, Reply, RequestParser};
 use crate::script_cache::script_sha;
@@ -114,14 +114,14 @@ impl FakeMaster {
 
     /// How many acquire scripts it ran.
     pub fn acquires(&self) -> usize {
-        let sha = script_sha(ACQUIRE_SCRIPT.as_bytes());
+        let sha = script_sha(LOCK_SCRIPT.as_bytes());
         let state = self.state.lock().unwrap();
         state
             .log
             .iter()
             .filter(|(_, args)| {
                 args.get(1).is_some_and(|a| {
-                    a.as_ref() == sha.as_bytes() || a.as_ref() == ACQUIRE_SCRIPT.as_bytes()
+                    a.as_ref() == sha.as_bytes() || a.as_ref() == LOCK_SCRIPT.as_bytes()
                 })
             })
             .count()
@@ -231,51 +231,52 @@ impl FakeMaster {
                 None,
             );
             Reply::Integer(pttl(keys_db, &keys[1]))
-        } else if body == ACQUIRE_SCRIPT {
+        } else if body == LOCK_SCRIPT {
             // In µs, as the script compares it (ms with the µs as a fraction).
             let now = self.clock_us();
             let armed = exists(keys_db, &keys[0]) && !exists(keys_db, &keys[1]);
             let refuse = |code: i64, seen: u64| {
                 Reply::Array(vec![Reply::Integer(code), Reply::Integer(seen as i64)])
             };
-            let answers = (0..argv.len() / 7).map(|i| {
-                let (key, counter, a) = (&keys[2 * i + 2], &keys[2 * i + 3], 7 * i);
-                if now > n(a + 3) * 1000 {
-                    return Reply::Integer(-2);
+            let (mut k, mut a, mut answers) = (2, 0, Vec::new());
+            while a < argv.len() {
+                if argv[a].as_ref() == b"r" {
+                    let (key, value) = (&keys[k], &argv[a + 1]);
+                    let ours = live(keys_db, key) == Some(value);
+                    if ours {
+                        keys_db.remove(key);
+                    }
+                    answers.push(Reply::Integer(ours as i64));
+                    (k, a) = (k + 1, a + 2);
+                    continue;
                 }
-                if now < n(a + 5) * 1000 {
-                    return refuse(-3, now);
-                }
-                if !armed {
-                    return Reply::Integer(-1);
-                }
+                let (key, counter) = (&keys[k], &keys[k + 1]);
                 let seen = live(keys_db, counter).map_or(0, |c| counter_token(c));
-                if n(a + 4) <= seen {
-                    return refuse(-4, seen);
-                }
-                if exists(keys_db, key) {
-                    return Reply::Null;
-                }
-                set(keys_db, key.clone(), argv[a].clone(), false, Some(n(a + 1)));
-                set(
-                    keys_db,
-                    counter.clone(),
-                    argv[a + 2].clone(),
-                    false,
-                    Some(n(a + 6)),
-                );
-                Reply::ok()
-            });
-            Reply::Array(answers.collect())
-        } else if body == RELEASE_SCRIPT {
-            let released = keys.iter().zip(argv).map(|(key, value)| {
-                let ours = live(keys_db, key) == Some(value);
-                if ours {
-                    keys_db.remove(key);
-                }
-                Reply::Integer(ours as i64)
-            });
-            Reply::Array(released.collect())
+                answers.push(if now > n(a + 4) * 1000 {
+                    Reply::Integer(-2)
+                } else if now < n(a + 6) * 1000 {
+                    refuse(-3, now)
+                } else if !armed {
+                    Reply::Integer(-1)
+                } else if n(a + 5) <= seen {
+                    refuse(-4, seen)
+                } else if exists(keys_db, key) {
+                    Reply::Null
+                } else {
+                    set(
+                        keys_db,
+                        key.clone(),
+                        argv[a + 1].clone(),
+                        false,
+                        Some(n(a + 2)),
+                    );
+                    let record = argv[a + 3].clone();
+                    set(keys_db, counter.clone(), record, false, Some(n(a + 7)));
+                    Reply::ok()
+                });
+                (k, a) = (k + 2, a + 8);
+            }
+            Reply::Array(answers)
         } else if body == UNDO_SCRIPT {
             let ours = live(keys_db, &keys[0]) == Some(&argv[0])
                 && live(keys_db, &keys[1]) == Some(&argv[1]);
@@ -340,8 +341,7 @@ fn known_script(sha: &str) -> Option<&'static str> {
     [
         STATUS_SCRIPT,
         QUARANTINE_SCRIPT,
-        ACQUIRE_SCRIPT,
-        RELEASE_SCRIPT,
+        LOCK_SCRIPT,
         UNDO_SCRIPT,
         COMPARE_AND_DELETE,
     ]
@@ -424,7 +424,7 @@ pub fn masters(fakes: &[Arc<FakeMaster>], node_timeout: Duration) -> Arc<Masters
                 interval: LiveDuration::new(Duration::from_millis(100)),
                 quarantine: true,
                 lease_bound: LEASE_BOUND,
-                preload: vec![ACQUIRE_SCRIPT],
+                preload: vec![LOCK_SCRIPT],
             },
         },
         fakes.iter().map(|_| Arc::default()).collect(),

@@ -73,6 +73,6 @@ pub use tls::{ClientCerts, MasterTlsFiles, ServerTlsFiles, TlsAcceptorHandle, Tl
 /// What the proxy keeps on every master, for tests and tools that inspect the masters.
 pub mod on_master {
     pub use crate::health::{ARMED_KEY, QUARANTINE_KEY};
-    pub use crate::lock::{token_key, ACQUIRE_SCRIPT, COMPARE_AND_DELETE, UNDO_SCRIPT};
+    pub use crate::lock::{token_key, COMPARE_AND_DELETE, LOCK_SCRIPT, UNDO_SCRIPT};
     pub use crate::script_cache::script_sha;
 }

@@ -44,8 +44,8 @@ pub type LateVotes = FuturesUnordered<BoxFuture<'static, (usize, Vote)>>;
 pub enum Ask {
     /// Commands, encoded.
     Commands(Bytes),
-    /// A call of a script that the link merges with other callers' calls; called again with
-    /// its body if the master answers `NOSCRIPT`.
+    /// A call of a script that the link merges with other callers' calls (and sends again
+    /// with the body if the master answers `NOSCRIPT`).
     Script(Arc<SharedScript>, ScriptCall),
 }
 
@@ -232,26 +232,12 @@ impl Voter {
         vote
     }
 
-    /// Asks `request`; a script call whose script the master lost (restart, `SCRIPT FLUSH`)
-    /// is asked once more with the script's body.
-    async fn ask_with_retry(&self, request: Ask, replies: usize) -> Vote {
-        let (script, call) = match request {
-            Ask::Commands(payload) => return self.ask(payload, replies).await,
-            Ask::Script(script, call) => (script, call),
-        };
-        // A master that cannot vote still gets the call (a release must reach it), with the
-        // body: its answer is not read, so a `NOSCRIPT` would go unnoticed.
-        if !self.eligible() {
-            drop(self.link.send_script(script, call, true));
-            return self.absent_vote();
-        }
-        let by_sha = || self.link.send_script(script.clone(), call.clone(), false);
-        match self.vote_on(by_sha).await {
-            Vote::Replied(r) if r.is_error_code("NOSCRIPT") => {
-                self.vote_on(|| self.link.send_script(script.clone(), call, true))
-                    .await
-            }
-            vote => vote,
+    /// Asks `request`. A script call whose script the master lost is sent again with the
+    /// body by the link itself ([`Link::send_script`]).
+    async fn ask_request(&self, request: Ask, replies: usize) -> Vote {
+        match request {
+            Ask::Commands(payload) => self.ask(payload, replies).await,
+            Ask::Script(script, call) => self.vote_on(|| self.link.send_script(script, call)).await,
         }
     }
 }
@@ -428,7 +414,7 @@ impl Masters {
                 let vote: BoxFuture<'static, (usize, Vote)> = Box::pin(async move {
                     match request {
                         None => (i, voter.absent_vote()),
-                        Some(request) => (i, voter.ask_with_retry(request, replies).await),
+                        Some(request) => (i, voter.ask_request(request, replies).await),
                     }
                 });
                 vote

@@ -28,7 +28,10 @@
 //!   burst instead of once per acquire. Nothing else changes for a caller: the master runs the
 //!   calls in queue order and atomically (a script runs alone), as it would have run them one
 //!   after another, and each caller gets its own answer, or the same error as every caller of
-//!   the merged call.
+//!   the merged call. A master that lost the script (restart, `SCRIPT FLUSH`) answers
+//!   `NOSCRIPT`: the link sends the same calls again at once with the body, whether or not their
+//!   callers still wait (a release whose quorum was reached without this master must still
+//!   delete the key there).
 //! - A caller never waits longer than the node timeout for one reply ([`Pending::wait`]).
 //!
 //! The byte stream comes from a [`Connect`]: TCP or TLS with its `AUTH` done in production
@@ -142,7 +145,15 @@ enum Recipients {
     /// One request: its replies (an array if it expects several).
     One(Option<ReplyTo>),
     /// Merged script calls: element `i` of the reply array goes to caller `i`.
-    Merged(Vec<Option<ReplyTo>>),
+    Merged(MergedCalls),
+}
+
+/// The calls of one merged script call, kept until answered (to send again with the body).
+struct MergedCalls {
+    script: Arc<SharedScript>,
+    by_body: bool,
+    calls: Vec<ScriptCall>,
+    replies: Vec<Option<ReplyTo>>,
 }
 
 /// A written request waiting for its replies.
@@ -157,28 +168,50 @@ struct InFlight {
 }
 
 impl InFlight {
-    /// Hands over the reply (`Err`: none will come).
-    fn answer(self, answer: Answer) {
-        match self.to {
+    /// Hands over the reply (`Err`: none will come); merged calls the master answered
+    /// `NOSCRIPT` are queued again on `resend`, with the body.
+    fn answer(self, answer: Answer, resend: &mpsc::UnboundedSender<Outgoing>) {
+        let merged = match self.to {
             Recipients::One(Some(tx)) => {
                 let _ = tx.send(answer);
+                return;
             }
-            Recipients::One(None) => {}
-            Recipients::Merged(txs) => match answer {
-                Ok(Reply::Array(items)) if items.len() == txs.len() => {
-                    for (tx, item) in txs.into_iter().zip(items) {
-                        if let Some(tx) = tx {
-                            let _ = tx.send(Ok(item));
-                        }
+            Recipients::One(None) => return,
+            Recipients::Merged(merged) => merged,
+        };
+        if !merged.by_body && matches!(&answer, Ok(r) if r.is_error_code("NOSCRIPT")) {
+            for (call, reply) in merged.calls.into_iter().zip(merged.replies) {
+                let again = Outgoing {
+                    payload: Payload::Script {
+                        script: merged.script.clone(),
+                        call,
+                        invoke_by_body: true,
+                    },
+                    replies: 1,
+                    reply,
+                    cleanup_expires: None,
+                    queued_at: self.queued_at,
+                };
+                // A closed queue drops the request: its caller sees the channel close.
+                let _ = resend.send(again);
+            }
+            return;
+        }
+        let txs = merged.replies;
+        match answer {
+            Ok(Reply::Array(items)) if items.len() == txs.len() => {
+                for (tx, item) in txs.into_iter().zip(items) {
+                    if let Some(tx) = tx {
+                        let _ = tx.send(Ok(item));
                     }
                 }
-                // An error (`NOSCRIPT`, `BUSY`, …) concerns every caller of the call alike.
-                other => {
-                    for tx in txs.into_iter().flatten() {
-                        let _ = tx.send(other.clone());
-                    }
+            }
+            // An error (`BUSY`, `OOM`, …) concerns every caller of the call alike.
+            other => {
+                for tx in txs.into_iter().flatten() {
+                    let _ = tx.send(other.clone());
                 }
-            },
+            }
         }
     }
 }
@@ -337,19 +370,14 @@ impl Link {
         self.send_payload(Payload::Commands(payload), replies)
     }
 
-    /// Queues a call of `script` (by SHA1, or with its body) with this request's keys and
-    /// arguments; the writer merges it with the calls of `script` queued right after it. The
-    /// reply is what the script's reply array holds for this call.
-    pub fn send_script(
-        &self,
-        script: Arc<SharedScript>,
-        call: ScriptCall,
-        invoke_by_body: bool,
-    ) -> Pending {
+    /// Queues a call of `script` by SHA1 with this request's keys and arguments; the writer
+    /// merges it with the calls of `script` queued right after it (module header). The reply is
+    /// what the script's reply array holds for this call.
+    pub fn send_script(&self, script: Arc<SharedScript>, call: ScriptCall) -> Pending {
         let payload = Payload::Script {
             script,
             call,
-            invoke_by_body,
+            invoke_by_body: false,
         };
         self.send_payload(payload, 1)
     }
@@ -682,11 +710,16 @@ impl Merging {
             false => Invoke::Sha(&script.sha),
         };
         encode_script_call(buf, invoke, &script.shared_keys, self.calls.iter());
-        self.calls.clear();
+        let merged = MergedCalls {
+            script,
+            by_body,
+            calls: std::mem::take(&mut self.calls),
+            replies: std::mem::take(&mut self.replies),
+        };
         queue.push_back(InFlight {
             replies: 1,
             got: Vec::with_capacity(1),
-            to: Recipients::Merged(std::mem::take(&mut self.replies)),
+            to: Recipients::Merged(merged),
             cleanup: None,
             queued_at,
         });
@@ -730,7 +763,7 @@ async fn read_loop(
                 match read {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {
-                        if !deliver(&mut buf, &in_flight, &link.addr) {
+                        if !deliver(&mut buf, &in_flight, &conn.queue, &link.addr) {
                             break;
                         }
                     }
@@ -756,13 +789,18 @@ async fn read_loop(
         if let Some((payload, expires)) = entry.cleanup.take() {
             link.keep_cleanup(payload, expires);
         }
-        entry.answer(Err(why));
+        entry.answer(Err(why), &conn.queue);
     }
 }
 
 /// Decodes every complete reply in `buf` and hands each to the oldest in-flight request.
 /// Returns false on a protocol error or a reply nobody asked for (the connection must close).
-fn deliver(buf: &mut BytesMut, in_flight: &Mutex<VecDeque<InFlight>>, addr: &str) -> bool {
+fn deliver(
+    buf: &mut BytesMut,
+    in_flight: &Mutex<VecDeque<InFlight>>,
+    resend: &mpsc::UnboundedSender<Outgoing>,
+    addr: &str,
+) -> bool {
     loop {
         let reply = match decode_reply(buf) {
             Ok(Some(reply)) => reply,
@@ -792,7 +830,7 @@ fn deliver(buf: &mut BytesMut, in_flight: &Mutex<VecDeque<InFlight>>, addr: &str
         } else {
             Reply::Array(std::mem::take(&mut done.got))
         };
-        done.answer(Ok(reply));
+        done.answer(Ok(reply), resend);
     }
 }
 

@@ -401,7 +401,7 @@ async fn slow_links_that_recover_deliver_no_phantom() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
     use redlock_proxy::on_master::{
-        token_key, ACQUIRE_SCRIPT, ARMED_KEY, QUARANTINE_KEY, UNDO_SCRIPT,
+        token_key, ARMED_KEY, LOCK_SCRIPT, QUARANTINE_KEY, UNDO_SCRIPT,
     };
     let master = redlock_proxy::LocalMaster::start(None, &[]).unwrap();
     let port = master.port;
@@ -432,12 +432,13 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
                 port,
                 &[
                     "EVAL",
-                    ACQUIRE_SCRIPT,
+                    LOCK_SCRIPT,
                     "4",
                     ARMED_KEY,
                     QUARANTINE_KEY,
                     &k,
                     &tk,
+                    "a",
                     "tok",
                     "20000",
                     &record,
@@ -490,25 +491,32 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
     master_cmd(port, &["DEL", QUARANTINE_KEY, ARMED_KEY]).await;
     assert_eq!(acquire("a3", t + 60_000, t_us + 3).await, ":-1");
     assert_eq!(master_get(port, &k).await, None);
-    // Two acquires merged into one call (as a link sends them): each gets its own answer, and
-    // the second of the same key finds it held.
+    // Operations merged into one call (as a link sends them): each gets its own answer. The
+    // second acquire of the key finds it held; after the release, a third with a token below
+    // the first's is refused by the counter the first wrote in the same call.
     master_cmd(port, &["SET", ARMED_KEY, "1"]).await;
     let (deadline, earliest) = ((t + 60_000).to_string(), (t - 10_000).to_string());
     let (token, other) = (format!("{:016}", t_us + 10), format!("{:016}", t_us + 11));
     let record = |token: &str, id: &str| format!("{token}:{id}");
     let (r1, r2) = (record(&token, "m1"), record(&other, "m2"));
+    let below = format!("{:016}", t_us + 9);
+    let r3 = record(&below, "m3");
     let merged = master_cmd(
         port,
         &[
             "EVAL",
-            ACQUIRE_SCRIPT,
-            "6",
+            LOCK_SCRIPT,
+            "9",
             ARMED_KEY,
             QUARANTINE_KEY,
             &k,
             &tk,
             &k,
             &tk,
+            &k,
+            &k,
+            &tk,
+            "a",
             "v1",
             "20000",
             &r1,
@@ -516,6 +524,7 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
             &token,
             &earliest,
             "60000",
+            "a",
             "v2",
             "20000",
             &r2,
@@ -523,11 +532,21 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
             &other,
             &earliest,
             "60000",
+            "r",
+            "v1",
+            "a",
+            "v3",
+            "20000",
+            &r3,
+            &deadline,
+            &below,
+            &earliest,
+            "60000",
         ],
     )
     .await;
-    assert_eq!(merged, "*[+OK,$nil]");
-    assert_eq!(master_get(port, &k).await.as_deref(), Some("v1"));
+    assert_eq!(merged, format!("*[+OK,$nil,:1,*[:-4,:{}]]", t_us + 10));
+    assert_eq!(master_get(port, &k).await, None);
     assert_eq!(master_get(port, &tk).await, Some(r1));
 }
 

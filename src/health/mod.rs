@@ -11,7 +11,7 @@
 //!   - `redlock-proxy:armed` (no expiry): "this master has been part of a lock deployment". A
 //!     master that lacks it lost its data (restart without persistence, `FLUSHALL`) or is
 //!     brand new. Every acquire checks it **in the same script** that sets the lock
-//!     ([`crate::lock::ACQUIRE_SCRIPT`]), and scripts are followed by a guard that checks it
+//!     ([`crate::lock::LOCK_SCRIPT`]), and scripts are followed by a guard that checks it
 //!     ([`crate::commands::scripts::GUARD_SCRIPT`]): a master wiped since its last poll answers `-1`
 //!     instead of voting.
 //!   - `redlock-proxy:quarantine` (`PX` = B, only ever lengthened): set, *in the same script

@@ -1,5 +1,5 @@
 //! The Redlock acquire of one attempt, up to its decision ([`decide`]), and the script every
-//! master runs for it ([`ACQUIRE_SCRIPT`]).
+//! master runs for it ([`LOCK_SCRIPT`]).
 
 use super::rollback::{RollbackPlan, Undo};
 use super::{AcquireResult, Acquirer};
@@ -19,15 +19,17 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// The acquire on one master, for every acquire the link merged into this call
-/// ([`crate::transport::SharedScript`]). `KEYS` = [`ARMED_KEY`], [`QUARANTINE_KEY`], then for
-/// each acquire `i` its lock key and the key's token counter ([`token_key`]) at `KEYS[2i+1]`,
-/// `KEYS[2i+2]`; `ARGV` = for each acquire, from `ARGV[7i-6]`: the value, `PX`, the counter's
-/// new record (`<token>:<proxy instance>`, [`Tokens::record`]), the deadline, the proposed
-/// fencing token (µs, 16 digits zero-padded: a record `<token>:<instance>` is at least the
-/// proposal, as strings, exactly when its token is), the earliest master clock that may take
-/// the token, the counter's `PX` (clocks in ms since the epoch, in the master's clock). The
-/// reply has one element per acquire, in order:
+/// The lock operations on one master, for every acquire and release the link merged into
+/// this call ([`crate::transport::SharedScript`]), run in order. `KEYS` = [`ARMED_KEY`],
+/// [`QUARANTINE_KEY`], then each operation's keys; `ARGV` = each operation's arguments, led by
+/// its kind. The reply has one element per operation, in order.
+///
+/// **Acquire** (`a`; keys: the lock key, the key's token counter ([`token_key`]); arguments:
+/// the value, `PX`, the counter's new record (`<token>:<proxy instance>`, [`Tokens::record`]),
+/// the deadline, the proposed fencing token (µs, 16 digits zero-padded: a record
+/// `<token>:<instance>` is at least the proposal, as strings, exactly when its token is), the
+/// earliest master clock that may take the token, the counter's `PX`; clocks in ms since the
+/// epoch, in the master's clock):
 /// - Nothing is written after the deadline (`-2`): a write held up in a paused master's socket
 ///   buffer cannot take effect once the proxy has given up on it, so the clean-up sent after
 ///   the deadline is final (no phantom holder). The deadline is also the latest clock at which
@@ -44,6 +46,11 @@ use tokio::time::Instant;
 ///   a refused attempt deletes only what *that* attempt wrote, never the grant of a later
 ///   attempt with the same value (redis-py retries with the same token).
 ///
+/// **Release** (`r`; key: the lock key; argument: the value): `1` if the key held the value
+/// and was deleted, else `0`, exactly what the classic compare-and-delete answers; a key of
+/// another type is that release's error (`WRONGTYPE`, as the classic script's `redis.call`
+/// raises), not the end of the others' (`pcall`).
+///
 /// Why a script, and not the plain `SET NX PX` with the marker check beside it: the markers
 /// alone could be a pipelined `MGET` right after the `SET` (a wipe between arming and the `SET`
 /// would also remove the marker before the `MGET` runs), but the token counter is a
@@ -53,26 +60,25 @@ use tokio::time::Instant;
 /// paid once per merged call, and `TIME` and one `MGET` (markers and every counter) once per
 /// call; what is left per acquire is the two `SET`s (BENCHMARKS.md §9).
 ///
-/// Merging keeps every acquire's answer what it would be alone: the calls run in queue order,
-/// atomically. The counters are read once, up front: a counter changes during the call only
-/// when an earlier acquire of the same key in it was granted, and then the later one finds the
-/// key held (time does not advance inside a script, so the lock cannot expire meanwhile), so
-/// its answer is null either way. The `SET` of the lock is a `pcall`: an error there (`OOM`
-/// before the call's first write) is that acquire's answer, not the end of the others'.
+/// Merging keeps every operation's answer what it would be alone: they run in queue order,
+/// atomically. The counters are read once, up front, and a counter this call wrote is
+/// remembered (`written`), so every acquire compares its token with the counter as it is at its
+/// turn. The lock's `SET` is a `pcall`: an error there (`OOM` before the call's first write) is
+/// that acquire's answer, not the end of the others'.
 ///
 /// The clock is compared in ms with its µs as a fraction (`t[1] * 1000 + t[2] / 1000`): the
 /// deadline check is then at least as strict as with whole ms, and the earliest check (an
 /// integer bound) the same. Lua's own string-to-number coercion instead of `tonumber` and
 /// `math.floor`, and a record of at most 44 bytes (Redis keeps it in one allocation), keep the
 /// master's work small (BENCHMARKS.md §6); the strings it writes come ready-made from the proxy.
-pub const ACQUIRE_SCRIPT: &str = "local t = redis.call('time') local now = t[1] * 1000 + t[2] / 1000 local n = #ARGV / 7 local names = {KEYS[1], KEYS[2]} for i = 1, n do names[i + 2] = KEYS[2 * i + 2] end local m = redis.call('mget', unpack(names)) local armed = m[1] and not m[2] local r = {} for i = 1, n do local a = 7 * i - 7 local c = m[i + 2] if now > ARGV[a + 4] + 0 then r[i] = -2 elseif now < ARGV[a + 6] + 0 then r[i] = {-3, t[1] * 1000000 + t[2]} elseif not armed then r[i] = -1 elseif c and c >= ARGV[a + 5] then r[i] = {-4, tonumber(string.sub(c, 1, 16))} else local ok = redis.pcall('set', KEYS[2 * i + 1], ARGV[a + 1], 'NX', 'PX', ARGV[a + 2]) if ok and not ok.err then redis.call('set', KEYS[2 * i + 2], ARGV[a + 3], 'PX', ARGV[a + 7]) end r[i] = ok end end return r";
+pub const LOCK_SCRIPT: &str = "local t = redis.call('time') local now = t[1] * 1000 + t[2] / 1000 local names = {KEYS[1], KEYS[2]} local k, a = 3, 1 while a <= #ARGV do if ARGV[a] == 'a' then names[#names + 1] = KEYS[k + 1] k = k + 2 a = a + 8 else k = k + 1 a = a + 2 end end local m = redis.call('mget', unpack(names)) local armed = m[1] and not m[2] local r, written, i, c = {}, {}, 1, 3 k, a = 3, 1 while a <= #ARGV do if ARGV[a] == 'a' then local counter = written[KEYS[k + 1]] or m[c] c = c + 1 if now > ARGV[a + 4] + 0 then r[i] = -2 elseif now < ARGV[a + 6] + 0 then r[i] = {-3, t[1] * 1000000 + t[2]} elseif not armed then r[i] = -1 elseif counter and counter >= ARGV[a + 5] then r[i] = {-4, tonumber(string.sub(counter, 1, 16))} else local ok = redis.pcall('set', KEYS[k], ARGV[a + 1], 'NX', 'PX', ARGV[a + 2]) if ok and not ok.err then redis.call('set', KEYS[k + 1], ARGV[a + 3], 'PX', ARGV[a + 7]) written[KEYS[k + 1]] = ARGV[a + 3] end r[i] = ok end k = k + 2 a = a + 8 else local v = redis.pcall('get', KEYS[k]) if type(v) == 'table' and v.err then r[i] = v elseif v == ARGV[a + 1] then r[i] = redis.call('del', KEYS[k]) else r[i] = 0 end k = k + 1 a = a + 2 end i = i + 1 end return r";
 
-/// How the links call [`ACQUIRE_SCRIPT`]: by SHA1 (the health monitors load it on every
-/// master), with the markers as the keys every merged acquire shares.
-pub fn acquire_script() -> Arc<SharedScript> {
+/// How the links call [`LOCK_SCRIPT`]: by SHA1 (the health monitors load it on every master),
+/// with the markers as the keys every merged operation shares.
+pub fn lock_script() -> Arc<SharedScript> {
     Arc::new(SharedScript {
-        sha: script_sha(ACQUIRE_SCRIPT.as_bytes()),
-        body: ACQUIRE_SCRIPT,
+        sha: script_sha(LOCK_SCRIPT.as_bytes()),
+        body: LOCK_SCRIPT,
         shared_keys: vec![
             Bytes::from_static(ARMED_KEY.as_bytes()),
             Bytes::from_static(QUARANTINE_KEY.as_bytes()),
@@ -273,7 +279,7 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
     let px_ms = backend_ttl_ms(ttl_ms, drift_factor);
     let px = px_ms.to_string();
     // With quarantine on, the write is the acquire script (markers, deadline, token: see
-    // `ACQUIRE_SCRIPT`), called by SHA1 (the health monitor loads it on every master); a master
+    // `LOCK_SCRIPT`), called by SHA1 (the health monitor loads it on every master); a master
     // that lost its script cache answers NOSCRIPT and gets the body at once. Each master's
     // deadline is the latest its clock can show when the node timeout runs out, computed as the
     // request leaves (after the fan-out permit).
@@ -310,6 +316,7 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
         let call = ScriptCall::new(
             &[key, &token_key],
             &[
+                b"a",
                 value,
                 px.as_bytes(),
                 record.as_bytes(),

@@ -9,9 +9,8 @@ mod release;
 mod rollback;
 mod stats;
 
-pub use acquire::{token_key, Attempt, ACQUIRE_SCRIPT, UNARMED};
+pub use acquire::{token_key, Attempt, LOCK_SCRIPT, UNARMED};
 pub use flights::Started;
-pub use release::RELEASE_SCRIPT;
 pub use rollback::{COMPARE_AND_DELETE, UNDO_SCRIPT};
 pub use stats::{latency_buckets, AcquireResult, LockStats};
 
@@ -27,9 +26,8 @@ pub struct Acquirer {
     masters: Arc<Masters>,
     policy: Policy,
     tokens: Tokens,
-    /// [`ACQUIRE_SCRIPT`] and [`RELEASE_SCRIPT`], as the links merge their calls.
+    /// [`LOCK_SCRIPT`], as the links merge its calls.
     script: Arc<SharedScript>,
-    release_script: Arc<SharedScript>,
     flights: Flights,
     /// Acquires by result, their duration, rollbacks (exported by [`crate::ops`]).
     pub stats: Arc<LockStats>,
@@ -49,8 +47,7 @@ impl Acquirer {
             masters,
             policy,
             tokens: Tokens::new(rules, token_clock),
-            script: acquire::acquire_script(),
-            release_script: release::release_script(),
+            script: acquire::lock_script(),
             flights: Flights::default(),
             stats,
         })
@@ -58,7 +55,7 @@ impl Acquirer {
 
     /// Scripts the health monitors keep loaded on every master (acquires call them by SHA1).
     pub fn preload() -> Vec<&'static str> {
-        vec![ACQUIRE_SCRIPT, RELEASE_SCRIPT]
+        vec![LOCK_SCRIPT]
     }
 }
 
@@ -259,6 +256,19 @@ mod tests {
             assert_eq!(fake.get("k0"), None);
             assert_eq!(fake.get("k3").as_deref(), Some(&b"v3"[..]));
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_reaches_a_master_that_lost_the_script_after_the_quorum_answered() {
+        let (fakes, _masters, acquirer) = ready(3).await;
+        assert_eq!(run(acquirer.acquire(attempt("v"))).await, Reply::ok());
+        // The third master lost its scripts and answers late: the release's quorum is reached
+        // without it, and its NOSCRIPT reaches nobody waiting.
+        fakes[2].forget_scripts();
+        fakes[2].stall();
+        assert_eq!(acquirer.release(b"k", b"v").await, Reply::Integer(1));
+        fakes[2].resume();
+        until(LIMIT, || fakes[2].get("k").is_none()).await;
     }
 
     #[tokio::test(start_paused = true)]
