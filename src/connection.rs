@@ -38,7 +38,7 @@ use crate::error::ProxyError;
 use crate::lease::{Lease, Outcome};
 use crate::protocol::{Protocol, Reply, RequestParser};
 use crate::shared::Shared;
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesOrdered, StreamExt};
 use std::collections::VecDeque;
@@ -103,8 +103,9 @@ struct Grant {
     start: u64,
     end: u64,
     deadline: Instant,
-    /// The reply written instead if the deadline passes before the first byte is written.
-    expired: Bytes,
+    /// The reply written instead if the deadline passes before the first byte is written, and
+    /// its protocol: encoded only then (rarely), not for every grant.
+    expired: (Protocol, Reply),
     rollback: Option<BoxFuture<'static, ()>>,
 }
 
@@ -130,32 +131,31 @@ impl Output {
     /// Encodes a reply. A lease is settled now: a grant whose deadline has passed is rolled
     /// back and becomes its refusal; a valid one is written as granted, re-checked at the write.
     async fn push(&mut self, protocol: Protocol, outcome: Outcome) {
-        match outcome {
-            Outcome::Reply(reply) => reply.encode(protocol, &mut self.buf),
-            Outcome::Lease(lease) if Instant::now() < lease.deadline => {
-                let Lease {
-                    deadline,
-                    granted,
-                    expired,
-                    rollback,
-                } = lease;
-                let start = self.end();
-                granted
-                    .reply(Instant::now(), deadline)
-                    .encode(protocol, &mut self.buf);
-                let mut refusal = BytesMut::new();
-                expired.encode(protocol, &mut refusal);
-                self.recheck_at = Some(self.recheck_at.map_or(deadline, |at| at.min(deadline)));
-                self.grants.push_back(Grant {
-                    start,
-                    end: self.end(),
-                    deadline,
-                    expired: refusal.freeze(),
-                    rollback,
-                });
-            }
-            Outcome::Lease(lease) => lease.settle().await.encode(protocol, &mut self.buf),
+        let lease = match outcome {
+            Outcome::Reply(reply) => return reply.encode(protocol, &mut self.buf),
+            Outcome::Lease(lease) => lease,
+        };
+        // One clock read: the validity check and the validity the reply states agree.
+        let now = Instant::now();
+        if now >= lease.deadline {
+            return lease.settle().await.encode(protocol, &mut self.buf);
         }
+        let Lease {
+            deadline,
+            granted,
+            expired,
+            rollback,
+        } = lease;
+        let start = self.end();
+        granted.reply(now, deadline).encode(protocol, &mut self.buf);
+        self.recheck_at = Some(self.recheck_at.map_or(deadline, |at| at.min(deadline)));
+        self.grants.push_back(Grant {
+            start,
+            end: self.end(),
+            deadline,
+            expired: (protocol, expired),
+            rollback,
+        });
     }
 
     /// The validity re-check right before a write: every grant none of whose bytes was handed
@@ -178,7 +178,8 @@ impl Output {
                 self.buf.extend_from_slice(
                     &old[(copied - base) as usize..(grant.start - base) as usize],
                 );
-                self.buf.extend_from_slice(&grant.expired);
+                let (protocol, refusal) = &grant.expired;
+                refusal.encode(*protocol, &mut self.buf);
                 copied = grant.end;
                 rollbacks.extend(grant.rollback.take());
                 continue;
@@ -356,11 +357,9 @@ pub async fn serve(
         closing |= *stop.borrow();
         let can_read = !closing && barrier.is_none() && in_flight.len() < max_inflight;
         let only_writes_left = closing && in_flight.is_empty();
-        let stall_deadline = if only_writes_left {
-            *stall_at.get_or_insert_with(|| Instant::now() + CLOSE_STALL)
-        } else {
-            Instant::now() + CLOSE_STALL
-        };
+        // Read from the clock only once closing: not on every turn of the loop.
+        let stall_deadline =
+            only_writes_left.then(|| *stall_at.get_or_insert_with(|| Instant::now() + CLOSE_STALL));
         // Idle: nothing in flight, nothing to write, nothing read for `timeout` (Redis'
         // `clientsCronHandleTimeout`).
         let idle = !closing && in_flight.is_empty() && out.buf.is_empty();
@@ -371,7 +370,7 @@ pub async fn serve(
             ready = wr.ready(), if !out.buf.is_empty() || wr.has_buffered() => Event::Writable(ready.is_ok()),
             read = read_more(&mut rd, &mut rbuf), if can_read => Event::Read(read),
             _ = stop.changed(), if !closing => Event::Stop,
-            _ = tokio::time::sleep_until(stall_deadline), if only_writes_left => Event::Stalled,
+            _ = sleep_until_some(stall_deadline), if only_writes_left => Event::Stalled,
             _ = sleep_until_some(idle_deadline), if idle => Event::Idle,
             _ = &mut killed => Event::Killed,
         };
@@ -405,7 +404,9 @@ pub async fn serve(
                 }
                 if out.sent > sent {
                     stall_at = None;
-                    last_activity = Instant::now();
+                    if idle_timeout.is_some() {
+                        last_activity = Instant::now();
+                    }
                 }
             }
             Event::Read(read) => {
@@ -455,7 +456,8 @@ fn buffer_limit(session: &Session, authenticated: u64) -> u64 {
     }
 }
 
-/// Sleeps until `deadline`, or forever without one.
+/// Sleeps until `deadline`, or forever without one. Lazy: a branch of the loop's `select!`
+/// that is disabled builds no timer (`select!` evaluates every branch's future).
 async fn sleep_until_some(deadline: Option<Instant>) {
     match deadline {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -472,6 +474,7 @@ async fn read_more(rd: &mut (impl AsyncRead + Unpin), buf: &mut BytesMut) -> boo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
     use std::sync::atomic::AtomicUsize;
 
     fn lease(deadline: Instant, rolled_back: &Arc<AtomicUsize>) -> Outcome {
