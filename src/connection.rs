@@ -55,8 +55,12 @@ use tokio::time::Instant;
 
 /// Write once this much reply data is buffered, even if more replies are ready.
 const FLUSH_AT: usize = 64 * 1024;
-/// Read buffer headroom requested before each read.
+/// Read buffer headroom requested when it runs low (below [`READ_MIN`]).
 const READ_CHUNK: usize = 4 * 1024;
+/// Headroom below which the read buffer is grown before a read. Not on every read: the loop
+/// polls a read while requests are in flight, whose arguments still point into the buffer's
+/// allocation, and `reserve` would then allocate a fresh buffer for every request.
+const READ_MIN: usize = 1024;
 /// Buffers larger than this are released once empty (a big request must not pin memory).
 const KEEP_BUFFER: usize = 64 * 1024;
 /// When closing, how long a client may take none of the replies left before it is dropped.
@@ -467,7 +471,9 @@ async fn sleep_until_some(deadline: Option<Instant>) {
 
 /// Reads more bytes; false at end of stream or on error.
 async fn read_more(rd: &mut (impl AsyncRead + Unpin), buf: &mut BytesMut) -> bool {
-    buf.reserve(READ_CHUNK);
+    if buf.capacity() - buf.len() < READ_MIN {
+        buf.reserve(READ_CHUNK);
+    }
     matches!(rd.read_buf(buf).await, Ok(n) if n > 0)
 }
 
