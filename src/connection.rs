@@ -41,6 +41,7 @@ use crate::shared::Shared;
 use bytes::{Buf, BytesMut};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesOrdered, StreamExt};
+use futures::FutureExt;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io::ErrorKind;
@@ -269,11 +270,7 @@ pub async fn refuse(mut stream: impl AsyncWrite + Unpin, why: ProxyError) {
 
 /// Serves one client until it disconnects, sends `QUIT`, breaks the protocol, does not read
 /// its replies past the output limit, or `stop` is set.
-pub async fn serve(
-    stream: impl ClientStream,
-    shared: Arc<Shared>,
-    mut stop: watch::Receiver<bool>,
-) {
+pub async fn serve(stream: impl ClientStream, shared: Arc<Shared>, stop: watch::Receiver<bool>) {
     shared.clients.fetch_add(1, Ordering::Relaxed);
     let Ok((peer, local)) = client_stream::addresses(&stream) else {
         shared.clients.fetch_sub(1, Ordering::Relaxed);
@@ -287,6 +284,9 @@ pub async fn serve(
     // every event.
     let killed = registration.handle.killed();
     tokio::pin!(killed);
+    // Likewise the stop signal (`stop` itself is still read on every turn).
+    let stopped = stop_requested(stop.clone());
+    tokio::pin!(stopped);
     let mut session = Session::new(&shared, registration.handle.clone());
     // Limits as last reloaded, fixed for the life of the connection.
     let settings = shared.settings();
@@ -311,7 +311,7 @@ pub async fn serve(
     // Once only replies are left to write: when the client will have taken none for too long.
     let mut stall_at: Option<Instant> = None;
 
-    loop {
+    'serve: loop {
         // Parse what is buffered, up to the in-flight bound, unless a barrier is pending.
         if barrier.is_some_and(|b| answered > b) {
             barrier = None;
@@ -373,45 +373,48 @@ pub async fn serve(
             Some(done) = in_flight.next(), if !in_flight.is_empty() => Event::Done(done),
             ready = wr.ready(), if !out.buf.is_empty() || wr.has_buffered() => Event::Writable(ready.is_ok()),
             read = read_more(&mut rd, &mut rbuf), if can_read => Event::Read(read),
-            _ = stop.changed(), if !closing => Event::Stop,
+            _ = &mut stopped, if !closing => Event::Stop,
             _ = sleep_until_some(stall_deadline), if only_writes_left => Event::Stalled,
             _ = sleep_until_some(idle_deadline), if idle => Event::Idle,
             _ = &mut killed => Event::Killed,
         };
-        match event {
-            Event::Done((protocol, outcome)) => {
-                answered += 1;
-                out.push(protocol, outcome).await;
-                // Mid-burst, write early what has piled up (and, before judging the limit,
-                // what the socket takes now).
-                if (out.buf.len() >= FLUSH_AT || over_limit(&out, &session))
-                    && !out.write_now(&mut wr).await
-                {
-                    break;
+        let write = match event {
+            Event::Done(done) => {
+                let mut next = Some(done);
+                while let Some((protocol, outcome)) = next.take() {
+                    answered += 1;
+                    out.push(protocol, outcome).await;
+                    // Mid-burst, write early what has piled up (and, before judging the limit,
+                    // what the socket takes now).
+                    if (out.buf.len() >= FLUSH_AT || over_limit(&out, &session))
+                        && !out.write_now(&mut wr).await
+                    {
+                        break 'serve;
+                    }
+                    if over_limit(&out, &session) {
+                        tracing::warn!(
+                            client = session.client.id,
+                            peer = %session.client.peer,
+                            queued_bytes = out.buf.len(),
+                            limit = output_limit,
+                            "client does not read its replies: output buffer limit reached, closing the connection"
+                        );
+                        break 'serve;
+                    }
+                    // The replies complete already join this burst. Polled without the task's
+                    // waker: the `select!` polls `in_flight` again, with it, before waiting.
+                    next = in_flight.next().now_or_never().flatten();
                 }
-                if over_limit(&out, &session) {
-                    tracing::warn!(
-                        client = session.client.id,
-                        peer = %session.client.peer,
-                        queued_bytes = out.buf.len(),
-                        limit = output_limit,
-                        "client does not read its replies: output buffer limit reached, closing the connection"
-                    );
-                    break;
-                }
+                // No further reply is ready: the burst is written now, not on another turn of
+                // the loop.
+                true
             }
             Event::Writable(ready) => {
-                out.blocked = false;
-                let sent = out.sent;
-                if !ready || !out.write_now(&mut wr).await {
+                if !ready {
                     break;
                 }
-                if out.sent > sent {
-                    stall_at = None;
-                    if idle_timeout.is_some() {
-                        last_activity = Instant::now();
-                    }
-                }
+                out.blocked = false;
+                true
             }
             Event::Read(read) => {
                 received_at = Instant::now();
@@ -431,13 +434,29 @@ pub async fn serve(
                     );
                     break;
                 }
+                false
             }
             Event::Idle => {
                 tracing::info!(client = session.client.id, peer = %session.client.peer, "closing idle client");
                 break;
             }
-            Event::Stop => closing = true,
+            Event::Stop => {
+                closing = true;
+                false
+            }
             Event::Stalled | Event::Killed => break,
+        };
+        if write {
+            let sent = out.sent;
+            if !out.write_now(&mut wr).await {
+                break;
+            }
+            if out.sent > sent {
+                stall_at = None;
+                if idle_timeout.is_some() {
+                    last_activity = Instant::now();
+                }
+            }
         }
     }
     // Whatever was not handed to the socket is dropped with the connection: the grants in it
@@ -467,6 +486,11 @@ async fn sleep_until_some(deadline: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
+}
+
+/// Completes once a stop is requested (or can no longer be).
+async fn stop_requested(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stopped| *stopped).await;
 }
 
 /// Reads more bytes; false at end of stream or on error.
