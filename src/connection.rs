@@ -280,13 +280,6 @@ pub async fn serve(stream: impl ClientStream, shared: Arc<Shared>, stop: watch::
     let id = shared.next_client_id();
     // Listed in `CLIENT LIST` until this task ends, however it ends.
     let registration = shared.registry.register(id, peer, local);
-    // Waited on across the whole loop, so it registers with the kill switch once, not on
-    // every event.
-    let killed = registration.handle.killed();
-    tokio::pin!(killed);
-    // Likewise the stop signal (`stop` itself is still read on every turn).
-    let stopped = stop_requested(stop.clone());
-    tokio::pin!(stopped);
     let mut session = Session::new(&shared, registration.handle.clone());
     // Limits as last reloaded, fixed for the life of the connection.
     let settings = shared.settings();
@@ -373,10 +366,10 @@ pub async fn serve(stream: impl ClientStream, shared: Arc<Shared>, stop: watch::
             Some(done) = in_flight.next(), if !in_flight.is_empty() => Event::Done(done),
             ready = wr.ready(), if !out.buf.is_empty() || wr.has_buffered() => Event::Writable(ready.is_ok()),
             read = read_more(&mut rd, &mut rbuf), if can_read => Event::Read(read),
-            _ = &mut stopped, if !closing => Event::Stop,
+            _ = registration.handle.stopped(), if !closing => Event::Stop,
             _ = sleep_until_some(stall_deadline), if only_writes_left => Event::Stalled,
             _ = sleep_until_some(idle_deadline), if idle => Event::Idle,
-            _ = &mut killed => Event::Killed,
+            _ = registration.handle.killed() => Event::Killed,
         };
         let write = match event {
             Event::Done(done) => {
@@ -486,11 +479,6 @@ async fn sleep_until_some(deadline: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
-}
-
-/// Completes once a stop is requested (or can no longer be).
-async fn stop_requested(mut stop: watch::Receiver<bool>) {
-    let _ = stop.wait_for(|stopped| *stopped).await;
 }
 
 /// Reads more bytes; false at end of stream or on error.
