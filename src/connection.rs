@@ -4,7 +4,7 @@
 //! - Requests reach the masters in the order the client sent them. A request that has to
 //!   wait its turn (an acquire queued behind another acquire of the same key) is a barrier:
 //!   nothing after it is dispatched until it is answered.
-//! - Every request, local or fanned out, gets a slot in `in_flight` (a `FuturesOrdered`), so
+//! - Every request, local or fanned out, gets a slot in `in_flight` ([`InFlight`]), so
 //!   replies leave in exactly the order requests arrived, whatever order they complete in.
 //! - At most `max_inflight_per_client` requests are in flight; beyond that the socket is not
 //!   read (backpressure), so a deep pipeline cannot grow memory without bound.
@@ -86,6 +86,60 @@ impl Future for Slot {
             },
             Slot::Pending(protocol, fut) => fut.as_mut().poll(cx).map(|o| (*protocol, o)),
         }
+    }
+}
+
+/// The requests in flight, in reply order: `head`, then `rest`. A lone request (the usual case
+/// without pipelining) is `head`, polled directly with the connection's waker: no task
+/// allocation, ready queue and per-request waker of a `FuturesOrdered`. `head` is set only
+/// while `rest` is empty; a second request moves it to the front of `rest`.
+#[derive(Default)]
+struct InFlight {
+    head: Option<Slot>,
+    rest: FuturesOrdered<Slot>,
+}
+
+impl InFlight {
+    fn len(&self) -> usize {
+        usize::from(self.head.is_some()) + self.rest.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn push(&mut self, slot: Slot) {
+        if self.is_empty() {
+            self.head = Some(slot);
+            return;
+        }
+        if let Some(head) = self.head.take() {
+            self.rest.push_front(head);
+        }
+        self.rest.push_back(slot);
+    }
+
+    /// The next reply in order, once it is ready.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<(Protocol, Outcome)>> {
+        let Some(head) = &mut self.head else {
+            return self.rest.poll_next_unpin(cx);
+        };
+        let done = std::task::ready!(Pin::new(head).poll(cx));
+        self.head = None;
+        Poll::Ready(Some(done))
+    }
+
+    fn next(&mut self) -> impl Future<Output = Option<(Protocol, Outcome)>> + '_ {
+        std::future::poll_fn(move |cx| self.poll_next(cx))
+    }
+
+    /// Every request still in flight, in order.
+    fn into_ordered(self) -> FuturesOrdered<Slot> {
+        let mut rest = self.rest;
+        if let Some(head) = self.head {
+            rest.push_front(head);
+        }
+        rest
     }
 }
 
@@ -295,7 +349,7 @@ pub async fn serve(stream: impl ClientStream, shared: Arc<Shared>, stop: watch::
     let mut parser = RequestParser::new(settings.proto_max_bulk_len);
     let mut rbuf = BytesMut::new();
     let mut out = Output::default();
-    let mut in_flight: FuturesOrdered<Slot> = FuturesOrdered::new();
+    let mut in_flight = InFlight::default();
     let mut closing = false;
     let mut received_at = Instant::now();
     // Requests pushed and answered so far, and the sequence number of a pending barrier.
@@ -316,8 +370,7 @@ pub async fn serve(stream: impl ClientStream, shared: Arc<Shared>, stop: watch::
                 Ok(None) => break,
                 Err(err) => {
                     let reply = ProxyError::from(err).into();
-                    in_flight
-                        .push_back(Slot::Ready(Some((session.protocol, Outcome::Reply(reply)))));
+                    in_flight.push(Slot::Ready(Some((session.protocol, Outcome::Reply(reply)))));
                     closing = true;
                     break;
                 }
@@ -342,7 +395,7 @@ pub async fn serve(stream: impl ClientStream, shared: Arc<Shared>, stop: watch::
                     Slot::Pending(protocol, fut)
                 }
             };
-            in_flight.push_back(slot);
+            in_flight.push(slot);
             pushed += 1;
         }
         if rbuf.is_empty() && rbuf.capacity() > KEEP_BUFFER {
@@ -456,7 +509,7 @@ pub async fn serve(stream: impl ClientStream, shared: Arc<Shared>, stop: watch::
     // and those still in flight are rolled back.
     out.abandon();
     if !in_flight.is_empty() {
-        tokio::spawn(abandon_in_flight(in_flight));
+        tokio::spawn(abandon_in_flight(in_flight.into_ordered()));
     }
     shared.clients.fetch_sub(1, Ordering::Relaxed);
 }
@@ -509,6 +562,38 @@ mod tests {
 
     fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.buf).into_owned()
+    }
+
+    #[tokio::test]
+    async fn replies_leave_in_request_order_whatever_order_they_complete_in() {
+        let reply = |text: &'static str| Outcome::Reply(Reply::simple(text));
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let mut in_flight = InFlight::default();
+        // Alone, the first request is the head; the next ones move it to the front of the rest.
+        in_flight.push(Slot::Pending(
+            Protocol::Resp2,
+            Box::pin(async move {
+                let _ = released.await;
+                reply("first")
+            }),
+        ));
+        in_flight.push(Slot::Ready(Some((Protocol::Resp2, reply("second")))));
+        in_flight.push(Slot::Pending(
+            Protocol::Resp2,
+            Box::pin(async move { reply("third") }),
+        ));
+        assert_eq!(in_flight.len(), 3);
+        assert!(
+            in_flight.next().now_or_never().is_none(),
+            "the first is not done"
+        );
+        release.send(()).unwrap();
+        let mut order = Vec::new();
+        while let Some((_, Outcome::Reply(Reply::Simple(text)))) = in_flight.next().await {
+            order.push(text);
+        }
+        assert_eq!(order, ["first", "second", "third"]);
+        assert!(in_flight.is_empty());
     }
 
     #[tokio::test]
