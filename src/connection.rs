@@ -4,7 +4,7 @@
 //! - Requests reach the masters in the order the client sent them. A request that has to
 //!   wait its turn (an acquire queued behind another acquire of the same key) is a barrier:
 //!   nothing after it is dispatched until it is answered.
-//! - Every request, local or fanned out, gets a slot in `in_flight` (a `FuturesOrdered`), so
+//! - Every request, local or fanned out, gets a slot in `in_flight` ([`InFlight`]), so
 //!   replies leave in exactly the order requests arrived, whatever order they complete in.
 //! - At most `max_inflight_per_client` requests are in flight; beyond that the socket is not
 //!   read (backpressure), so a deep pipeline cannot grow memory without bound.
@@ -38,9 +38,10 @@ use crate::error::ProxyError;
 use crate::lease::{Lease, Outcome};
 use crate::protocol::{Protocol, Reply, RequestParser};
 use crate::shared::Shared;
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesOrdered, StreamExt};
+use futures::FutureExt;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io::ErrorKind;
@@ -55,8 +56,12 @@ use tokio::time::Instant;
 
 /// Write once this much reply data is buffered, even if more replies are ready.
 const FLUSH_AT: usize = 64 * 1024;
-/// Read buffer headroom requested before each read.
+/// Read buffer headroom requested when it runs low (below [`READ_MIN`]).
 const READ_CHUNK: usize = 4 * 1024;
+/// Headroom below which the read buffer is grown before a read. Not on every read: the loop
+/// polls a read while requests are in flight, whose arguments still point into the buffer's
+/// allocation, and `reserve` would then allocate a fresh buffer for every request.
+const READ_MIN: usize = 1024;
 /// Buffers larger than this are released once empty (a big request must not pin memory).
 const KEEP_BUFFER: usize = 64 * 1024;
 /// When closing, how long a client may take none of the replies left before it is dropped.
@@ -84,6 +89,60 @@ impl Future for Slot {
     }
 }
 
+/// The requests in flight, in reply order: `head`, then `rest`. A lone request (the usual case
+/// without pipelining) is `head`, polled directly with the connection's waker: no task
+/// allocation, ready queue and per-request waker of a `FuturesOrdered`. `head` is set only
+/// while `rest` is empty; a second request moves it to the front of `rest`.
+#[derive(Default)]
+struct InFlight {
+    head: Option<Slot>,
+    rest: FuturesOrdered<Slot>,
+}
+
+impl InFlight {
+    fn len(&self) -> usize {
+        usize::from(self.head.is_some()) + self.rest.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn push(&mut self, slot: Slot) {
+        if self.is_empty() {
+            self.head = Some(slot);
+            return;
+        }
+        if let Some(head) = self.head.take() {
+            self.rest.push_front(head);
+        }
+        self.rest.push_back(slot);
+    }
+
+    /// The next reply in order, once it is ready.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<(Protocol, Outcome)>> {
+        let Some(head) = &mut self.head else {
+            return self.rest.poll_next_unpin(cx);
+        };
+        let done = std::task::ready!(Pin::new(head).poll(cx));
+        self.head = None;
+        Poll::Ready(Some(done))
+    }
+
+    fn next(&mut self) -> impl Future<Output = Option<(Protocol, Outcome)>> + '_ {
+        std::future::poll_fn(move |cx| self.poll_next(cx))
+    }
+
+    /// Every request still in flight, in order.
+    fn into_ordered(self) -> FuturesOrdered<Slot> {
+        let mut rest = self.rest;
+        if let Some(head) = self.head {
+            rest.push_front(head);
+        }
+        rest
+    }
+}
+
 /// What woke the connection loop.
 enum Event {
     Done((Protocol, Outcome)),
@@ -103,8 +162,9 @@ struct Grant {
     start: u64,
     end: u64,
     deadline: Instant,
-    /// The reply written instead if the deadline passes before the first byte is written.
-    expired: Bytes,
+    /// The reply written instead if the deadline passes before the first byte is written, and
+    /// its protocol: encoded only then (rarely), not for every grant.
+    expired: (Protocol, Reply),
     rollback: Option<BoxFuture<'static, ()>>,
 }
 
@@ -130,32 +190,31 @@ impl Output {
     /// Encodes a reply. A lease is settled now: a grant whose deadline has passed is rolled
     /// back and becomes its refusal; a valid one is written as granted, re-checked at the write.
     async fn push(&mut self, protocol: Protocol, outcome: Outcome) {
-        match outcome {
-            Outcome::Reply(reply) => reply.encode(protocol, &mut self.buf),
-            Outcome::Lease(lease) if Instant::now() < lease.deadline => {
-                let Lease {
-                    deadline,
-                    granted,
-                    expired,
-                    rollback,
-                } = lease;
-                let start = self.end();
-                granted
-                    .reply(Instant::now(), deadline)
-                    .encode(protocol, &mut self.buf);
-                let mut refusal = BytesMut::new();
-                expired.encode(protocol, &mut refusal);
-                self.recheck_at = Some(self.recheck_at.map_or(deadline, |at| at.min(deadline)));
-                self.grants.push_back(Grant {
-                    start,
-                    end: self.end(),
-                    deadline,
-                    expired: refusal.freeze(),
-                    rollback,
-                });
-            }
-            Outcome::Lease(lease) => lease.settle().await.encode(protocol, &mut self.buf),
+        let lease = match outcome {
+            Outcome::Reply(reply) => return reply.encode(protocol, &mut self.buf),
+            Outcome::Lease(lease) => lease,
+        };
+        // One clock read: the validity check and the validity the reply states agree.
+        let now = Instant::now();
+        if now >= lease.deadline {
+            return lease.settle().await.encode(protocol, &mut self.buf);
         }
+        let Lease {
+            deadline,
+            granted,
+            expired,
+            rollback,
+        } = lease;
+        let start = self.end();
+        granted.reply(now, deadline).encode(protocol, &mut self.buf);
+        self.recheck_at = Some(self.recheck_at.map_or(deadline, |at| at.min(deadline)));
+        self.grants.push_back(Grant {
+            start,
+            end: self.end(),
+            deadline,
+            expired: (protocol, expired),
+            rollback,
+        });
     }
 
     /// The validity re-check right before a write: every grant none of whose bytes was handed
@@ -178,7 +237,8 @@ impl Output {
                 self.buf.extend_from_slice(
                     &old[(copied - base) as usize..(grant.start - base) as usize],
                 );
-                self.buf.extend_from_slice(&grant.expired);
+                let (protocol, refusal) = &grant.expired;
+                refusal.encode(*protocol, &mut self.buf);
                 copied = grant.end;
                 rollbacks.extend(grant.rollback.take());
                 continue;
@@ -269,7 +329,7 @@ pub async fn serve(
     stream: impl ClientStream,
     shared: Arc<Shared>,
     shard: usize,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) {
     shared.clients.fetch_add(1, Ordering::Relaxed);
     let Ok((peer, local)) = client_stream::addresses(&stream) else {
@@ -280,10 +340,6 @@ pub async fn serve(
     let id = shared.next_client_id();
     // Listed in `CLIENT LIST` until this task ends, however it ends.
     let registration = shared.registry.register(id, peer, local);
-    // Waited on across the whole loop, so it registers with the kill switch once, not on
-    // every event.
-    let killed = registration.handle.killed();
-    tokio::pin!(killed);
     let mut session = Session::new(&shared, registration.handle.clone());
     // Limits as last reloaded, fixed for the life of the connection.
     let settings = shared.settings();
@@ -299,7 +355,7 @@ pub async fn serve(
     let mut parser = RequestParser::new(settings.proto_max_bulk_len);
     let mut rbuf = BytesMut::new();
     let mut out = Output::default();
-    let mut in_flight: FuturesOrdered<Slot> = FuturesOrdered::new();
+    let mut in_flight = InFlight::default();
     let mut closing = false;
     let mut received_at = Instant::now();
     // Requests pushed and answered so far, and the sequence number of a pending barrier.
@@ -308,7 +364,7 @@ pub async fn serve(
     // Once only replies are left to write: when the client will have taken none for too long.
     let mut stall_at: Option<Instant> = None;
 
-    loop {
+    'serve: loop {
         // Parse what is buffered, up to the in-flight bound, unless a barrier is pending.
         if barrier.is_some_and(|b| answered > b) {
             barrier = None;
@@ -320,8 +376,7 @@ pub async fn serve(
                 Ok(None) => break,
                 Err(err) => {
                     let reply = ProxyError::from(err).into();
-                    in_flight
-                        .push_back(Slot::Ready(Some((session.protocol, Outcome::Reply(reply)))));
+                    in_flight.push(Slot::Ready(Some((session.protocol, Outcome::Reply(reply)))));
                     closing = true;
                     break;
                 }
@@ -347,7 +402,7 @@ pub async fn serve(
                     Slot::Pending(protocol, fut)
                 }
             };
-            in_flight.push_back(slot);
+            in_flight.push(slot);
             pushed += 1;
         }
         if rbuf.is_empty() && rbuf.capacity() > KEEP_BUFFER {
@@ -359,11 +414,9 @@ pub async fn serve(
         closing |= *stop.borrow();
         let can_read = !closing && barrier.is_none() && in_flight.len() < max_inflight;
         let only_writes_left = closing && in_flight.is_empty();
-        let stall_deadline = if only_writes_left {
-            *stall_at.get_or_insert_with(|| Instant::now() + CLOSE_STALL)
-        } else {
-            Instant::now() + CLOSE_STALL
-        };
+        // Read from the clock only once closing: not on every turn of the loop.
+        let stall_deadline =
+            only_writes_left.then(|| *stall_at.get_or_insert_with(|| Instant::now() + CLOSE_STALL));
         // Idle: nothing in flight, nothing to write, nothing read for `timeout` (Redis'
         // `clientsCronHandleTimeout`).
         let idle = !closing && in_flight.is_empty() && out.buf.is_empty();
@@ -373,43 +426,48 @@ pub async fn serve(
             Some(done) = in_flight.next(), if !in_flight.is_empty() => Event::Done(done),
             ready = wr.ready(), if !out.buf.is_empty() || wr.has_buffered() => Event::Writable(ready.is_ok()),
             read = read_more(&mut rd, &mut rbuf), if can_read => Event::Read(read),
-            _ = stop.changed(), if !closing => Event::Stop,
-            _ = tokio::time::sleep_until(stall_deadline), if only_writes_left => Event::Stalled,
+            _ = registration.handle.stopped(), if !closing => Event::Stop,
+            _ = sleep_until_some(stall_deadline), if only_writes_left => Event::Stalled,
             _ = sleep_until_some(idle_deadline), if idle => Event::Idle,
-            _ = &mut killed => Event::Killed,
+            _ = registration.handle.killed() => Event::Killed,
         };
-        match event {
-            Event::Done((protocol, outcome)) => {
-                answered += 1;
-                out.push(protocol, outcome).await;
-                // Mid-burst, write early what has piled up (and, before judging the limit,
-                // what the socket takes now).
-                if (out.buf.len() >= FLUSH_AT || over_limit(&out, &session))
-                    && !out.write_now(&mut wr).await
-                {
-                    break;
+        let write = match event {
+            Event::Done(done) => {
+                let mut next = Some(done);
+                while let Some((protocol, outcome)) = next.take() {
+                    answered += 1;
+                    out.push(protocol, outcome).await;
+                    // Mid-burst, write early what has piled up (and, before judging the limit,
+                    // what the socket takes now).
+                    if (out.buf.len() >= FLUSH_AT || over_limit(&out, &session))
+                        && !out.write_now(&mut wr).await
+                    {
+                        break 'serve;
+                    }
+                    if over_limit(&out, &session) {
+                        tracing::warn!(
+                            client = session.client.id,
+                            peer = %session.client.peer,
+                            queued_bytes = out.buf.len(),
+                            limit = output_limit,
+                            "client does not read its replies: output buffer limit reached, closing the connection"
+                        );
+                        break 'serve;
+                    }
+                    // The replies complete already join this burst. Polled without the task's
+                    // waker: the `select!` polls `in_flight` again, with it, before waiting.
+                    next = in_flight.next().now_or_never().flatten();
                 }
-                if over_limit(&out, &session) {
-                    tracing::warn!(
-                        client = session.client.id,
-                        peer = %session.client.peer,
-                        queued_bytes = out.buf.len(),
-                        limit = output_limit,
-                        "client does not read its replies: output buffer limit reached, closing the connection"
-                    );
-                    break;
-                }
+                // No further reply is ready: the burst is written now, not on another turn of
+                // the loop.
+                true
             }
             Event::Writable(ready) => {
-                out.blocked = false;
-                let sent = out.sent;
-                if !ready || !out.write_now(&mut wr).await {
+                if !ready {
                     break;
                 }
-                if out.sent > sent {
-                    stall_at = None;
-                    last_activity = Instant::now();
-                }
+                out.blocked = false;
+                true
             }
             Event::Read(read) => {
                 received_at = Instant::now();
@@ -429,20 +487,36 @@ pub async fn serve(
                     );
                     break;
                 }
+                false
             }
             Event::Idle => {
                 tracing::info!(client = session.client.id, peer = %session.client.peer, "closing idle client");
                 break;
             }
-            Event::Stop => closing = true,
+            Event::Stop => {
+                closing = true;
+                false
+            }
             Event::Stalled | Event::Killed => break,
+        };
+        if write {
+            let sent = out.sent;
+            if !out.write_now(&mut wr).await {
+                break;
+            }
+            if out.sent > sent {
+                stall_at = None;
+                if idle_timeout.is_some() {
+                    last_activity = Instant::now();
+                }
+            }
         }
     }
     // Whatever was not handed to the socket is dropped with the connection: the grants in it
     // and those still in flight are rolled back.
     out.abandon();
     if !in_flight.is_empty() {
-        tokio::spawn(abandon_in_flight(in_flight));
+        tokio::spawn(abandon_in_flight(in_flight.into_ordered()));
     }
     shared.clients.fetch_sub(1, Ordering::Relaxed);
 }
@@ -458,7 +532,8 @@ fn buffer_limit(session: &Session, authenticated: u64) -> u64 {
     }
 }
 
-/// Sleeps until `deadline`, or forever without one.
+/// Sleeps until `deadline`, or forever without one. Lazy: a branch of the loop's `select!`
+/// that is disabled builds no timer (`select!` evaluates every branch's future).
 async fn sleep_until_some(deadline: Option<Instant>) {
     match deadline {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -468,13 +543,16 @@ async fn sleep_until_some(deadline: Option<Instant>) {
 
 /// Reads more bytes; false at end of stream or on error.
 async fn read_more(rd: &mut (impl AsyncRead + Unpin), buf: &mut BytesMut) -> bool {
-    buf.reserve(READ_CHUNK);
+    if buf.capacity() - buf.len() < READ_MIN {
+        buf.reserve(READ_CHUNK);
+    }
     matches!(rd.read_buf(buf).await, Ok(n) if n > 0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
     use std::sync::atomic::AtomicUsize;
 
     fn lease(deadline: Instant, rolled_back: &Arc<AtomicUsize>) -> Outcome {
@@ -491,6 +569,38 @@ mod tests {
 
     fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.buf).into_owned()
+    }
+
+    #[tokio::test]
+    async fn replies_leave_in_request_order_whatever_order_they_complete_in() {
+        let reply = |text: &'static str| Outcome::Reply(Reply::simple(text));
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let mut in_flight = InFlight::default();
+        // Alone, the first request is the head; the next ones move it to the front of the rest.
+        in_flight.push(Slot::Pending(
+            Protocol::Resp2,
+            Box::pin(async move {
+                let _ = released.await;
+                reply("first")
+            }),
+        ));
+        in_flight.push(Slot::Ready(Some((Protocol::Resp2, reply("second")))));
+        in_flight.push(Slot::Pending(
+            Protocol::Resp2,
+            Box::pin(async move { reply("third") }),
+        ));
+        assert_eq!(in_flight.len(), 3);
+        assert!(
+            in_flight.next().now_or_never().is_none(),
+            "the first is not done"
+        );
+        release.send(()).unwrap();
+        let mut order = Vec::new();
+        while let Some((_, Outcome::Reply(Reply::Simple(text)))) = in_flight.next().await {
+            order.push(text);
+        }
+        assert_eq!(order, ["first", "second", "third"]);
+        assert!(in_flight.is_empty());
     }
 
     #[tokio::test]

@@ -315,7 +315,10 @@ pub async fn run_with(
         }
     }
     drop((plain, tls));
+    // Connections read `stop` on every turn of their loop; those waiting are woken through
+    // the registry (a connection not registered yet reads `stop` before it first waits).
     stop_tx.send_replace(true);
+    shared.registry.stop_all();
     let deadline = Instant::now() + DRAIN_LIMIT;
     while shared.clients.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -12,13 +12,15 @@
 use crate::protocol::{Protocol, Reply};
 use crate::redlock::MergeRule;
 use bytes::Bytes;
+use futures::task::AtomicWaker;
 use prometheus_client::metrics::counter::Counter;
 use std::collections::BTreeMap;
+use std::future::poll_fn;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::task::Poll;
 use std::time::Duration;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// How a release (`LOCK.RELEASE`, the compare-and-delete script) ended.
@@ -185,8 +187,17 @@ pub struct ClientHandle {
     /// Row of the command table of its last command (`usize::MAX`: none yet).
     last_command: AtomicUsize,
     names: Mutex<ClientNames>,
-    kill: Notify,
+    /// Asked of its connection from outside: [`KILL`], [`STOP`].
+    signals: AtomicU8,
+    /// The connection's task, woken by a signal. Its loop registers it whenever it waits (twice
+    /// per request): an atomic swap, where a `Notify` or a `watch` takes a lock.
+    waker: AtomicWaker,
 }
+
+/// `CLIENT KILL`: close at once.
+const KILL: u8 = 1;
+/// Shutdown: finish what is in flight, then close.
+const STOP: u8 = 2;
 
 impl ClientHandle {
     /// Notes a command (row `slot` of the command table) read at `at`.
@@ -234,12 +245,39 @@ impl ClientHandle {
 
     /// Asks the client's connection to close at once (`CLIENT KILL`).
     pub fn kill(&self) {
-        self.kill.notify_one();
+        self.raise(KILL);
     }
 
-    /// Completes once the client was killed.
+    /// Asks the client's connection to finish what it has in flight and close (shutdown).
+    pub fn stop(&self) {
+        self.raise(STOP);
+    }
+
+    fn raise(&self, signal: u8) {
+        self.signals.fetch_or(signal, Ordering::SeqCst);
+        self.waker.wake();
+    }
+
+    /// Completes once the client was killed (at once if it was before).
     pub async fn killed(&self) {
-        self.kill.notified().await
+        self.signalled(KILL).await
+    }
+
+    /// Completes once the client was asked to stop (at once if it was before).
+    pub async fn stopped(&self) {
+        self.signalled(STOP).await
+    }
+
+    async fn signalled(&self, signal: u8) {
+        poll_fn(|cx| {
+            // Registered before the check: a signal raised in between still wakes the task.
+            self.waker.register(cx.waker());
+            match self.signals.load(Ordering::SeqCst) & signal {
+                0 => Poll::Pending,
+                _ => Poll::Ready(()),
+            }
+        })
+        .await
     }
 }
 
@@ -269,7 +307,8 @@ impl Clients {
                 user: crate::auth::DEFAULT_USER.to_string(),
                 ..ClientNames::default()
             }),
-            kill: Notify::new(),
+            signals: AtomicU8::new(0),
+            waker: AtomicWaker::new(),
         });
         if let Ok(mut map) = self.by_id.lock() {
             map.insert(id, handle.clone());
@@ -277,6 +316,13 @@ impl Clients {
         Registration {
             clients: self.clone(),
             handle,
+        }
+    }
+
+    /// Asks every connected client to finish what it has in flight and close.
+    pub fn stop_all(&self) {
+        for client in self.list() {
+            client.stop();
         }
     }
 

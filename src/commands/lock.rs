@@ -61,7 +61,7 @@ fn parse_set_options(args: &[Bytes]) -> Result<SetOptions, ProxyError> {
                 // Redis also refuses an expiry whose absolute time overflows (`t_string.c`).
                 let ms = value
                     .checked_mul(scale)
-                    .filter(|ms| *ms > 0 && ms.checked_add(unix_now_ms()).is_some())
+                    .filter(|ms| *ms > 0 && !overflows_from_now(*ms))
                     .ok_or(ProxyError::InvalidExpireTime("set"))?;
                 if arg.ends_with(b"AT") {
                     opts.expire_at_ms = Some(ms);
@@ -77,6 +77,12 @@ fn parse_set_options(args: &[Bytes]) -> Result<SetOptions, ProxyError> {
     Ok(opts)
 }
 
+/// Whether `now + ms` (ms since the epoch) overflows. The clock is read only for an `ms` that
+/// could: up to half the range, any `ms` fits with the clock of the next 146 million years.
+fn overflows_from_now(ms: i64) -> bool {
+    ms > i64::MAX / 2 && ms.checked_add(unix_now_ms()).is_none()
+}
+
 fn unix_now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -89,7 +95,6 @@ pub fn set(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
         Ok(opts) => opts,
         Err(err) => return Action::error(err),
     };
-    let masters = ctx.masters();
     // Every TTL forwarded is capped (see `Policy::lease_bound`): `SET … XX PX` extends a lock.
     // `EXAT`/`PXAT` are measured from this proxy's clock.
     let relative = opts.ttl_ms.or_else(|| {
@@ -104,10 +109,10 @@ pub fn set(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
         };
     }
     if !opts.nx {
-        return forward_request(masters, request);
+        return forward_request(ctx.masters(), request);
     }
     if ctx.shared.config.allow_locks_without_expiry && relative.is_none() {
-        return forward_request(masters, request);
+        return forward_request(ctx.masters(), request);
     }
     let ttl_ms = match (opts.get, opts.expire_at_ms.is_some(), opts.ttl_ms) {
         (true, _, _) => return refuse_acquire(ctx, ProxyError::SetNxGet),

@@ -4,7 +4,7 @@
 //! *sent* the request (a pipelined `GET` before `HELLO 3` still gets a RESP2 reply), so the
 //! connection records the protocol with each request and passes it here.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 
 /// Protocol negotiated with `HELLO`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,14 +69,14 @@ impl Reply {
             Reply::Simple(s) => line(out, b'+', s),
             Reply::Error(s) => line(out, b'-', s),
             Reply::Integer(i) => {
-                out.put_u8(b':');
+                out.extend_from_slice(b":");
                 put_int(out, *i);
-                out.put_slice(b"\r\n");
+                out.extend_from_slice(b"\r\n");
             }
             Reply::Bulk(b) => bulk(out, b'$', b),
             Reply::Null => match protocol {
-                Protocol::Resp2 => out.put_slice(b"$-1\r\n"),
-                Protocol::Resp3 => out.put_slice(b"_\r\n"),
+                Protocol::Resp2 => out.extend_from_slice(b"$-1\r\n"),
+                Protocol::Resp3 => out.extend_from_slice(b"_\r\n"),
             },
             Reply::Array(items) => {
                 header(out, b'*', items.len());
@@ -98,9 +98,9 @@ impl Reply {
                 Protocol::Resp2 => bulk(out, b'$', text),
                 Protocol::Resp3 => {
                     header(out, b'=', text.len() + 4);
-                    out.put_slice(b"txt:");
-                    out.put_slice(text);
-                    out.put_slice(b"\r\n");
+                    out.extend_from_slice(b"txt:");
+                    out.extend_from_slice(text);
+                    out.extend_from_slice(b"\r\n");
                 }
             },
         }
@@ -109,32 +109,39 @@ impl Reply {
 
 fn line(out: &mut BytesMut, prefix: u8, text: &[u8]) {
     out.reserve(text.len() + 3);
-    out.put_u8(prefix);
+    out.extend_from_slice(&[prefix]);
     // A simple string or error must not contain CR or LF; replace them like Redis'
     // addReplyErrorLength does, so a reply can never desynchronise the client.
-    out.extend(
-        text.iter()
-            .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
-    );
-    out.put_slice(b"\r\n");
+    if text.iter().any(|&b| b == b'\r' || b == b'\n') {
+        out.extend(
+            text.iter()
+                .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+        );
+    } else {
+        out.extend_from_slice(text);
+    }
+    out.extend_from_slice(b"\r\n");
 }
 
+// Appended with `extend_from_slice`, which inlines (a constant `\r\n` is a 2-byte store), not
+// `BufMut::put_slice`, a call and a `memcpy` call per piece: a master command is encoded with
+// these for each of its arguments.
 pub(super) fn header(out: &mut BytesMut, prefix: u8, len: usize) {
-    out.put_u8(prefix);
+    out.extend_from_slice(&[prefix]);
     put_int(out, len as i64);
-    out.put_slice(b"\r\n");
+    out.extend_from_slice(b"\r\n");
 }
 
 pub(super) fn bulk(out: &mut BytesMut, prefix: u8, data: &[u8]) {
     out.reserve(data.len() + 16);
     header(out, prefix, data.len());
-    out.put_slice(data);
-    out.put_slice(b"\r\n");
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
 }
 
 fn put_int(out: &mut BytesMut, value: i64) {
     let mut buf = itoa::Buffer::new();
-    out.put_slice(buf.format(value).as_bytes());
+    out.extend_from_slice(buf.format(value).as_bytes());
 }
 
 #[cfg(test)]

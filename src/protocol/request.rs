@@ -71,8 +71,6 @@ pub const UNAUTHENTICATED_MAX_BULK: i64 = 16384;
 struct Partial {
     /// Announced argument count.
     expected: usize,
-    /// Byte ranges (in the read buffer) of the arguments received so far.
-    args: Vec<Range<usize>>,
     /// Where parsing resumes.
     pos: usize,
 }
@@ -82,6 +80,10 @@ struct Partial {
 pub struct RequestParser {
     max_bulk_len: u64,
     partial: Option<Partial>,
+    /// Byte ranges (in the read buffer) of the partial request's arguments received so far.
+    /// Kept from one request to the next, so that parsing allocates only the request's own
+    /// argument vector.
+    ranges: Vec<Range<usize>>,
     /// The client must still authenticate: Redis' pre-auth limits apply.
     pub unauthenticated: bool,
 }
@@ -92,6 +94,7 @@ impl RequestParser {
         Self {
             max_bulk_len,
             partial: None,
+            ranges: Vec::new(),
             unauthenticated: false,
         }
     }
@@ -150,14 +153,15 @@ impl RequestParser {
                     return Ok(Some(None));
                 }
                 let expected = count as usize;
+                self.ranges.clear();
+                self.ranges.reserve(expected.min(PREALLOC_ARGS));
                 self.partial.insert(Partial {
                     expected,
-                    args: Vec::with_capacity(expected.min(PREALLOC_ARGS)),
                     pos: line_end + 2,
                 })
             }
         };
-        while partial.args.len() < partial.expected {
+        while self.ranges.len() < partial.expected {
             let pos = partial.pos;
             if pos >= buf.len() {
                 return Ok(None);
@@ -187,12 +191,16 @@ impl RequestParser {
             if buf.len() < end + 2 {
                 return Ok(None);
             }
-            partial.args.push(start..end);
+            self.ranges.push(start..end);
             partial.pos = end + 2;
         }
-        let Partial { args, pos, .. } = self.partial.take().unwrap_or_default();
+        let Partial { pos, .. } = self.partial.take().unwrap_or_default();
         let raw = buf.split_to(pos).freeze();
-        let args = args.into_iter().map(|r| raw.slice(r)).collect();
+        let args = self.ranges.drain(..).map(|r| raw.slice(r)).collect();
+        // A request with many arguments must not pin their ranges' memory.
+        if self.ranges.capacity() > PREALLOC_ARGS {
+            self.ranges = Vec::new();
+        }
         Ok(Some(Some(Request {
             args,
             raw: Some(raw),
