@@ -199,7 +199,15 @@ async fn authenticated_masters_vote_and_a_refused_password_is_auth_failed_until_
     wait_for_masters(proxy.port, "state=up", 3).await;
     let k3 = key("auth-fixed");
     assert_eq!(c.cmd(&["SET", &k3, "v", "NX", "PX", "10000"]).await, "+OK");
-    assert_eq!(authed_cmd(port(2), "hunter2", &["GET", &k3]).await, "$v");
+    // The OK leaves at the second vote; the recovered master's write may land just after.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while authed_cmd(port(2), "hunter2", &["GET", &k3]).await != "$v" {
+        assert!(
+            Instant::now() < deadline,
+            "the recovered master never took the write"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     lonely.stop().await;
     proxy.stop().await;
 }
