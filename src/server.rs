@@ -125,9 +125,8 @@ async fn serve_or_refuse(
     }
 }
 
-/// An accepted client and what serving it needs, on the way to its shard.
+/// What serving an accepted client needs, on the way to its shard with its socket.
 struct Accepted {
-    stream: TcpStream,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
     permit: Option<OwnedSemaphorePermit>,
     shared: Arc<Shared>,
@@ -137,9 +136,8 @@ struct Accepted {
 
 impl Accepted {
     /// The TLS handshake (bounded by [`TLS_HANDSHAKE_LIMIT`]) if any, then the client.
-    async fn serve(self) {
+    async fn serve(self, stream: TcpStream) {
         let Accepted {
-            stream,
             acceptor,
             permit,
             shared,
@@ -156,39 +154,23 @@ impl Accepted {
         }
     }
 
-    /// Serves it on this runtime (shard 0), or hands its socket to its shard's runtime: a
-    /// socket is bound to the runtime that registered it, so it crosses as a std socket.
-    fn dispatch(self, shards: &ShardThreads) {
+    /// Serves `stream` on this runtime (shard 0), or hands it to its shard's runtime: a socket
+    /// is bound to the runtime that registered it, so it crosses as a std socket.
+    fn dispatch(self, stream: TcpStream, shards: &ShardThreads) {
         let Some(runtime) = self
             .shard
             .checked_sub(1)
             .and_then(|i| shards.handles.get(i))
         else {
-            tokio::spawn(self.serve());
+            tokio::spawn(self.serve(stream));
             return;
         };
-        let Ok(std_stream) = self.stream.into_std() else {
+        let Ok(std_stream) = stream.into_std() else {
             return;
         };
-        let Accepted {
-            acceptor,
-            permit,
-            shared,
-            shard,
-            stop,
-            ..
-        } = self;
         runtime.spawn(async move {
             if let Ok(stream) = TcpStream::from_std(std_stream) {
-                let accepted = Accepted {
-                    stream,
-                    acceptor,
-                    permit,
-                    shared,
-                    shard,
-                    stop,
-                };
-                accepted.serve().await;
+                self.serve(stream).await;
             }
         });
     }
@@ -296,7 +278,6 @@ pub async fn run_with(
                     _ => None,
                 };
                 let accepted = Accepted {
-                    stream,
                     acceptor,
                     permit,
                     shared: shared.clone(),
@@ -304,7 +285,7 @@ pub async fn run_with(
                     stop: stop_rx.clone(),
                 };
                 next_shard = (next_shard + 1) % shared.shards.len();
-                accepted.dispatch(&shard_threads);
+                accepted.dispatch(stream, &shard_threads);
             }
             Err(err) => {
                 // EMFILE and friends: keep serving the clients we have (Redis CVE-2025-48367

@@ -119,7 +119,7 @@ pub async fn run_hot(
         .await
         .map_err(|e| e.to_string())?;
     let taken = holder
-        .request(&[b"SET", key.as_bytes(), b"holder", b"NX", b"PX", b"600000"])
+        .request(&[b"SET", key.as_bytes(), b"holder", b"NX", b"PX", b"60000"])
         .await
         .map_err(|e| e.to_string())?;
     if !taken.is_ok() {

@@ -417,7 +417,7 @@ pub fn render(settings: &Settings, env: &str, results: &Results, elapsed: Durati
         let _ = writeln!(md, "## 5. Hot-key contention\n");
         let _ = writeln!(
             md,
-            "One holder takes `hot` (PX 600000); {} clients, each on its own connection, loop `SET hot tok NX PX 30000` and sleep {} ms after each (refused) reply, for {} s. Master ops = sum over the masters of the `INFO commandstats` call deltas (SET + EVAL + EVALSHA; \"all\" = every command except INFO). Latency = one SET, ms.\n",
+            "One holder takes `hot` (PX 60000, the default max_lock_ttl_ms); {} clients, each on its own connection, loop `SET hot tok NX PX 30000` and sleep {} ms after each (refused) reply, for {} s. Master ops = sum over the masters of the `INFO commandstats` call deltas (SET + EVAL + EVALSHA; \"all\" = every command except INFO). Latency = one SET, ms.\n",
             settings.hot_clients, settings.hot_interval_ms, settings.secs
         );
         let _ = writeln!(
