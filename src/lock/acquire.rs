@@ -278,9 +278,10 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
     let deadline = received_at + window;
     let px_ms = backend_ttl_ms(ttl_ms, drift_factor);
     let px = px_ms.to_string();
-    // With quarantine on, the write is the acquire script (markers, deadline, token: see
-    // `LOCK_SCRIPT`), called by SHA1 (the health monitor loads it on every master); a master
-    // that lost its script cache answers NOSCRIPT and gets the body at once. Each master's
+    // With quarantine on, the write is an acquire operation of `LOCK_SCRIPT` (markers,
+    // deadline, token), merged by the link with the operations queued beside it and called by
+    // SHA1 (the health monitor loads it on every master); a master that lost its script cache
+    // answers NOSCRIPT and the link sends the body at once. Each master's
     // deadline is the latest its clock can show when the node timeout runs out, computed as the
     // request leaves (after the fan-out permit).
     let quarantine = masters.quarantine();
