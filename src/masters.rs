@@ -431,21 +431,20 @@ impl Masters {
 
     /// One reply for all masters by the quorum rule `rule`, waiting only as long as needed.
     pub async fn quorum_reply(&self, payload: &Bytes, rule: MergeRule) -> Reply {
-        let votes = self.fan_out(payload, 1, |v| merge(v, rule).is_some()).await;
-        merge(&votes, rule).unwrap_or_else(|| no_quorum(votes.len()))
+        self.quorum_reply_each(|_| Some(Ask::Commands(payload.clone())), rule)
+            .await
     }
 
-    /// The votes on `ask(i)` ([`Masters::fan_out_each`]), collected until the quorum rule
-    /// `rule` has an answer.
-    pub async fn quorum_votes(
+    /// [`Masters::quorum_reply`] on `ask(i)` ([`Masters::fan_out_each`]).
+    pub async fn quorum_reply_each(
         &self,
         ask: impl Fn(usize) -> Option<Ask>,
         rule: MergeRule,
-    ) -> Vec<Vote> {
+    ) -> Reply {
         let (votes, _late) = self
             .fan_out_each(ask, 1, |v| merge(v, rule).is_some())
             .await;
-        votes
+        merge(&votes, rule).unwrap_or_else(|| no_quorum(votes.len()))
     }
 }
 

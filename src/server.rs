@@ -179,7 +179,8 @@ impl Accepted {
 /// The threads of shards 1 to N − 1, each running a single-threaded runtime until dropped.
 struct ShardThreads {
     handles: Vec<Handle>,
-    stop: Vec<std::sync::mpsc::Sender<()>>,
+    /// Set (or dropped) to end every shard thread.
+    stop: watch::Sender<bool>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
@@ -188,24 +189,23 @@ impl ShardThreads {
     fn start(n: usize) -> io::Result<ShardThreads> {
         let mut shards = ShardThreads {
             handles: Vec::with_capacity(n),
-            stop: Vec::with_capacity(n),
+            stop: watch::Sender::new(false),
             threads: Vec::with_capacity(n),
         };
         for i in 1..=n {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            let (stop, stopped) = std::sync::mpsc::channel::<()>();
+            let mut stopped = shards.stop.subscribe();
             shards.handles.push(runtime.handle().clone());
             let thread = std::thread::Builder::new()
                 .name(format!("redlock-proxy-shard-{i}"))
                 .spawn(move || {
                     // Runs the shard's tasks until told to stop (or the sender is gone).
                     runtime.block_on(async move {
-                        let _ = tokio::task::spawn_blocking(move || stopped.recv()).await;
+                        let _ = stopped.wait_for(|stop| *stop).await;
                     });
                 })?;
-            shards.stop.push(stop);
             shards.threads.push(thread);
         }
         Ok(shards)
@@ -214,7 +214,7 @@ impl ShardThreads {
 
 impl Drop for ShardThreads {
     fn drop(&mut self) {
-        self.stop.clear();
+        self.stop.send_replace(true);
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }

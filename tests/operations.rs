@@ -18,13 +18,17 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_redlock-proxy");
 
+/// The text of a command's string reply.
+async fn text(c: &mut Client, args: &[&[u8]]) -> String {
+    let reply = c.request(args).await.expect("the proxy answers");
+    reply
+        .text()
+        .unwrap_or_else(|| panic!("not a string reply: {reply}"))
+}
+
 /// One `INFO` section's text.
 async fn info(c: &mut Client, section: &str) -> String {
-    let reply = c
-        .request(&[b"INFO", section.as_bytes()])
-        .await
-        .expect("INFO answers");
-    reply.text().expect("INFO is a string")
+    text(c, &[b"INFO", section.as_bytes()]).await
 }
 
 /// A numeric `field:value` of an `INFO` text.
@@ -271,12 +275,7 @@ async fn info_stats_and_client_list_and_kill() {
         assert!(all.contains(section), "{section} missing from INFO all");
     }
 
-    let list = watcher
-        .request(&[b"CLIENT", b"LIST"])
-        .await
-        .unwrap()
-        .text()
-        .unwrap();
+    let list = text(&mut watcher, &[b"CLIENT", b"LIST"]).await;
     let lines: Vec<&str> = list.lines().collect();
     assert_eq!(lines.len(), 2, "{list}");
     let worker = lines
@@ -301,12 +300,7 @@ async fn info_stats_and_client_list_and_kill() {
         "-ERR client-id should be greater than 0"
     );
     // By the watcher's own address, which SKIPME (default yes) spares.
-    let me = watcher
-        .request(&[b"CLIENT", b"INFO"])
-        .await
-        .unwrap()
-        .text()
-        .unwrap();
+    let me = text(&mut watcher, &[b"CLIENT", b"INFO"]).await;
     let addr = me
         .split(' ')
         .find_map(|f| f.strip_prefix("addr="))

@@ -6,7 +6,7 @@
 use super::Acquirer;
 use crate::masters::Ask;
 use crate::protocol::{Reply, ScriptCall};
-use crate::redlock::{no_quorum, MergeRule};
+use crate::redlock::MergeRule;
 
 impl Acquirer {
     /// Releases `key` if it holds `value`, on every master (those that cannot vote too), and
@@ -15,7 +15,6 @@ impl Acquirer {
         let call = ScriptCall::new(&[key], &[b"r", value]);
         let rule = MergeRule::Release;
         let ask = |_| Some(Ask::Script(self.script.clone(), call.clone()));
-        let votes = self.masters.quorum_votes(ask, rule).await;
-        crate::redlock::merge(&votes, rule).unwrap_or_else(|| no_quorum(votes.len()))
+        self.masters.quorum_reply_each(ask, rule).await
     }
 }
