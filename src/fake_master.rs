@@ -395,9 +395,9 @@ async fn serve(master: Arc<FakeMaster>, stream: tokio::io::DuplexStream, conn: u
             master
                 .run(conn, request.args)
                 .encode(Protocol::Resp2, &mut out);
-            if wr.write_all(&out).await.is_err() {
-                peer_gone = true;
-            }
+            // A reply the proxy is no longer there to read is lost, but what it wrote before
+            // it went is still run, to the end of the stream, as Redis runs its socket buffer.
+            let _ = wr.write_all(&out).await;
         }
         if peer_gone {
             return;

@@ -61,6 +61,11 @@ const WRITE_BATCH: usize = 256 * 1024;
 /// Most calls merged into one script call: enough to amortise the script's fixed cost, few
 /// enough that one call keeps the master busy for well under a millisecond.
 const MAX_MERGED_CALLS: usize = 64;
+/// How many requests may be unanswered on a connection before the writer holds the lock
+/// operations queued behind them, to merge them into one call ([`write_loop`]). With one, a
+/// connection that is not loaded still waits a round trip for each call (−20 % throughput at 5
+/// clients over 1 master); with two, it never waits, and under load the calls are as large.
+const IN_FLIGHT_BEFORE_HOLDING: usize = 2;
 /// Most clean-ups kept for a master that cannot be reached. Each undoes one refused acquire's
 /// write and dies with its lease; beyond this many, the oldest is dropped (with a warning): a
 /// dropped clean-up can only leave a key that nobody was granted until it expires.
@@ -566,8 +571,16 @@ async fn supervise(link: Arc<Link>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// The FIFO between a connection's writer and its reader.
-type InFlightQueue = Arc<Mutex<VecDeque<InFlight>>>;
+/// What a connection's writer and reader share: the requests written and not yet answered,
+/// oldest first, and a signal each way.
+#[derive(Default)]
+struct Pipe {
+    in_flight: Mutex<VecDeque<InFlight>>,
+    /// The writer queued a request: the reader arms its watchdog for it.
+    pushed: Notify,
+    /// The reader answered a request: the writer may send the calls it was holding.
+    answered: Notify,
+}
 
 fn start_connection(
     rd: ReadHalf,
@@ -576,42 +589,64 @@ fn start_connection(
 ) -> (Arc<Connection>, watch::Receiver<bool>) {
     let (queue, rx) = mpsc::unbounded_channel();
     let (aborted, aborted_rx) = watch::channel(false);
-    let in_flight: InFlightQueue = Arc::default();
-    let pushed = Arc::new(Notify::new());
+    let pipe = Arc::new(Pipe::default());
     let conn = Arc::new(Connection { queue, aborted });
     tokio::spawn(write_loop(
         wr,
         rx,
-        in_flight.clone(),
-        pushed.clone(),
+        pipe.clone(),
         aborted_rx.clone(),
         link.clone(),
     ));
-    tokio::spawn(read_loop(rd, in_flight, pushed, conn.clone(), link.clone()));
+    tokio::spawn(read_loop(rd, pipe, conn.clone(), link.clone()));
     (conn, aborted_rx)
 }
 
+/// Writes what is queued for this connection, as few writes as it can.
+///
+/// Lock operations ([`Payload::Script`]) are held while [`IN_FLIGHT_BEFORE_HOLDING`] earlier
+/// requests on this connection are unanswered, and written as one merged call when an answer
+/// comes (or when 64 are gathered, or anything else must be written). The master would run
+/// them after those requests anyway, so holding them costs at most a reply's trip back; it
+/// makes the merged calls as large as the load allows, and a call's fixed cost is most of what
+/// a lone acquire costs a master (BENCHMARKS.md §10). Nothing waits on a connection that is
+/// not loaded. A held operation's
+/// node timeout counts from when it was queued (`queued_at`), so holding it can only make its
+/// vote count less, never more; and a held acquire that is never written wrote nothing, so it
+/// needs no clean-up (its caller sees the connection close).
 async fn write_loop(
     mut wr: WriteHalf,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
-    in_flight: InFlightQueue,
-    pushed: Arc<Notify>,
+    pipe: Arc<Pipe>,
     mut aborted: watch::Receiver<bool>,
     link: Arc<Link>,
 ) {
     let mut buf = BytesMut::with_capacity(16 * 1024);
     let mut merging = Merging::default();
     loop {
-        let first = tokio::select! {
-            next = rx.recv() => next,
-            _ = aborted.wait_for(|r| *r) => None,
+        let first = if merging.calls.is_empty() {
+            let first = tokio::select! {
+                next = rx.recv() => next,
+                _ = aborted.wait_for(|r| *r) => None,
+            };
+            let Some(first) = first else { break };
+            Some(first)
+        } else {
+            tokio::select! {
+                biased;
+                _ = aborted.wait_for(|r| *r) => break,
+                next = rx.recv() => match next {
+                    Some(next) => Some(next),
+                    None => break,
+                },
+                _ = pipe.answered.notified() => None,
+            }
         };
-        let Some(first) = first else { break };
         {
-            let Ok(mut queue) = in_flight.lock() else {
+            let Ok(mut queue) = pipe.in_flight.lock() else {
                 break;
             };
-            let mut next = Some(first);
+            let mut next = first;
             while let Some(out) = next {
                 match out.payload {
                     Payload::Script {
@@ -642,9 +677,17 @@ async fn write_loop(
                     None
                 };
             }
-            merging.flush(&mut buf, &mut queue);
+            let hold = buf.is_empty()
+                && queue.len() >= IN_FLIGHT_BEFORE_HOLDING
+                && merging.calls.len() < MAX_MERGED_CALLS;
+            if !hold {
+                merging.flush(&mut buf, &mut queue);
+            }
         }
-        pushed.notify_one();
+        if buf.is_empty() {
+            continue;
+        }
+        pipe.pushed.notify_one();
         let written = tokio::select! {
             res = wr.write_all(&buf) => res.is_ok(),
             _ = aborted.wait_for(|r| *r) => false,
@@ -726,13 +769,7 @@ impl Merging {
     }
 }
 
-async fn read_loop(
-    mut rd: ReadHalf,
-    in_flight: InFlightQueue,
-    pushed: Arc<Notify>,
-    conn: Arc<Connection>,
-    link: Arc<Link>,
-) {
+async fn read_loop(mut rd: ReadHalf, pipe: Arc<Pipe>, conn: Arc<Connection>, link: Arc<Link>) {
     let mut buf = BytesMut::with_capacity(16 * 1024);
     let mut aborted_rx = conn.aborted.subscribe();
     let mut why = NoReply::Closed;
@@ -740,7 +777,8 @@ async fn read_loop(
         if *aborted_rx.borrow() {
             break;
         }
-        let oldest = in_flight
+        let oldest = pipe
+            .in_flight
             .lock()
             .ok()
             .and_then(|q| q.front().map(|p| p.queued_at));
@@ -763,13 +801,14 @@ async fn read_loop(
                 match read {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {
-                        if !deliver(&mut buf, &in_flight, &conn.queue, &link.addr) {
+                        if !deliver(&mut buf, &pipe.in_flight, &conn.queue, &link.addr) {
                             break;
                         }
+                        pipe.answered.notify_one();
                     }
                 }
             }
-            _ = pushed.notified() => {}
+            _ = pipe.pushed.notified() => {}
             _ = aborted_rx.changed() => {}
             _ = sleep_until(watchdog.unwrap_or_else(Instant::now)), if watchdog.is_some() => {
                 why = NoReply::Timeout;
@@ -781,7 +820,8 @@ async fn read_loop(
     // Whatever is still in flight gets no reply: a timeout if the watchdog retired the
     // connection (every request on it waited behind the stalled one), closed otherwise.
     // Unconfirmed clean-ups are kept for the next connection.
-    let left: Vec<InFlight> = in_flight
+    let left: Vec<InFlight> = pipe
+        .in_flight
         .lock()
         .map(|mut q| q.drain(..).collect())
         .unwrap_or_default();
@@ -839,6 +879,7 @@ mod tests {
     //! Deterministic: in-memory pipes to a scripted master, and tokio's paused clock.
     use super::*;
     use crate::fake_master::{command, until, FakeMaster};
+    use crate::lock::{lock_script, LOCK_SCRIPT};
 
     const NODE_TIMEOUT: Duration = Duration::from_millis(500);
     /// Long enough for any number of reconnects on the paused clock.
@@ -902,6 +943,82 @@ mod tests {
             (first, second),
             (Err(NoReply::Timeout), Err(NoReply::Timeout))
         );
+    }
+
+    /// A link to `fake` that loaded the lock script, as the health monitor does.
+    async fn loaded(fake: &Arc<FakeMaster>) -> (Arc<Link>, watch::Sender<bool>) {
+        let (link, stop) = connected(fake).await;
+        let load = command(&["SCRIPT", "LOAD", LOCK_SCRIPT]);
+        assert!(matches!(
+            link.send(load, 1).wait().await,
+            Ok(Reply::Bulk(_))
+        ));
+        (link, stop)
+    }
+
+    /// Releases of keys nobody holds (each answers 0), as the lock operations the links merge
+    /// (the calls of one script, the same `Arc`, as the acquirer sends).
+    fn releases(link: &Link, n: usize) -> Vec<Pending> {
+        static SCRIPT: std::sync::LazyLock<Arc<SharedScript>> =
+            std::sync::LazyLock::new(lock_script);
+        let script = &*SCRIPT;
+        (0..n)
+            .map(|i| {
+                let key = format!("k{i}");
+                let call = ScriptCall::new(&[key.as_bytes()], &[b"r", b"v"]);
+                link.send_script(script.clone(), call)
+            })
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lock_operations_behind_two_unanswered_requests_wait_and_leave_as_one_call() {
+        let fake = FakeMaster::new();
+        let (link, _stop) = loaded(&fake).await;
+        // Not loaded: a lone operation is written at once, as its own call.
+        let alone = releases(&link, 1).pop().expect("one");
+        assert_eq!(alone.wait().await, Ok(Reply::Integer(0)));
+        assert_eq!(fake.acquires(), 1);
+        fake.stall();
+        let pings = [link.send(ping(), 1), link.send(ping(), 1)];
+        let written = Duration::from_millis(1);
+        tokio::time::sleep(written).await;
+        // Two requests in flight: what comes now is held, even across the writer's turns, and
+        // leaves as one call once an answer comes.
+        let mut held = Vec::new();
+        for _ in 0..5 {
+            held.extend(releases(&link, 1));
+            tokio::time::sleep(written).await;
+        }
+        tokio::time::sleep(NODE_TIMEOUT / 4).await;
+        fake.resume();
+        for pending in pings {
+            assert_eq!(pending.wait().await, Ok(Reply::simple("PONG")));
+        }
+        for pending in held {
+            assert_eq!(pending.wait().await, Ok(Reply::Integer(0)));
+        }
+        assert_eq!(fake.acquires(), 2, "{:?}", fake.log());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn held_lock_operations_are_never_written_once_their_connection_is_retired() {
+        let fake = FakeMaster::new();
+        let (link, _stop) = loaded(&fake).await;
+        fake.stall();
+        let pings = [link.send(ping(), 1), link.send(ping(), 1)];
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let held = releases(&link, 3);
+        for pending in pings {
+            assert_eq!(pending.wait().await, Err(NoReply::Timeout));
+        }
+        for pending in held {
+            assert!(pending.wait().await.is_err());
+        }
+        fake.resume();
+        until(LIMIT, || link.connect_count() == 2 && link.is_connected()).await;
+        assert_eq!(link.send(ping(), 1).wait().await, Ok(Reply::simple("PONG")));
+        assert_eq!(fake.acquires(), 0, "{:?}", fake.log());
     }
 
     #[tokio::test(start_paused = true)]

@@ -9,7 +9,7 @@ mod release;
 mod rollback;
 mod stats;
 
-pub use acquire::{token_key, Attempt, LOCK_SCRIPT, UNARMED};
+pub use acquire::{lock_script, token_key, Attempt, LOCK_SCRIPT, UNARMED};
 pub use flights::Started;
 pub use rollback::{COMPARE_AND_DELETE, UNDO_SCRIPT};
 pub use stats::{latency_buckets, AcquireResult, LockStats};
@@ -47,7 +47,7 @@ impl Acquirer {
             masters,
             policy,
             tokens: Tokens::new(rules, token_clock),
-            script: acquire::lock_script(),
+            script: lock_script(),
             flights: Flights::default(),
             stats,
         })
