@@ -294,6 +294,12 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
     let counter_px = acquirer.tokens.rules.counter_life_ms.max(px_ms).to_string();
     let deadlines: Vec<AtomicU64> = masters.voters().iter().map(|_| AtomicU64::new(0)).collect();
     let node_timeout = masters.node_timeout();
+    // Encoded once: only the deadline differs from master to master.
+    let call = ScriptCall::with_number_between(
+        &[key, &token_key],
+        &[b"a", value, px.as_bytes(), record.as_bytes()],
+        &[token_arg, earliest.as_bytes(), counter_px.as_bytes()],
+    );
     let ask = |i: usize| {
         if !quarantine {
             let set = encode_command(&[b"SET".as_ref(), key, value, b"NX", b"PX", px.as_bytes()]);
@@ -312,22 +318,10 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
             .unwrap_or(0)
             .min(latest);
         deadlines[i].store(deadline, Ordering::Relaxed);
-        let mut digits = itoa::Buffer::new();
-        let deadline = digits.format(deadline);
-        let call = ScriptCall::new(
-            &[key, &token_key],
-            &[
-                b"a",
-                value,
-                px.as_bytes(),
-                record.as_bytes(),
-                deadline.as_bytes(),
-                token_arg,
-                earliest.as_bytes(),
-                counter_px.as_bytes(),
-            ],
-        );
-        Some(Ask::Script(acquirer.script.clone(), call))
+        Some(Ask::Script(
+            acquirer.script.clone(),
+            call.with_number(deadline),
+        ))
     };
     let (votes, late) = masters
         .fan_out_each(ask, 1, |v| {

@@ -21,33 +21,79 @@ pub fn encode_command<A: AsRef<[u8]>>(args: &[A]) -> Bytes {
 }
 
 /// One caller's share of a script call that several callers make together
-/// ([`encode_script_call`]): its keys and its arguments, encoded once as bulk strings.
+/// ([`encode_script_call`]): its keys and its arguments, encoded once as bulk strings, and
+/// possibly one number among the arguments that differs per master
+/// ([`ScriptCall::with_number`]): the rest is encoded once for every master.
 #[derive(Debug, Clone)]
 pub struct ScriptCall {
-    /// The keys' bulks, then the arguments' bulks.
+    /// The keys' bulks, then the arguments' bulks (without the number).
     bulks: Bytes,
     /// Where the arguments start in `bulks`.
     args_at: usize,
+    /// Where the number's bulk goes in `bulks`, and the number.
+    number: Option<(usize, u64)>,
     keys: usize,
     args: usize,
 }
 
 impl ScriptCall {
     pub fn new(keys: &[&[u8]], args: &[&[u8]]) -> ScriptCall {
-        let capacity = keys.iter().chain(args).map(|a| a.len() + 16).sum();
+        ScriptCall::around_number(keys, args, None)
+    }
+
+    /// A call whose arguments are `before`, a number, then `after`; the number is 0 until
+    /// [`ScriptCall::with_number`].
+    pub fn with_number_between(keys: &[&[u8]], before: &[&[u8]], after: &[&[u8]]) -> ScriptCall {
+        ScriptCall::around_number(keys, before, Some(after))
+    }
+
+    fn around_number(keys: &[&[u8]], before: &[&[u8]], after: Option<&[&[u8]]>) -> ScriptCall {
+        let after = after
+            .map(|after| (after, after.len() + 1))
+            .unwrap_or_default();
+        let all = keys.iter().chain(before).chain(after.0);
+        let capacity = all.map(|a| a.len() + 16).sum();
         let mut bulks = BytesMut::with_capacity(capacity);
         for key in keys {
             bulk(&mut bulks, b'$', key);
         }
         let args_at = bulks.len();
-        for arg in args {
+        for arg in before {
+            bulk(&mut bulks, b'$', arg);
+        }
+        let number = (after.1 > 0).then_some((bulks.len(), 0));
+        for arg in after.0 {
             bulk(&mut bulks, b'$', arg);
         }
         ScriptCall {
             bulks: bulks.freeze(),
             args_at,
+            number,
             keys: keys.len(),
-            args: args.len(),
+            args: before.len() + after.1,
+        }
+    }
+
+    /// This call with `n` as its number, sharing the rest (no copy).
+    pub fn with_number(&self, n: u64) -> ScriptCall {
+        ScriptCall {
+            number: self.number.map(|(at, _)| (at, n)),
+            ..self.clone()
+        }
+    }
+
+    fn encode_keys(&self, out: &mut BytesMut) {
+        out.extend_from_slice(&self.bulks[..self.args_at]);
+    }
+
+    fn encode_args(&self, out: &mut BytesMut) {
+        match self.number {
+            None => out.extend_from_slice(&self.bulks[self.args_at..]),
+            Some((at, n)) => {
+                out.extend_from_slice(&self.bulks[self.args_at..at]);
+                bulk(out, b'$', itoa::Buffer::new().format(n).as_bytes());
+                out.extend_from_slice(&self.bulks[at..]);
+            }
         }
     }
 }
@@ -87,10 +133,10 @@ pub fn encode_script_call<'a>(
         bulk(out, b'$', key);
     }
     for call in calls.clone() {
-        out.extend_from_slice(&call.bulks[..call.args_at]);
+        call.encode_keys(out);
     }
     for call in calls {
-        out.extend_from_slice(&call.bulks[call.args_at..]);
+        call.encode_args(out);
     }
 }
 
@@ -159,6 +205,28 @@ mod tests {
         assert_eq!(
             out.freeze(),
             encode_command(&["EVAL", "return 1", "2", "a", "ta", "1", "x\r\n"])
+        );
+        // One template, a number per master: the rest is shared, the number in its place.
+        let template = ScriptCall::with_number_between(&[b"c"], &[b"p", b"q"], &[b"z"]);
+        let (first, second) = (template.with_number(7), template.with_number(1_000_000));
+        let mut out = BytesMut::new();
+        encode_script_call(&mut out, Invoke::Sha("f00"), &[], [&first, &b].into_iter());
+        assert_eq!(
+            out.freeze(),
+            encode_command(&["EVALSHA", "f00", "3", "c", "b", "tb", "p", "q", "7", "z", "2", ""])
+        );
+        let mut out = BytesMut::new();
+        encode_script_call(&mut out, Invoke::Sha("f00"), &[], [&second].into_iter());
+        assert_eq!(
+            out.freeze(),
+            encode_command(&["EVALSHA", "f00", "1", "c", "p", "q", "1000000", "z"])
+        );
+        let trailing = ScriptCall::with_number_between(&[], &[b"p"], &[]).with_number(3);
+        let mut out = BytesMut::new();
+        encode_script_call(&mut out, Invoke::Sha("f00"), &[], [&trailing].into_iter());
+        assert_eq!(
+            out.freeze(),
+            encode_command(&["EVALSHA", "f00", "0", "p", "3"])
         );
     }
 }
