@@ -23,22 +23,21 @@ use crate::redlock::{merge, no_quorum, quorum, MergeRule, MissingReason, Vote};
 use crate::tls::master_client_config;
 use crate::transport::{Link, NoReply, Pending, SharedScript};
 use bytes::Bytes;
-use futures::future::BoxFuture;
-use futures::stream::{FuturesUnordered, StreamExt};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
+use tokio::time::{sleep_until, Instant, Sleep};
 
 /// Most fan-outs in progress at once. Enough to keep every master's connection busy (a fan-out
 /// is one pipelined request per master), small enough that a backlog of this many is worked
 /// off well within a node timeout.
 pub const MAX_FANOUTS: usize = 256;
-
-/// Votes of a fan-out still pending when it was decided, as `(master index, vote)`.
-pub type LateVotes = FuturesUnordered<BoxFuture<'static, (usize, Vote)>>;
 
 /// A request for one master in [`Masters::fan_out_each`].
 pub enum Ask {
@@ -190,21 +189,27 @@ impl Voter {
         self.health.state(self.link.connect_count())
     }
 
-    /// Sends one request and waits at most the node timeout for its answer. An ineligible
-    /// master still gets the request, but its vote is [`Voter::absent_vote`] at once.
-    pub async fn ask(&self, payload: Bytes, replies: usize) -> Vote {
-        self.vote_on(|| self.link.send(payload, replies)).await
+    /// Hands `request` to the link; `Err` is the vote at once when this master's answer
+    /// cannot count (it is asked anyway: [`Voter::absent_vote`]).
+    fn send(&self, request: Ask, replies: usize) -> Result<Pending, Vote> {
+        let eligible = self.eligible();
+        // A script call whose script the master lost is sent again with the body by the link
+        // itself ([`Link::send_script`]).
+        let pending = match request {
+            Ask::Commands(payload) => self.link.send(payload, replies),
+            Ask::Script(script, call) => self.link.send_script(script, call),
+        };
+        if eligible {
+            Ok(pending)
+        } else {
+            drop(pending);
+            Err(self.absent_vote())
+        }
     }
 
-    /// The vote on what `send` hands to the link ([`Voter::ask`]).
-    async fn vote_on(&self, send: impl FnOnce() -> Pending) -> Vote {
-        if !self.eligible() {
-            drop(send());
-            return self.absent_vote();
-        }
-        let pending = send();
-        let asked = pending.queued_at;
-        let vote = match pending.wait().await {
+    /// The vote of an answer (or its absence) to a request sent at `asked`.
+    fn vote_on(&self, answer: Result<Reply, NoReply>, asked: Instant) -> Vote {
+        let vote = match answer {
             Ok(reply) => {
                 let took = asked.elapsed().as_secs_f64();
                 self.stats.reply_duration.observe(took);
@@ -231,13 +236,63 @@ impl Voter {
         self.stats.count(&vote);
         vote
     }
+}
 
-    /// Asks `request`. A script call whose script the master lost is sent again with the
-    /// body by the link itself ([`Link::send_script`]).
-    async fn ask_request(&self, request: Ask, replies: usize) -> Vote {
-        match request {
-            Ask::Commands(payload) => self.ask(payload, replies).await,
-            Ask::Script(script, call) => self.vote_on(|| self.link.send_script(script, call)).await,
+/// The votes of a fan-out still to come, each within its node timeout, in the order they
+/// come. One timer for all of them and no task or allocation per master: a fan-out's requests
+/// all leave within microseconds of each other.
+#[derive(Default)]
+pub struct LateVotes {
+    /// (master index, voter, its request's answer to come).
+    waiting: Vec<(usize, Arc<Voter>, Pending)>,
+    /// Wakes the fan-out at the earliest node timeout among `waiting`.
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl LateVotes {
+    /// The next vote to come as `(master index, vote)`; `None` once every vote is in.
+    pub async fn next(&mut self) -> Option<(usize, Vote)> {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<(usize, Vote)>> {
+        loop {
+            // Every answer still to come is polled (so each wakes this task), up to the first
+            // that has come; an answer is taken once.
+            let came =
+                self.waiting
+                    .iter_mut()
+                    .enumerate()
+                    .find_map(|(at, w)| match w.2.poll_answer(cx) {
+                        Poll::Ready(answer) => Some((at, answer)),
+                        Poll::Pending => None,
+                    });
+            if let Some((at, answer)) = came {
+                let (i, voter, pending) = self.waiting.swap_remove(at);
+                return Poll::Ready(Some((i, voter.vote_on(answer, pending.queued_at))));
+            }
+            let Some(earliest) = self.waiting.iter().map(|w| w.2.timeout_at()).min() else {
+                return Poll::Ready(None);
+            };
+            if Instant::now() >= earliest {
+                let at = self
+                    .waiting
+                    .iter()
+                    .position(|w| w.2.timeout_at() == earliest);
+                let (i, voter, pending) = self.waiting.swap_remove(at.unwrap_or(0));
+                let asked = pending.queued_at;
+                let vote = voter.vote_on(Err(pending.time_out()), asked);
+                return Poll::Ready(Some((i, vote)));
+            }
+            let timer = self
+                .timer
+                .get_or_insert_with(|| Box::pin(sleep_until(earliest)));
+            if timer.deadline() != earliest {
+                timer.as_mut().reset(earliest);
+            }
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
         }
     }
 }
@@ -404,29 +459,23 @@ impl Masters {
         // The semaphore is fair, so a client's requests still leave in its order.
         let _permit = self.fanouts.acquire().await;
         let mut votes = vec![Vote::Pending; self.voters.len()];
-        let mut pending: LateVotes = self
-            .voters
-            .iter()
-            .enumerate()
-            .map(|(i, voter)| {
-                let request = ask(i);
-                let voter = voter.clone();
-                let vote: BoxFuture<'static, (usize, Vote)> = Box::pin(async move {
-                    match request {
-                        None => (i, voter.absent_vote()),
-                        Some(request) => (i, voter.ask_request(request, replies).await),
-                    }
-                });
-                vote
-            })
-            .collect();
-        while let Some((i, vote)) = pending.next().await {
-            votes[i] = vote;
-            if decided(&votes) {
-                break;
+        let mut late = LateVotes::default();
+        for (i, voter) in self.voters.iter().enumerate() {
+            match ask(i).map(|request| voter.send(request, replies)) {
+                None => votes[i] = voter.absent_vote(),
+                Some(Err(vote)) => votes[i] = vote,
+                Some(Ok(pending)) => late.waiting.push((i, voter.clone(), pending)),
             }
         }
-        (votes, pending)
+        if !decided(&votes) {
+            while let Some((i, vote)) = late.next().await {
+                votes[i] = vote;
+                if decided(&votes) {
+                    break;
+                }
+            }
+        }
+        (votes, late)
     }
 
     /// One reply for all masters by the quorum rule `rule`, waiting only as long as needed.

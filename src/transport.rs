@@ -259,6 +259,29 @@ impl Pending {
         result
     }
 
+    /// When its node timeout runs out.
+    pub fn timeout_at(&self) -> Instant {
+        self.queued_at + self.node_timeout
+    }
+
+    /// The answer if it has come; otherwise `cx` is woken when it does.
+    pub fn poll_answer(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Answer> {
+        match &mut self.sent {
+            None => std::task::Poll::Ready(Err(NoReply::NoLink)),
+            Some((rx, _)) => std::future::Future::poll(std::pin::Pin::new(rx), cx)
+                .map(|answer| answer.unwrap_or(Err(NoReply::Closed))),
+        }
+    }
+
+    /// Gives up at the node timeout ([`Pending::timeout_at`]), aborting the connection as
+    /// [`Pending::wait`] does.
+    pub fn time_out(self) -> NoReply {
+        if let Some((_, conn)) = self.sent {
+            conn.abort();
+        }
+        NoReply::Timeout
+    }
+
     /// Waits at most `limit`, leaving the connection as it is.
     pub async fn wait_at_most(self, limit: Duration) -> Result<Reply, NoReply> {
         match self.sent {

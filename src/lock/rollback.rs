@@ -6,7 +6,6 @@ use crate::masters::{LateVotes, Masters};
 use crate::protocol::encode_command;
 use crate::redlock::{may_hold_our_value, Vote};
 use bytes::Bytes;
-use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
