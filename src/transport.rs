@@ -994,6 +994,14 @@ mod tests {
             .collect()
     }
 
+    /// Stalls `fake` and leaves two requests written to it and unanswered.
+    async fn two_unanswered(fake: &FakeMaster, link: &Link) -> [Pending; 2] {
+        fake.stall();
+        let pings = [link.send(ping(), 1), link.send(ping(), 1)];
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        pings
+    }
+
     #[tokio::test(start_paused = true)]
     async fn lock_operations_behind_two_unanswered_requests_wait_and_leave_as_one_call() {
         let fake = FakeMaster::new();
@@ -1002,16 +1010,13 @@ mod tests {
         let alone = releases(&link, 1).pop().expect("one");
         assert_eq!(alone.wait().await, Ok(Reply::Integer(0)));
         assert_eq!(fake.acquires(), 1);
-        fake.stall();
-        let pings = [link.send(ping(), 1), link.send(ping(), 1)];
-        let written = Duration::from_millis(1);
-        tokio::time::sleep(written).await;
-        // Two requests in flight: what comes now is held, even across the writer's turns, and
-        // leaves as one call once an answer comes.
+        let pings = two_unanswered(&fake, &link).await;
+        // What comes now is held, even across the writer's turns, and leaves as one call once
+        // an answer comes.
         let mut held = Vec::new();
         for _ in 0..5 {
             held.extend(releases(&link, 1));
-            tokio::time::sleep(written).await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
         tokio::time::sleep(NODE_TIMEOUT / 4).await;
         fake.resume();
@@ -1028,9 +1033,7 @@ mod tests {
     async fn held_lock_operations_are_never_written_once_their_connection_is_retired() {
         let fake = FakeMaster::new();
         let (link, _stop) = loaded(&fake).await;
-        fake.stall();
-        let pings = [link.send(ping(), 1), link.send(ping(), 1)];
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        let pings = two_unanswered(&fake, &link).await;
         let held = releases(&link, 3);
         for pending in pings {
             assert_eq!(pending.wait().await, Err(NoReply::Timeout));
