@@ -271,15 +271,14 @@ impl LateVotes {
                 let (i, voter, pending) = self.waiting.swap_remove(at);
                 return Poll::Ready(Some((i, voter.vote_on(answer, pending.queued_at))));
             }
-            let Some(earliest) = self.waiting.iter().map(|w| w.2.timeout_at()).min() else {
+            let Some((at, earliest)) = (self.waiting.iter().map(|w| w.2.timeout_at()))
+                .enumerate()
+                .min_by_key(|(_, timeout_at)| *timeout_at)
+            else {
                 return Poll::Ready(None);
             };
             if Instant::now() >= earliest {
-                let at = self
-                    .waiting
-                    .iter()
-                    .position(|w| w.2.timeout_at() == earliest);
-                let (i, voter, pending) = self.waiting.swap_remove(at.unwrap_or(0));
+                let (i, voter, pending) = self.waiting.swap_remove(at);
                 let asked = pending.queued_at;
                 let vote = voter.vote_on(Err(pending.time_out()), asked);
                 return Poll::Ready(Some((i, vote)));

@@ -647,23 +647,15 @@ async fn write_loop(
     let mut buf = BytesMut::with_capacity(16 * 1024);
     let mut merging = Merging::default();
     loop {
-        let first = if merging.calls.is_empty() {
-            let first = tokio::select! {
-                next = rx.recv() => next,
-                _ = aborted.wait_for(|r| *r) => None,
-            };
-            let Some(first) = first else { break };
-            Some(first)
-        } else {
-            tokio::select! {
-                biased;
-                _ = aborted.wait_for(|r| *r) => break,
-                next = rx.recv() => match next {
-                    Some(next) => Some(next),
-                    None => break,
-                },
-                _ = pipe.answered.notified() => None,
-            }
+        // Something to write, or (while calls are held) an answer that may release them.
+        let first = tokio::select! {
+            biased;
+            _ = aborted.wait_for(|r| *r) => break,
+            next = rx.recv() => match next {
+                Some(next) => Some(next),
+                None => break,
+            },
+            _ = pipe.answered.notified(), if !merging.calls.is_empty() => None,
         };
         {
             let Ok(mut queue) = pipe.in_flight.lock() else {

@@ -48,10 +48,8 @@ impl ScriptCall {
     }
 
     fn around_number(keys: &[&[u8]], before: &[&[u8]], after: Option<&[&[u8]]>) -> ScriptCall {
-        let after = after
-            .map(|after| (after, after.len() + 1))
-            .unwrap_or_default();
-        let all = keys.iter().chain(before).chain(after.0);
+        let rest = after.unwrap_or_default();
+        let all = keys.iter().chain(before).chain(rest);
         let capacity = all.map(|a| a.len() + 16).sum();
         let mut bulks = BytesMut::with_capacity(capacity);
         for key in keys {
@@ -61,8 +59,8 @@ impl ScriptCall {
         for arg in before {
             bulk(&mut bulks, b'$', arg);
         }
-        let number = (after.1 > 0).then_some((bulks.len(), 0));
-        for arg in after.0 {
+        let number = after.is_some().then_some((bulks.len(), 0));
+        for arg in rest {
             bulk(&mut bulks, b'$', arg);
         }
         ScriptCall {
@@ -70,7 +68,7 @@ impl ScriptCall {
             args_at,
             number,
             keys: keys.len(),
-            args: before.len() + after.1,
+            args: before.len() + after.map_or(0, |after| after.len() + 1),
         }
     }
 
