@@ -35,7 +35,7 @@
 use crate::client_stream::{self, ClientStream, ReplyWriter};
 use crate::commands::{self, Action, Ctx, Session};
 use crate::error::ProxyError;
-use crate::lease::{Lease, Outcome};
+use crate::lease::{Lease, Outcome, Rollback};
 use crate::protocol::{Protocol, Reply, RequestParser};
 use crate::shared::Shared;
 use bytes::{Buf, BytesMut};
@@ -165,7 +165,7 @@ struct Grant {
     /// The reply written instead if the deadline passes before the first byte is written, and
     /// its protocol: encoded only then (rarely), not for every grant.
     expired: (Protocol, Reply),
-    rollback: Option<BoxFuture<'static, ()>>,
+    rollback: Option<Box<dyn Rollback>>,
 }
 
 /// Replies encoded and not yet handed to the socket, and the grants among them.
@@ -240,7 +240,7 @@ impl Output {
                 let (protocol, refusal) = &grant.expired;
                 refusal.encode(*protocol, &mut self.buf);
                 copied = grant.end;
-                rollbacks.extend(grant.rollback.take());
+                rollbacks.extend(grant.rollback.take().map(Rollback::run));
                 continue;
             }
             // Offsets at or after `copied` move by what the replacements so far changed.
@@ -293,7 +293,7 @@ impl Output {
     /// The connection ends with these bytes unwritten: roll back every grant among them.
     fn abandon(self) {
         for rollback in self.grants.into_iter().filter_map(|g| g.rollback) {
-            tokio::spawn(rollback);
+            tokio::spawn(rollback.run());
         }
     }
 }
@@ -307,7 +307,7 @@ async fn abandon_in_flight(mut in_flight: FuturesOrdered<Slot>) {
             ..
         }) = outcome
         {
-            tokio::spawn(rollback);
+            tokio::spawn(rollback.run());
         }
     }
 }
@@ -561,7 +561,7 @@ mod tests {
             deadline,
             granted: crate::lease::Granted::Reply(Reply::ok()),
             expired: Reply::Null,
-            rollback: Some(Box::pin(async move {
+            rollback: Some(Box::new(async move {
                 rolled_back.fetch_add(1, Ordering::Relaxed);
             })),
         })

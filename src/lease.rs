@@ -5,6 +5,7 @@
 
 use crate::protocol::Reply;
 use futures::future::BoxFuture;
+use std::future::Future;
 use tokio::time::Instant;
 
 /// What a command produces.
@@ -21,7 +22,21 @@ pub struct Lease {
     pub deadline: Instant,
     pub granted: Granted,
     pub expired: Reply,
-    pub rollback: Option<BoxFuture<'static, ()>>,
+    pub rollback: Option<Box<dyn Rollback>>,
+}
+
+/// The undo of a grant the client was not given. A grant carries the plan, and the future is
+/// built only if it runs (rarely): building and boxing it for every grant cost an allocation
+/// and a copy of its state (BENCHMARKS.md §11).
+pub trait Rollback: Send {
+    fn run(self: Box<Self>) -> BoxFuture<'static, ()>;
+}
+
+/// Any future is a rollback (the tests', or one already built).
+impl<F: Future<Output = ()> + Send + 'static> Rollback for F {
+    fn run(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(*self)
+    }
 }
 
 /// What a grant answers.
@@ -55,7 +70,7 @@ impl Lease {
             return self.granted.reply(now, self.deadline);
         }
         if let Some(rollback) = self.rollback {
-            rollback.await;
+            rollback.run().await;
         }
         self.expired
     }
@@ -80,7 +95,7 @@ mod tests {
             deadline,
             granted: Granted::Reply(Reply::ok()),
             expired: Reply::Null,
-            rollback: Some(Box::pin(async move {
+            rollback: Some(Box::new(async move {
                 // A rollback takes time (its clean-ups' confirmations): the refusal waits.
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 flag.store(true, Ordering::SeqCst);

@@ -146,8 +146,23 @@ impl Tokens {
     /// The counter record of an attempt with `token`: `<token, 16 digits>:<instance>`. It
     /// names the attempt: this proxy proposes every token once ([`Tokens::propose`] only goes
     /// up), and no other proxy has the same instance.
-    fn record(&self, token: u64) -> String {
-        format!("{token:016}:{}", self.instance)
+    fn record(&self, token: u64) -> Record {
+        let mut record = Record {
+            bytes: [b'0'; RECORD_MAX],
+            len: 0,
+        };
+        let mut digits = itoa::Buffer::new();
+        let digits = digits.format(token).as_bytes();
+        // Zero-padded to 16 digits, as `{token:016}` (a token is µs since the epoch: 16 digits
+        // until the year 2286).
+        let start = 16usize.saturating_sub(digits.len());
+        let end = start + digits.len();
+        record.bytes[start..end].copy_from_slice(digits);
+        record.bytes[end] = b':';
+        record.bytes[end + 1..end + 1 + self.instance.len()]
+            .copy_from_slice(self.instance.as_bytes());
+        record.len = end + 1 + self.instance.len();
+        record
     }
 
     /// The master clocks (ms) at which a master may accept `token` (any, with the clock off).
@@ -157,6 +172,23 @@ impl Tokens {
         } else {
             (0, u64::MAX)
         }
+    }
+}
+
+/// The longest record: a 20-digit token, `:`, and an instance name (at most 42 bytes).
+const RECORD_MAX: usize = 64;
+
+/// A counter record ([`Tokens::record`]), kept inline: built for every acquire, it costs no
+/// allocation.
+#[derive(Clone, Copy)]
+pub(super) struct Record {
+    bytes: [u8; RECORD_MAX],
+    len: usize,
+}
+
+impl Record {
+    pub(super) fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
     }
 }
 
@@ -194,7 +226,8 @@ pub(super) struct Decided {
     /// How it ended, for the metrics.
     pub(super) result: AcquireResult,
     /// The rollback a refusal needs before its null may be written.
-    undo: Option<RollbackPlan>,
+    /// Boxed: it is most of an acquire's result, which moves several times on its way out.
+    undo: Option<Box<RollbackPlan>>,
 }
 
 impl Decided {
@@ -202,7 +235,7 @@ impl Decided {
         matches!(self.outcome, Outcome::Reply(Reply::Null))
     }
 
-    fn refused(settled: bool, result: AcquireResult, undo: Option<RollbackPlan>) -> Decided {
+    fn refused(settled: bool, result: AcquireResult, undo: Option<Box<RollbackPlan>>) -> Decided {
         Decided {
             outcome: Outcome::Reply(Reply::Null),
             settled,
@@ -252,7 +285,9 @@ async fn retry_above_floor(
                 undo.run().await;
             }
             let token = acquirer.tokens.propose(&acquirer.masters, floor);
-            decide_once(acquirer, attempt, token).await.0
+            // Boxed: a retry is rare, and inline its state would double the size of every
+            // acquire's future (copied as it moves).
+            Box::pin(decide_once(acquirer, attempt, token)).await.0
         }
         _ => decided,
     }
@@ -277,7 +312,8 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
     };
     let deadline = received_at + window;
     let px_ms = backend_ttl_ms(ttl_ms, drift_factor);
-    let px = px_ms.to_string();
+    let mut px = itoa::Buffer::new();
+    let px = px.format(px_ms).as_bytes();
     // With quarantine on, the write is an acquire operation of `LOCK_SCRIPT` (markers,
     // deadline, token), merged by the link with the operations queued beside it and called by
     // SHA1 (the health monitor loads it on every master); a master that lost its script cache
@@ -290,19 +326,23 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
     // The record starts with the token as the script compares it.
     let token_arg = &record.as_bytes()[..16];
     let (earliest, latest) = acquirer.tokens.accepted_clocks_ms(token);
-    let earliest = earliest.to_string();
-    let counter_px = acquirer.tokens.rules.counter_life_ms.max(px_ms).to_string();
+    let mut earliest_digits = itoa::Buffer::new();
+    let earliest = earliest_digits.format(earliest).as_bytes();
+    let mut counter_px = itoa::Buffer::new();
+    let counter_px = counter_px
+        .format(acquirer.tokens.rules.counter_life_ms.max(px_ms))
+        .as_bytes();
     let deadlines: Vec<AtomicU64> = masters.voters().iter().map(|_| AtomicU64::new(0)).collect();
     let node_timeout = masters.node_timeout();
     // Encoded once: only the deadline differs from master to master.
     let call = ScriptCall::with_number_between(
         &[key, &token_key],
-        &[b"a", value, px.as_bytes(), record.as_bytes()],
-        &[token_arg, earliest.as_bytes(), counter_px.as_bytes()],
+        &[b"a", value, px, record.as_bytes()],
+        &[token_arg, earliest, counter_px],
     );
     let ask = |i: usize| {
         if !quarantine {
-            let set = encode_command(&[b"SET".as_ref(), key, value, b"NX", b"PX", px.as_bytes()]);
+            let set = encode_command(&[b"SET".as_ref(), key, value, b"NX", b"PX", px]);
             return Some(Ask::Commands(set));
         }
         let voter = &masters.voters()[i];
@@ -334,11 +374,11 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
         }
         voter.stats.count_acquire_vote(vote);
     }
-    // Followers queued behind this acquire get the same null when it tells them nothing
-    // different would happen now: the key is held, or no majority answered in time (they
-    // would wait out the same node timeout, on connections the watchdog is about to abort).
-    let settled = held_by_majority(&votes) || majority_unreachable(&votes);
-    let undo = RollbackPlan {
+    let held = held_by_majority(&votes);
+    let unreachable = majority_unreachable(&votes);
+    let floor = token_floor(&votes);
+    let quorum = acquire_decision(&votes) == AcquireDecision::Quorum;
+    let undo = Box::new(RollbackPlan {
         masters: masters.clone(),
         drift_factor,
         undo: Undo {
@@ -348,15 +388,11 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
         },
         lives: Duration::from_millis(px_ms),
         stats: acquirer.stats.clone(),
-        votes: votes.clone(),
+        votes,
         late,
-        deadlines: deadlines
-            .iter()
-            .map(|d| d.load(Ordering::Relaxed))
-            .collect(),
-    };
-    let floor = token_floor(&votes);
-    let quorum = acquire_decision(&votes) == AcquireDecision::Quorum;
+        // Collected in place: the same allocation.
+        deadlines: deadlines.into_iter().map(AtomicU64::into_inner).collect(),
+    });
     if quorum && Instant::now() < deadline {
         tracing::trace!(key = ?key, token, "granted");
         // Without quarantine (tests only) the acquire is a bare `SET`, which carries no token.
@@ -369,7 +405,7 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
                 Granted::Reply(Reply::ok())
             },
             expired: Reply::Null,
-            rollback: Some(Box::pin(undo.run())),
+            rollback: Some(undo),
         };
         let granted = Decided {
             outcome: Outcome::Lease(lease),
@@ -379,14 +415,42 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
         };
         return (granted, None);
     }
-    let result = if held_by_majority(&votes) {
+    let result = if held {
         AcquireResult::Contended
-    } else if majority_unreachable(&votes) {
+    } else if unreachable {
         AcquireResult::NoQuorum
     } else if quorum {
         AcquireResult::Expired
     } else {
         AcquireResult::Refused
     };
+    // Followers queued behind this acquire get the same null when it tells them nothing
+    // different would happen now: the key is held, or no majority answered in time (they
+    // would wait out the same node timeout, on connections the watchdog is about to abort).
+    let settled = held || unreachable;
     (Decided::refused(settled, result, Some(undo)), floor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_is_the_token_in_16_digits_then_the_instance() {
+        let tokens = Tokens::new(TokenRules::for_lease_bound(Duration::from_secs(60)), true);
+        let longest = "ffffffff.ffffffffffffffff.ffffffffffffffff";
+        for instance in [tokens.instance.clone(), longest.to_string()] {
+            let tokens = Tokens {
+                instance: instance.clone(),
+                ..Tokens::new(tokens.rules, true)
+            };
+            for token in [0, 7, 1_795_459_899_610_560, 9_999_999_999_999_999, u64::MAX] {
+                assert_eq!(
+                    tokens.record(token).as_bytes(),
+                    format!("{token:016}:{instance}").as_bytes(),
+                    "{token}"
+                );
+            }
+        }
+    }
 }

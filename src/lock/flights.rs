@@ -58,9 +58,12 @@ enum Turn {
 type Member = oneshot::Sender<Turn>;
 
 /// Key → the acquires queued behind the one in flight (present while one is in flight).
+/// Hashed with foldhash, seeded per process: the map is looked up twice per acquire, and
+/// SipHash cost about 300 instructions of that (BENCHMARKS.md §11); it holds only the keys
+/// with an acquire in flight, bounded by the requests in flight.
 #[derive(Default)]
 pub(super) struct Flights {
-    keys: DashMap<Bytes, Vec<Member>>,
+    keys: DashMap<Bytes, Vec<Member>, foldhash::fast::RandomState>,
 }
 
 impl Acquirer {

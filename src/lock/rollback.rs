@@ -1,11 +1,14 @@
 //! The clean-up of a refused (or ungiven) acquire on every master that may hold its write
 //! ([`RollbackPlan`]), and the scripts it runs there.
 
+use super::acquire::Record;
 use super::LockStats;
+use crate::lease::Rollback;
 use crate::masters::{LateVotes, Masters};
 use crate::protocol::encode_command;
 use crate::redlock::{may_hold_our_value, Vote};
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -54,7 +57,7 @@ pub(super) struct Undo {
     pub(super) value: Bytes,
     /// The key's token counter and the attempt's record in it; `None` when quarantine is off
     /// (the acquire is a bare `SET`).
-    pub(super) record: Option<(Bytes, String)>,
+    pub(super) record: Option<(Bytes, Record)>,
 }
 
 impl Undo {
@@ -108,7 +111,7 @@ impl RollbackPlan {
     /// is sent again once the master's clock is past the write's deadline, after which the
     /// write can no longer take effect. Each is kept across reconnects until a master confirms
     /// it ([`crate::transport::Link::send_cleanup`]).
-    pub(super) async fn run(mut self) {
+    pub(super) async fn run(mut self: Box<Self>) {
         while let Some((i, vote)) = self.late.next().await {
             self.votes[i] = vote;
         }
@@ -169,6 +172,12 @@ impl RollbackPlan {
             })
             .collect();
         futures::future::join_all(waits).await;
+    }
+}
+
+impl Rollback for RollbackPlan {
+    fn run(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(RollbackPlan::run(self))
     }
 }
 

@@ -123,13 +123,25 @@ fn line(out: &mut BytesMut, prefix: u8, text: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-// Appended with `extend_from_slice`, which inlines (a constant `\r\n` is a 2-byte store), not
+// Appended with `extend_from_slice`, which inlines (a constant-size piece is a fixed store), not
 // `BufMut::put_slice`, a call and a `memcpy` call per piece: a master command is encoded with
-// these for each of its arguments.
+// these for each of its arguments. A header of a length below 100 (nearly every one the proxy
+// writes: argument and array lengths) is one constant-size piece, without formatting.
 pub(super) fn header(out: &mut BytesMut, prefix: u8, len: usize) {
-    out.extend_from_slice(&[prefix]);
-    put_int(out, len as i64);
-    out.extend_from_slice(b"\r\n");
+    match len {
+        0..=9 => out.extend_from_slice(&[prefix, digit(len), b'\r', b'\n']),
+        10..=99 => out.extend_from_slice(&[prefix, digit(len / 10), digit(len % 10), b'\r', b'\n']),
+        _ => {
+            out.extend_from_slice(&[prefix]);
+            put_int(out, len as i64);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+}
+
+/// The ASCII digit of `d` (below 10).
+fn digit(d: usize) -> u8 {
+    b'0' + d as u8
 }
 
 pub(super) fn bulk(out: &mut BytesMut, prefix: u8, data: &[u8]) {
@@ -176,6 +188,15 @@ mod tests {
         for (reply, two, three) in cases {
             assert_eq!(enc(&reply, Protocol::Resp2), two);
             assert_eq!(enc(&reply, Protocol::Resp3), three);
+        }
+    }
+
+    #[test]
+    fn headers_on_both_sides_of_the_short_forms() {
+        for len in [0, 9, 10, 99, 100, 12_345] {
+            let mut out = BytesMut::new();
+            header(&mut out, b'$', len);
+            assert_eq!(out, format!("${len}\r\n").as_bytes(), "{len}");
         }
     }
 
