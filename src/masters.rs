@@ -177,6 +177,16 @@ impl Voter {
         self.link.is_connected() && self.health.eligible(self.link.connect_count())
     }
 
+    /// [`Voter::eligible`] and, if so, the latest clock the master can show at `when`
+    /// (`Some(None)` before its first clock reading), with one look at its health record.
+    pub fn clock_bound_if_eligible(&self, when: Instant, drift_factor: f64) -> Option<Option<u64>> {
+        if !self.link.is_connected() {
+            return None;
+        }
+        self.health
+            .clock_bound_if_eligible(self.link.connect_count(), when, drift_factor)
+    }
+
     /// `up`, `down`, `auth_failed (…)`, `connecting`, `quarantined (…)` or `unsafe (…)`, for
     /// `INFO`.
     pub fn state(&self) -> String {

@@ -27,6 +27,16 @@ pub(super) struct ClockReading {
     pub(super) error: Duration,
 }
 
+impl ClockReading {
+    /// The latest time (ms since the epoch) the master's clock can show at local instant
+    /// `when`: the reading's error and the drift factor since are allowed for.
+    fn bound_at(&self, when: Instant, drift_factor: f64) -> u64 {
+        let since = when.saturating_duration_since(self.at);
+        let late = since + self.error + since.mul_f64(drift_factor);
+        self.master_ms + late.as_millis() as u64 + 1
+    }
+}
+
 #[derive(Debug, Default)]
 struct HealthState {
     clock: Option<ClockReading>,
@@ -40,6 +50,14 @@ struct HealthState {
     unsafe_reason: Option<String>,
     /// Quarantines begun, by [`quarantine_cause`] (for the metrics).
     quarantines: std::collections::BTreeMap<&'static str, u64>,
+}
+
+impl HealthState {
+    fn eligible(&self, connect: u64) -> bool {
+        self.ready_connect == connect
+            && self.unsafe_reason.is_none()
+            && self.quarantined_until.is_none_or(|t| Instant::now() >= t)
+    }
 }
 
 /// The causes a quarantine is counted under: few and fixed, so a metric label never carries
@@ -74,22 +92,22 @@ pub fn quarantine_cause(reason: &str) -> &'static str {
 impl MasterHealth {
     /// Whether votes on connection number `connect` count now.
     pub fn eligible(&self, connect: u64) -> bool {
-        let Ok(h) = self.state.lock() else {
-            return false;
-        };
-        h.ready_connect == connect
-            && h.unsafe_reason.is_none()
-            && h.quarantined_until.is_none_or(|t| Instant::now() >= t)
+        self.state.lock().is_ok_and(|h| h.eligible(connect))
     }
 
-    /// The latest time (ms since the epoch) the master's clock can show at local instant
-    /// `when`, from its last reading, allowing the reading's error and the drift factor since.
-    /// `None` before the first reading.
-    pub fn master_clock_bound(&self, when: Instant, drift_factor: f64) -> Option<u64> {
-        let reading = self.state.lock().ok()?.clock?;
-        let since = when.saturating_duration_since(reading.at);
-        let late = since + reading.error + since.mul_f64(drift_factor);
-        Some(reading.master_ms + late.as_millis() as u64 + 1)
+    /// With one look at the record (an acquire asks this of every master): `None` if votes on
+    /// connection number `connect` do not count now, else the latest time (ms since the epoch)
+    /// the master's clock can show at local instant `when`, from its last reading, allowing the
+    /// reading's error and the drift factor since (`None` before the first reading).
+    pub fn clock_bound_if_eligible(
+        &self,
+        connect: u64,
+        when: Instant,
+        drift_factor: f64,
+    ) -> Option<Option<u64>> {
+        let h = self.state.lock().ok()?;
+        h.eligible(connect)
+            .then(|| h.clock.map(|reading| reading.bound_at(when, drift_factor)))
     }
 
     /// The master's clock at local instant `when`, estimated from its last reading (µs since
@@ -248,9 +266,15 @@ mod tests {
             error: Duration::from_millis(2),
         });
         let drift = 0.01;
+        let later = at + Duration::from_millis(100);
+        // Only for a master whose votes count on that connection.
+        assert_eq!(health.clock_bound_if_eligible(1, later, drift), None);
+        health.set_ready(1);
+        assert_eq!(health.clock_bound_if_eligible(2, later, drift), None);
         // 100 ms later the master's clock shows at most 100 + 2 + 1 (drift) + 1 ms more.
         let bound = health
-            .master_clock_bound(at + Duration::from_millis(100), drift)
+            .clock_bound_if_eligible(1, later, drift)
+            .unwrap()
             .unwrap();
         assert_eq!(bound, 1_000_104);
         // Its clock is surely past that bound only after more time than it took to get there.

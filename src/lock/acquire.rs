@@ -15,7 +15,7 @@ use crate::script_cache::script_sha;
 use crate::transport::SharedScript;
 use bytes::{Bytes, BytesMut};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -334,6 +334,7 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
         .as_bytes();
     let deadlines: Vec<AtomicU64> = masters.voters().iter().map(|_| AtomicU64::new(0)).collect();
     let node_timeout = masters.node_timeout();
+    let sent_at = OnceLock::new();
     // Encoded once: only the deadline differs from master to master.
     let call = ScriptCall::with_number_between(
         &[key, &token_key],
@@ -345,16 +346,15 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
             let set = encode_command(&[b"SET".as_ref(), key, value, b"NX", b"PX", px]);
             return Some(Ask::Commands(set));
         }
-        let voter = &masters.voters()[i];
-        // A master whose vote cannot count is not asked: nothing to clean up there.
-        if !voter.eligible() {
-            return None;
-        }
-        // The write's deadline is also the latest clock at which the master may take the
-        // token: one comparison in the script checks both.
-        let deadline = voter
-            .health
-            .master_clock_bound(Instant::now() + node_timeout, drift_factor)
+        // One clock read for the whole fan-out, at its first request (after the permit): the
+        // requests leave microseconds apart, and a deadline a little earlier than its own
+        // request's is only stricter on the master.
+        let sent = *sent_at.get_or_init(Instant::now);
+        // A master whose vote cannot count is not asked: nothing to clean up there. The
+        // write's deadline is also the latest clock at which the master may take the token:
+        // one comparison in the script checks both.
+        let deadline = masters.voters()[i]
+            .clock_bound_if_eligible(sent + node_timeout, drift_factor)?
             .unwrap_or(0)
             .min(latest);
         deadlines[i].store(deadline, Ordering::Relaxed);
