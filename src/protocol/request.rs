@@ -133,18 +133,24 @@ impl RequestParser {
         let partial = match &mut self.partial {
             Some(p) => p,
             None => {
-                let Some(line_end) = find_cr(buf, 1) else {
-                    if buf.len() > INLINE_MAX_SIZE {
-                        return Err(ParseError::TooBigMultibulkCount);
+                let (line_end, count) = match short_number(buf, 1) {
+                    Some(short) => short,
+                    None => {
+                        let Some(line_end) = find_cr(buf, 1) else {
+                            if buf.len() > INLINE_MAX_SIZE {
+                                return Err(ParseError::TooBigMultibulkCount);
+                            }
+                            return Ok(None);
+                        };
+                        if line_end + 1 >= buf.len() {
+                            return Ok(None);
+                        }
+                        let count = parse_strict_i64(&buf[1..line_end])
+                            .filter(|n| *n <= MAX_MULTIBULK_COUNT)
+                            .ok_or(ParseError::InvalidMultibulkLength)?;
+                        (line_end, count)
                     }
-                    return Ok(None);
                 };
-                if line_end + 1 >= buf.len() {
-                    return Ok(None);
-                }
-                let count = parse_strict_i64(&buf[1..line_end])
-                    .filter(|n| *n <= MAX_MULTIBULK_COUNT)
-                    .ok_or(ParseError::InvalidMultibulkLength)?;
                 if unauthenticated && count > UNAUTHENTICATED_MAX_ARGS {
                     return Err(ParseError::UnauthenticatedMultibulkLength);
                 }
@@ -166,21 +172,33 @@ impl RequestParser {
             if pos >= buf.len() {
                 return Ok(None);
             }
-            let Some(line_end) = find_cr(buf, pos) else {
-                if buf.len() - pos > INLINE_MAX_SIZE {
-                    return Err(ParseError::TooBigBulkCount);
-                }
-                return Ok(None);
+            let short = match buf[pos] {
+                b'$' => short_number(buf, pos + 1),
+                _ => None,
             };
-            if line_end + 1 >= buf.len() {
-                return Ok(None);
+            let (line_end, len) = match short {
+                Some(short) => short,
+                None => {
+                    let Some(line_end) = find_cr(buf, pos) else {
+                        if buf.len() - pos > INLINE_MAX_SIZE {
+                            return Err(ParseError::TooBigBulkCount);
+                        }
+                        return Ok(None);
+                    };
+                    if line_end + 1 >= buf.len() {
+                        return Ok(None);
+                    }
+                    if buf[pos] != b'$' {
+                        return Err(ParseError::ExpectedDollar(buf[pos]));
+                    }
+                    let len = parse_strict_i64(&buf[pos + 1..line_end])
+                        .ok_or(ParseError::InvalidBulkLength)?;
+                    (line_end, len)
+                }
+            };
+            if len < 0 || len as u64 > max_bulk_len {
+                return Err(ParseError::InvalidBulkLength);
             }
-            if buf[pos] != b'$' {
-                return Err(ParseError::ExpectedDollar(buf[pos]));
-            }
-            let len = parse_strict_i64(&buf[pos + 1..line_end])
-                .filter(|n| *n >= 0 && (*n as u64) <= max_bulk_len)
-                .ok_or(ParseError::InvalidBulkLength)?;
             if unauthenticated && len > UNAUTHENTICATED_MAX_BULK {
                 return Err(ParseError::UnauthenticatedBulkLength);
             }
@@ -235,6 +253,22 @@ fn find_byte(buf: &[u8], from: usize, target: u8) -> Option<usize> {
     let rest = buf.get(from..)?;
     let at = rest.iter().position(|&b| b == target || b == 0)?;
     (rest[at] == target).then_some(at + from)
+}
+
+/// The number of a line of one or two digits starting at `buf[start]` (after its `*` or `$`),
+/// followed by `\r` and one more byte: the line's end (its `\r`) and the number. Nearly every
+/// line of a request is one, and this takes it without the search and the general parse;
+/// anything else (longer, signed, a leading zero, not all here yet) is `None` and goes the
+/// general way, which gives the same answer for these.
+fn short_number(buf: &[u8], start: usize) -> Option<(usize, i64)> {
+    let digit = |d: u8| i64::from(d - b'0');
+    match *buf.get(start..start + 4)? {
+        [d, b'\r', _, _] if d.is_ascii_digit() => Some((start + 1, digit(d))),
+        [d @ b'1'..=b'9', e, b'\r', _] if e.is_ascii_digit() => {
+            Some((start + 2, digit(d) * 10 + digit(e)))
+        }
+        _ => None,
+    }
 }
 
 fn find_cr(buf: &[u8], from: usize) -> Option<usize> {
@@ -476,6 +510,30 @@ mod tests {
         let mut bulk = b"*1\r\n$".to_vec();
         bulk.extend(std::iter::repeat_n(b'1', INLINE_MAX_SIZE + 1));
         assert_eq!(parse_all(&bulk).unwrap_err(), ParseError::TooBigBulkCount);
+    }
+
+    #[test]
+    fn short_numbers_agree_with_the_general_parse() {
+        let mut lines: Vec<String> = (0..=120).map(|n| n.to_string()).collect();
+        lines.extend(["00", "05", "-1", "-0", "+1", "1a", "a", ""].map(String::from));
+        for line in lines {
+            for tail in ["\r\n", "\r", "\n\r\n", "\0\r\n"] {
+                let buf = format!("${line}{tail}");
+                let buf = buf.as_bytes();
+                let general = find_cr(buf, 1).and_then(|end| {
+                    (end + 1 < buf.len()).then(|| parse_strict_i64(&buf[1..end]).map(|n| (end, n)))
+                });
+                if let Some(short) = short_number(buf, 1) {
+                    assert_eq!(general, Some(Some(short)), "{buf:?}");
+                }
+                // Taken whenever the line is complete and the request goes on after it.
+                let unsigned = general.flatten().is_some() && !line.starts_with('-');
+                if line.len() <= 2 && tail == "\r\n" && unsigned {
+                    let more = [buf, b"x"].concat();
+                    assert!(short_number(&more, 1).is_some(), "{buf:?}");
+                }
+            }
+        }
     }
 
     #[test]
