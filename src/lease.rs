@@ -5,6 +5,7 @@
 
 use crate::protocol::Reply;
 use futures::future::BoxFuture;
+#[cfg(test)]
 use std::future::Future;
 use tokio::time::Instant;
 
@@ -32,7 +33,8 @@ pub trait Rollback: Send {
     fn run(self: Box<Self>) -> BoxFuture<'static, ()>;
 }
 
-/// Any future is a rollback (the tests', or one already built).
+/// The tests' rollbacks: any future.
+#[cfg(test)]
 impl<F: Future<Output = ()> + Send + 'static> Rollback for F {
     fn run(self: Box<Self>) -> BoxFuture<'static, ()> {
         Box::pin(*self)

@@ -249,10 +249,11 @@ impl Pending {
     /// this one, and a request handed to the connection in between (the next batch of
     /// acquires of the same key, say) would wait out a second node timeout.
     pub async fn wait(self) -> Result<Reply, NoReply> {
+        let deadline = self.timeout_at();
         let Some((rx, conn)) = self.sent else {
             return Err(NoReply::NoLink);
         };
-        let result = receive(rx, self.queued_at + self.node_timeout).await;
+        let result = receive(rx, deadline).await;
         if result == Err(NoReply::Timeout) {
             conn.abort();
         }
