@@ -125,6 +125,12 @@ pub enum ProxyError {
     /// A lease script succeeded on a majority, but too late to promise the lease.
     #[error("ERR lease validity expired before a majority answered (redlock-proxy); the lock is not held")]
     LeaseExpired,
+    /// An acquire right after start, before the masters were judged (the deployment
+    /// undecided, or fewer than a quorum looked at) within a node timeout.
+    #[error(
+        "ERR redlock-proxy is starting: the masters are not judged yet (see INFO masters); retry"
+    )]
+    Starting,
     #[error("ERR acquire abandoned (redlock-proxy shutting down)")]
     AcquireAbandoned,
 }

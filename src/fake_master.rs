@@ -8,7 +8,7 @@
 //!
 //! The real-process suites (`tests/`) keep everything that needs a real `redis-server`.
 
-use crate::health::{QUARANTINE_SCRIPT, STATUS_SCRIPT};
+use crate::health::{CLAIM_SCRIPT, LIFT_SCRIPT, QUARANTINE_SCRIPT, STATUS_SCRIPT};
 use crate::live::LiveDuration;
 use crate::lock::{COMPARE_AND_DELETE, LOCK_SCRIPT, UNDO_SCRIPT};
 use crate::masters::{Masters, Settings};
@@ -206,30 +206,41 @@ impl FakeMaster {
     fn script(&self, keys_db: &mut Db, body: &str, keys: &[Bytes], argv: &[Bytes]) -> Reply {
         let exists = |db: &Db, k: &Bytes| live(db, k).is_some();
         let n = |i: usize| number(&argv[i]).unwrap_or(0);
-        if body == STATUS_SCRIPT {
-            let pttl = pttl(keys_db, &keys[1]);
+        let markers = |db: &Db| {
             Reply::Array(vec![
-                Reply::Integer(exists(keys_db, &keys[0]) as i64),
-                Reply::Integer(pttl),
+                Reply::Integer(exists(db, &keys[0]) as i64),
+                Reply::Integer(pttl(db, &keys[1])),
+                live(db, &keys[1]).map_or(Reply::Null, |v| Reply::Bulk(v.clone())),
             ])
+        };
+        let one = Bytes::from_static(b"1");
+        if body == STATUS_SCRIPT {
+            markers(keys_db)
+        } else if body == CLAIM_SCRIPT {
+            if !exists(keys_db, &keys[0]) {
+                set(keys_db, keys[0].clone(), one, false, None);
+                set(keys_db, keys[1].clone(), argv[0].clone(), false, Some(n(1)));
+            } else if let Some((claim, _)) = keys_db.get_mut(&keys[1]) {
+                if claim.starts_with(b"founding:") && *claim > argv[0] {
+                    *claim = argv[0].clone();
+                }
+            }
+            markers(keys_db)
+        } else if body == LIFT_SCRIPT {
+            let ours = live(keys_db, &keys[1]) == Some(&argv[0]);
+            if ours {
+                keys_db.remove(&keys[1]);
+            }
+            Reply::Integer(ours as i64)
         } else if body == QUARANTINE_SCRIPT {
             let ms = n(0);
-            if pttl(keys_db, &keys[1]) < ms as i64 {
-                set(
-                    keys_db,
-                    keys[1].clone(),
-                    Bytes::from_static(b"1"),
-                    false,
-                    Some(ms),
-                );
+            if let Some((claim, _)) = keys_db.get_mut(&keys[1]) {
+                *claim = one.clone();
             }
-            set(
-                keys_db,
-                keys[0].clone(),
-                Bytes::from_static(b"1"),
-                false,
-                None,
-            );
+            if pttl(keys_db, &keys[1]) < ms as i64 {
+                set(keys_db, keys[1].clone(), one.clone(), false, Some(ms));
+            }
+            set(keys_db, keys[0].clone(), one, false, None);
             Reply::Integer(pttl(keys_db, &keys[1]))
         } else if body == LOCK_SCRIPT {
             // In µs, as the script compares it (ms with the µs as a fraction).
@@ -340,6 +351,8 @@ fn number(arg: &[u8]) -> Option<u64> {
 fn known_script(sha: &str) -> Option<&'static str> {
     [
         STATUS_SCRIPT,
+        CLAIM_SCRIPT,
+        LIFT_SCRIPT,
         QUARANTINE_SCRIPT,
         LOCK_SCRIPT,
         UNDO_SCRIPT,

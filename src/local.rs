@@ -1,5 +1,7 @@
 //! Local `redis-server` masters started as child processes (`--local N`, and the test
-//! harness): each on a free loopback port, no persistence, stopped when dropped.
+//! harness): each on a free loopback port, no persistence, stopped when dropped. The binary's
+//! masters are also tied to its life by the kernel ([`LocalCluster::start_tied`]): they die
+//! with it even when it is killed with SIGKILL, which no `Drop` can cover.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -27,13 +29,21 @@ pub struct LocalMaster {
 impl LocalMaster {
     /// Starts a master on `port` (or on a free port when `None`) and waits until it answers.
     pub fn start(port: Option<u16>, extra_args: &[&str]) -> Result<LocalMaster, LocalError> {
+        LocalMaster::start_as(port, extra_args, Lifetime::UntilDropped)
+    }
+
+    fn start_as(
+        port: Option<u16>,
+        extra_args: &[&str],
+        lifetime: Lifetime,
+    ) -> Result<LocalMaster, LocalError> {
         let mut last = LocalError::NotReady(0);
         for _ in 0..5 {
             let port = match port {
                 Some(p) => p,
                 None => free_port().map_err(LocalError::Spawn)?,
             };
-            let child = spawn_server(port, extra_args)?;
+            let child = spawn_server(port, extra_args, lifetime)?;
             let mut master = LocalMaster {
                 port,
                 child: Some(child),
@@ -110,8 +120,24 @@ impl LocalCluster {
 
     /// N masters, each started with `extra_args` (`--requirepass`, `--tls-port`, …).
     pub fn start_with(n: usize, extra_args: &[&str]) -> Result<LocalCluster, LocalError> {
+        LocalCluster::start_as(n, extra_args, Lifetime::UntilDropped)
+    }
+
+    /// N masters that the kernel kills when the calling thread ends (`PR_SET_PDEATHSIG` on
+    /// Linux), even if the process is killed with SIGKILL: for the binary's `--local`, called
+    /// from its main thread (which lives as long as the process). Not for threads that end
+    /// before the masters should (a test's worker threads).
+    pub fn start_tied(n: usize) -> Result<LocalCluster, LocalError> {
+        LocalCluster::start_as(n, &[], Lifetime::TiedToThisThread)
+    }
+
+    fn start_as(
+        n: usize,
+        extra_args: &[&str],
+        lifetime: Lifetime,
+    ) -> Result<LocalCluster, LocalError> {
         let masters = (0..n)
-            .map(|_| LocalMaster::start(None, extra_args))
+            .map(|_| LocalMaster::start_as(None, extra_args, lifetime))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(LocalCluster { masters })
     }
@@ -121,7 +147,16 @@ impl LocalCluster {
     }
 }
 
-fn spawn_server(port: u16, extra_args: &[&str]) -> Result<Child, LocalError> {
+/// How long a local master may live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lifetime {
+    /// Until its [`LocalMaster`] is dropped (or killed).
+    UntilDropped,
+    /// Also no longer than the thread that started it ([`LocalCluster::start_tied`]).
+    TiedToThisThread,
+}
+
+fn spawn_server(port: u16, extra_args: &[&str], lifetime: Lifetime) -> Result<Child, LocalError> {
     let port_text = port.to_string();
     let mut args = vec![
         "--port",
@@ -142,16 +177,32 @@ fn spawn_server(port: u16, extra_args: &[&str]) -> Result<Child, LocalError> {
         "warning",
     ];
     args.extend_from_slice(extra_args);
-    Command::new("redis-server")
+    let mut command = Command::new("redis-server");
+    command
         .args(&args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|err| match err.kind() {
-            std::io::ErrorKind::NotFound => LocalError::NotInstalled,
-            _ => LocalError::Spawn(err),
-        })
+        .stderr(Stdio::null());
+    #[cfg(target_os = "linux")]
+    if lifetime == Lifetime::TiedToThisThread {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe, touches no memory of the parent, and is all the
+        // child runs between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                match libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                }
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = lifetime;
+    command.spawn().map_err(|err| match err.kind() {
+        std::io::ErrorKind::NotFound => LocalError::NotInstalled,
+        _ => LocalError::Spawn(err),
+    })
 }
 
 fn free_port() -> std::io::Result<u16> {

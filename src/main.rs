@@ -259,19 +259,26 @@ fn reload_on_sighup() -> tokio::sync::mpsc::Receiver<()> {
     rx
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Installs the SIGINT and SIGTERM handlers now (before anything that takes time, such as
+/// starting local masters: a signal then ends the proxy cleanly, never by its default
+/// action); the future resolves at the first of them. Needs the runtime entered.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("installing a SIGTERM handler");
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let mut terminate = signal(SignalKind::terminate())?;
+        Ok(async move {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
+        })
     }
     #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
 }
 
 fn main() -> ExitCode {
@@ -286,26 +293,46 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let reloader = Arc::new(Reloader::default());
-    reloader.on_reload("log_level", init_logging(&config));
     // The proxy's first shard runs here; `threads` > 1 starts the others on threads of their
     // own, each with a single-threaded runtime (`server`).
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build();
-    match runtime {
-        Ok(runtime) => runtime.block_on(serve(config, cli, reloader)),
+        .build()
+    {
+        Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("redlock-proxy: cannot start the runtime: {err}");
-            ExitCode::from(1)
+            return ExitCode::from(1);
         }
-    }
+    };
+    let installed = {
+        let _entered = runtime.enter();
+        shutdown_signal()
+    };
+    let shutdown = match installed {
+        Ok(shutdown) => shutdown,
+        Err(err) => {
+            eprintln!("redlock-proxy: cannot install the SIGINT/SIGTERM handlers: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    let reloader = Arc::new(Reloader::default());
+    reloader.on_reload("log_level", init_logging(&config));
+    runtime.block_on(serve(config, cli, reloader, shutdown))
 }
 
-async fn serve(mut config: Config, cli: Cli, hooks: Arc<Reloader>) -> ExitCode {
-    // Local masters live as long as this binding: dropping it stops them.
+async fn serve(
+    mut config: Config,
+    cli: Cli,
+    hooks: Arc<Reloader>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> ExitCode {
+    let mut shutdown = std::pin::pin!(shutdown);
+    // Local masters live as long as this binding: dropping it stops them. They are started
+    // from this (the main) thread, which lives as long as the process: tied to it by the
+    // kernel, they also die if the proxy is killed with SIGKILL.
     let _local = match config.local {
-        Some(n) => match LocalCluster::start(n) {
+        Some(n) => match LocalCluster::start_tied(n) {
             Ok(local) => {
                 config.backends = local
                     .masters
@@ -321,6 +348,11 @@ async fn serve(mut config: Config, cli: Cli, hooks: Arc<Reloader>) -> ExitCode {
         },
         None => None,
     };
+    // A signal during the start of the local masters ends the proxy here, cleanly.
+    if futures::poll!(shutdown.as_mut()).is_ready() {
+        tracing::info!("redlock-proxy stopped during start-up");
+        return ExitCode::SUCCESS;
+    }
     let listeners = match Listeners::bind(&config).await {
         Ok(listeners) => listeners,
         Err(err) => {
@@ -358,9 +390,7 @@ async fn serve(mut config: Config, cli: Cli, hooks: Arc<Reloader>) -> ExitCode {
         requests: reload_on_sighup(),
         hooks,
     };
-    if let Err(err) =
-        redlock_proxy::run_with(config, listeners, shutdown_signal(), Some(reload)).await
-    {
+    if let Err(err) = redlock_proxy::run_with(config, listeners, shutdown, Some(reload)).await {
         eprintln!("redlock-proxy: metrics endpoint cannot listen on {err}");
         return ExitCode::from(1);
     }

@@ -323,6 +323,8 @@ pub struct Masters {
     /// Bounds the fan-outs in progress (see [`MAX_FANOUTS`]).
     fanouts: Semaphore,
     stop: watch::Sender<bool>,
+    /// Whether the masters were judged since start ([`Masters::started`]).
+    startup: health::Startup,
 }
 
 impl Masters {
@@ -392,13 +394,40 @@ impl Masters {
             .iter()
             .map(|v| (v.link.clone(), v.health.clone()))
             .collect();
-        health::spawn_monitors(&watched, settings.health.clone(), stop_rx);
+        let startup = health::spawn_monitors(&watched, settings.health.clone(), stop_rx);
         Arc::new(Masters {
             voters,
             settings,
             fanouts: Semaphore::new(MAX_FANOUTS),
             stop,
+            startup,
         })
+    }
+
+    /// Whether the proxy is past its start-up: the deployment is decided, and a quorum of
+    /// masters may vote or every master was judged or found unreachable. Stays true once
+    /// true. Before, a refusal would only mean "not looked at yet" (docs/PROTOCOL.md).
+    pub fn started(&self) -> bool {
+        self.startup.started(|| self.judged())
+    }
+
+    /// Waits for [`Masters::started`] at most `limit`; whether it started.
+    pub async fn wait_started(&self, limit: Duration) -> bool {
+        self.startup.wait_started(limit, || self.judged()).await
+    }
+
+    fn judged(&self) -> bool {
+        let eligible = self.voters.iter().filter(|v| v.eligible()).count();
+        eligible >= self.quorum()
+            || self
+                .voters
+                .iter()
+                .all(|v| v.health.judged() || (!v.link.is_connected() && v.link.attempted()))
+    }
+
+    /// The deployment verdict, once decided (for `INFO`).
+    pub fn deployment(&self) -> Option<health::Deployment> {
+        self.startup.verdict()
     }
 
     /// The voters, in the order of the configuration.

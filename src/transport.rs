@@ -310,6 +310,8 @@ pub struct Link {
     current: Mutex<Option<Arc<Connection>>>,
     connected: AtomicBool,
     connects: AtomicU64,
+    /// Connection attempts concluded, successful or not.
+    attempts: AtomicU64,
     retired: AtomicU64,
     /// Why the last connection attempt failed, if the master refused our credentials (cleared
     /// by the next connection that succeeds).
@@ -340,6 +342,7 @@ impl Link {
             current: Mutex::new(None),
             connected: AtomicBool::new(false),
             connects: AtomicU64::new(0),
+            attempts: AtomicU64::new(0),
             retired: AtomicU64::new(0),
             auth_refused: Mutex::new(None),
             new_connection: Notify::new(),
@@ -372,6 +375,22 @@ impl Link {
         loop {
             let notified = self.new_connection.notified();
             if self.connect_count() != seen {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Whether a connection attempt has concluded (connected, refused, timed out).
+    pub fn attempted(&self) -> bool {
+        self.attempts.load(Ordering::Relaxed) > 0
+    }
+
+    /// Resolves once a connection attempt has concluded.
+    pub async fn wait_attempted(&self) {
+        loop {
+            let notified = self.new_connection.notified();
+            if self.attempted() {
                 return;
             }
             notified.await;
@@ -543,6 +562,7 @@ async fn supervise(link: Arc<Link>, mut stop: watch::Receiver<bool>) {
             ),
             Err(_) => Some(Failure::TimedOut),
         };
+        link.attempts.fetch_add(1, Ordering::Relaxed);
         if let Some(failure) = &failure {
             link.set_auth_refused(match failure {
                 Failure::AuthRefused(reason) => Some(reason.clone()),
@@ -585,7 +605,11 @@ async fn supervise(link: Arc<Link>, mut stop: watch::Receiver<bool>) {
                 link.retired.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(master = %link.addr, "connection aborted");
             }
-            _ => failing = failure,
+            _ => {
+                // Wakes [`Link::wait_attempted`] (and, harmlessly, connection waiters).
+                link.new_connection.notify_waiters();
+                failing = failure;
+            }
         }
         tokio::select! {
             _ = sleep(backoff) => {}

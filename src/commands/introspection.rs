@@ -6,6 +6,7 @@
 use super::handshake::REDIS_VERSION;
 use super::{Action, Ctx, Session, COMMANDS};
 use crate::error::ProxyError;
+use crate::health::Deployment;
 use crate::lock::AcquireResult;
 use crate::protocol::{Reply, Request};
 use crate::stats::ReleaseResult;
@@ -85,13 +86,18 @@ pub fn info(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
     if show("masters") {
         let _ = write!(
             out,
-            "# Masters\r\nmasters:{}\r\nquorum:{}\r\nnode_timeout_ms:{}\r\ndrift_factor:{}\r\nmax_lock_ttl_ms:{}\r\nquarantine_ms:{}\r\n",
+            "# Masters\r\nmasters:{}\r\nquorum:{}\r\nnode_timeout_ms:{}\r\ndrift_factor:{}\r\nmax_lock_ttl_ms:{}\r\nquarantine_ms:{}\r\ndeployment:{}\r\n",
             masters.voters().len(),
             masters.quorum(),
             masters.node_timeout().as_millis(),
             policy.drift_factor,
             policy.max_lock_ttl_ms,
             policy.lease_bound().as_millis(),
+            match masters.deployment() {
+                None => "undecided",
+                Some(Deployment::Fresh) => "founded_by_this_proxy",
+                Some(Deployment::Live) => "live",
+            },
         );
         for (i, voter) in masters.voters().iter().enumerate() {
             let clock = voter.health.clock_reading();

@@ -103,25 +103,93 @@ fn short(run_id: &str) -> &str {
     run_id.get(..8).unwrap_or(run_id)
 }
 
-/// What this proxy concluded about the whole set of masters from its first look at each.
+/// What this proxy concluded about the whole set of masters (see the module header of
+/// [`super`] for the founding of a new deployment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deployment {
-    /// No master was armed when this proxy first saw them all: nothing to protect yet.
+    /// This proxy founded the deployment: a quorum of masters carried its founding claim while
+    /// none was armed outside a claim. It lifts its own claims; every other master joins
+    /// through a quarantine.
     Fresh,
-    /// Some master was armed: masters without the marker lost their data.
+    /// Some master was armed outside a founding claim: the deployment was already running.
     Live,
 }
 
-/// Decides the deployment from whether each master was armed at first sight (`None`: not
-/// seen yet). `None` while undecided: any armed master makes it live at once; fresh needs
-/// every master seen unarmed (see the module header for why all of them).
-pub fn decide_deployment(first_sight: &[Option<bool>]) -> Option<Deployment> {
-    if first_sight.contains(&Some(true)) {
-        Some(Deployment::Live)
-    } else if first_sight.iter().all(|s| *s == Some(false)) {
-        Some(Deployment::Fresh)
+/// The prefix of a founding claim's value in the quarantine key (a loss quarantine holds `1`).
+pub const CLAIM_PREFIX: &str = "founding:";
+
+/// A master's markers, as one look at them saw them (the status and claim scripts answer
+/// `[exists(armed), pttl(quarantine), get(quarantine)]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Markers {
+    /// No `armed` marker: brand new, or it lost its data.
+    Unarmed,
+    /// Armed, with a founding claim (its tag) in the quarantine key: a proxy that is deciding
+    /// whether the deployment is new claimed it while it was unarmed. It votes for nobody
+    /// until the claim is lifted by its founder or expires.
+    Claimed { tag: String, left_ms: i64 },
+    /// Armed outside a claim; `quarantine_left_ms` > 0 while a loss quarantine lasts.
+    Armed { quarantine_left_ms: i64 },
+}
+
+impl Markers {
+    pub fn parse(reply: &Reply) -> Option<Markers> {
+        let Reply::Array(items) = reply else {
+            return None;
+        };
+        match items.as_slice() {
+            [Reply::Integer(0), ..] => Some(Markers::Unarmed),
+            [Reply::Integer(1), Reply::Integer(left), Reply::Bulk(value)]
+                if value.starts_with(CLAIM_PREFIX.as_bytes()) =>
+            {
+                Some(Markers::Claimed {
+                    tag: String::from_utf8_lossy(value).into_owned(),
+                    left_ms: *left,
+                })
+            }
+            [Reply::Integer(1), Reply::Integer(left), ..] => Some(Markers::Armed {
+                quarantine_left_ms: *left,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Where a founding attempt stands after one look at every master (`None`: no answer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Founding {
+    /// A master is armed outside a claim: the deployment is live.
+    Live,
+    /// A quorum of masters carries this proxy's claim, and none is armed outside a claim.
+    Quorum,
+    /// Not yet: how many masters carry this proxy's claim, another proxy's, or did not answer.
+    Short {
+        mine: usize,
+        others: usize,
+        silent: usize,
+    },
+}
+
+/// Judges one round of looks at every master for the founding proxy tagged `tag`.
+pub fn founding_round(looks: &[Option<Markers>], tag: &str, quorum: usize) -> Founding {
+    let (mut mine, mut others, mut silent) = (0, 0, 0);
+    for look in looks {
+        match look {
+            Some(Markers::Armed { .. }) => return Founding::Live,
+            Some(Markers::Claimed { tag: t, .. }) if t == tag => mine += 1,
+            Some(Markers::Claimed { .. }) => others += 1,
+            Some(Markers::Unarmed) => {}
+            None => silent += 1,
+        }
+    }
+    if mine >= quorum {
+        Founding::Quorum
     } else {
-        None
+        Founding::Short {
+            mine,
+            others,
+            silent,
+        }
     }
 }
 
@@ -130,35 +198,44 @@ pub fn decide_deployment(first_sight: &[Option<bool>]) -> Option<Deployment> {
 pub enum MarkerStep {
     /// Armed and nothing lost: ready.
     Ready,
-    /// Brand-new deployment: arm it, no quarantine.
-    Arm,
+    /// It carries this proxy's claim and this proxy founded the deployment: lift the claim
+    /// (only if it is still ours), then it is ready.
+    Lift,
     /// It lost data (the reason): quarantine on the master and re-arm, in one script.
     Quarantine(String),
-    /// Unarmed and the deployment is undecided: wait for the other masters.
-    Wait,
+    /// Not ready, no quarantine of its own: the deployment is undecided, or another proxy's
+    /// founding claim is on it (the reason, for `INFO`).
+    Wait(&'static str),
 }
 
-/// The step for a master whose marker is `armed`, given whether this proxy saw it armed
-/// before, the deployment verdict and a loss the `INFO` judgement found.
+/// The step for a master whose markers are `markers`, given whether this proxy saw it armed
+/// before, the deployment verdict, this proxy's founding tag and a loss the `INFO` judgement
+/// found.
 pub fn marker_step(
-    armed: bool,
+    markers: &Markers,
     seen_armed_before: bool,
-    deployment: Option<Deployment>,
+    verdict: Option<Deployment>,
+    tag: &str,
     lost: Option<String>,
 ) -> MarkerStep {
-    match (armed, lost) {
-        (_, Some(reason)) => MarkerStep::Quarantine(reason),
-        (true, None) => MarkerStep::Ready,
-        (false, None) if seen_armed_before => {
+    if let Some(reason) = lost {
+        return MarkerStep::Quarantine(reason);
+    }
+    match (markers, verdict) {
+        (Markers::Armed { .. }, _) => MarkerStep::Ready,
+        (Markers::Unarmed, _) if seen_armed_before => {
             MarkerStep::Quarantine("lock marker gone (data wiped or restarted empty)".into())
         }
-        (false, None) => match deployment {
-            Some(Deployment::Live) => MarkerStep::Quarantine(
-                "lock marker missing while other masters have it (lost its data)".into(),
-            ),
-            Some(Deployment::Fresh) => MarkerStep::Arm,
-            None => MarkerStep::Wait,
-        },
+        // Once the deployment is decided, an unarmed master joins through a quarantine:
+        // whichever way it was decided, a lease may live on the others now.
+        (Markers::Unarmed, Some(_)) => MarkerStep::Quarantine(
+            "lock marker missing in a running deployment (lost its data, or new)".into(),
+        ),
+        (Markers::Unarmed, None) => MarkerStep::Wait("deciding whether the deployment is new"),
+        (Markers::Claimed { tag: t, .. }, Some(Deployment::Fresh)) if t == tag => MarkerStep::Lift,
+        (Markers::Claimed { .. }, _) => {
+            MarkerStep::Wait("claimed by a proxy deciding whether the deployment is new")
+        }
     }
 }
 
@@ -269,44 +346,135 @@ mod tests {
         assert!(judge(None, &loading).unsafe_config.is_some());
     }
 
+    fn markers(exists: i64, pttl: i64, value: Option<&str>) -> Reply {
+        let value = value.map_or(Reply::Null, |v| Reply::bulk(v.to_string()));
+        Reply::Array(vec![Reply::Integer(exists), Reply::Integer(pttl), value])
+    }
+
     #[test]
-    fn deployment_is_fresh_only_when_every_master_was_seen_unarmed() {
-        use Deployment::*;
-        let cases: &[(&[Option<bool>], Option<Deployment>)] = &[
-            (&[Some(false), Some(false), Some(false)], Some(Fresh)),
-            (&[Some(false), None, Some(false)], None),
-            (&[Some(false), None, Some(true)], Some(Live)),
-            (&[Some(true), Some(true), Some(true)], Some(Live)),
-            (&[None, None, None], None),
+    fn markers_parse_from_the_status_reply() {
+        let claim = "founding:ab";
+        let cases = [
+            (markers(0, -2, None), Some(Markers::Unarmed)),
+            (
+                markers(1, -2, None),
+                Some(Markers::Armed {
+                    quarantine_left_ms: -2,
+                }),
+            ),
+            (
+                markers(1, 500, Some("1")),
+                Some(Markers::Armed {
+                    quarantine_left_ms: 500,
+                }),
+            ),
+            (
+                markers(1, 700, Some(claim)),
+                Some(Markers::Claimed {
+                    tag: claim.into(),
+                    left_ms: 700,
+                }),
+            ),
+            (Reply::Integer(1), None),
         ];
-        for (seen, expected) in cases {
-            assert_eq!(decide_deployment(seen), *expected, "{seen:?}");
+        for (reply, expected) in cases {
+            assert_eq!(Markers::parse(&reply), expected, "{reply:?}");
+        }
+    }
+
+    #[test]
+    fn founding_needs_a_quorum_of_own_claims_and_no_armed_master() {
+        let mine = || {
+            Some(Markers::Claimed {
+                tag: "founding:a".into(),
+                left_ms: 1,
+            })
+        };
+        let other = || {
+            Some(Markers::Claimed {
+                tag: "founding:b".into(),
+                left_ms: 1,
+            })
+        };
+        let armed = || {
+            Some(Markers::Armed {
+                quarantine_left_ms: -2,
+            })
+        };
+        let short = |mine, others, silent| Founding::Short {
+            mine,
+            others,
+            silent,
+        };
+        let cases: Vec<(Vec<Option<Markers>>, Founding)> = vec![
+            (vec![mine(), mine(), mine()], Founding::Quorum),
+            // A master down: a quorum of claims is enough (it joins later, quarantined).
+            (vec![mine(), None, mine()], Founding::Quorum),
+            (vec![mine(), mine(), mine(), None, None], Founding::Quorum),
+            // Another proxy's claims do not count for this one.
+            (vec![mine(), other(), None], short(1, 1, 1)),
+            (vec![mine(), mine(), other(), other()], short(2, 2, 0)),
+            (vec![Some(Markers::Unarmed), None, mine()], short(1, 0, 1)),
+            // Any master armed outside a claim: the deployment is live, whatever the claims.
+            (vec![mine(), mine(), armed()], Founding::Live),
+            (
+                vec![
+                    mine(),
+                    mine(),
+                    Some(Markers::Armed {
+                        quarantine_left_ms: 900,
+                    }),
+                ],
+                Founding::Live,
+            ),
+        ];
+        for (looks, expected) in cases {
+            assert_eq!(
+                founding_round(&looks, "founding:a", 2.max(looks.len() / 2 + 1)),
+                expected,
+                "{looks:?}"
+            );
         }
     }
 
     #[test]
     fn marker_steps() {
         use Deployment::*;
+        let tag = "founding:a";
+        let armed = Markers::Armed {
+            quarantine_left_ms: -2,
+        };
+        let claimed = |t: &str| Markers::Claimed {
+            tag: t.into(),
+            left_ms: 100,
+        };
         let q = |s: MarkerStep| matches!(s, MarkerStep::Quarantine(_));
-        assert_eq!(marker_step(true, false, None, None), MarkerStep::Ready);
-        assert_eq!(marker_step(true, true, Some(Live), None), MarkerStep::Ready);
-        // unarmed: wiped if this proxy saw it armed, or if the deployment is live
-        assert!(q(marker_step(false, true, Some(Fresh), None)));
-        assert!(q(marker_step(false, false, Some(Live), None)));
-        assert!(q(marker_step(false, true, None, None)));
-        // a brand-new deployment is armed without quarantine; undecided waits
-        assert_eq!(
-            marker_step(false, false, Some(Fresh), None),
-            MarkerStep::Arm
-        );
-        assert_eq!(marker_step(false, false, None, None), MarkerStep::Wait);
-        // a loss seen by INFO quarantines even an armed master (restart with persistence)
-        assert!(q(marker_step(
-            true,
-            true,
-            Some(Live),
-            Some("restarted".into())
-        )));
+        let wait = |s: MarkerStep| matches!(s, MarkerStep::Wait(_));
+        let step = |m: &Markers, seen, verdict| marker_step(m, seen, verdict, tag, None);
+        assert_eq!(step(&armed, false, None), MarkerStep::Ready);
+        assert_eq!(step(&armed, true, Some(Live)), MarkerStep::Ready);
+        // Unarmed: wiped if this proxy saw it armed; once decided (either way), it joins
+        // through a quarantine: the founding of the deployment is over.
+        assert!(q(step(&Markers::Unarmed, true, Some(Fresh))));
+        assert!(q(step(&Markers::Unarmed, true, None)));
+        assert!(q(step(&Markers::Unarmed, false, Some(Live))));
+        assert!(q(step(&Markers::Unarmed, false, Some(Fresh))));
+        assert!(wait(step(&Markers::Unarmed, false, None)));
+        // Claims: only the founder lifts its own, and only once it founded.
+        assert_eq!(step(&claimed(tag), false, Some(Fresh)), MarkerStep::Lift);
+        assert!(wait(step(&claimed(tag), false, Some(Live))));
+        assert!(wait(step(&claimed(tag), false, None)));
+        assert!(wait(step(&claimed("founding:b"), false, Some(Fresh))));
+        // A loss seen by INFO quarantines whatever the markers say (restart with persistence).
+        for m in [armed, claimed(tag), Markers::Unarmed] {
+            assert!(q(marker_step(
+                &m,
+                true,
+                Some(Fresh),
+                tag,
+                Some("restarted".into())
+            )));
+        }
     }
 
     #[test]

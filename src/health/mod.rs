@@ -23,13 +23,24 @@
 //!   for nobody; from then until the key expires (≥ L + B), X votes for nobody; afterwards
 //!   every lease X held has expired. Meanwhile a grant needs Q votes among the other N − 1,
 //!   which intersect M in a master that still holds the old lock.
-//! - **A brand-new deployment** (no master has ever been armed) needs no quarantine: a master
-//!   seen without `armed` is only armed without quarantine once *every* master has been seen
-//!   without it by this proxy. With at most ⌊(N−1)/2⌋ masters faulty, a live lease would leave
-//!   `armed` on at least one healthy master of its majority. As soon as any master is seen
-//!   armed, the deployment is live and every master without the marker is quarantined.
-//!   (Assumed: no proxy grants a lock and loses a master in the few milliseconds in which a
-//!   second proxy's first round over a never-used set of masters is in progress.)
+//! - **Founding a brand-new deployment** (no master armed yet) needs no quarantine, and is
+//!   decided on the masters, not from a proxy's memory of them: a proxy whose masters are
+//!   undecided *claims* every unarmed master with one script that arms it and writes the
+//!   proxy's tag (`founding:…`) into the quarantine key (`PX` = B): a claimed master votes
+//!   for nobody. Once a quorum carries its claim and a second, read-only look at every master
+//!   (after every counted claim was made) still shows a quorum of its claims and no master
+//!   armed outside a claim, the proxy has founded the deployment and lifts its own claims
+//!   (only while they are still its own). Any master armed outside a claim makes the
+//!   deployment live at once; a decided proxy quarantines every unarmed master it meets (it
+//!   joins a running deployment), and a claim nobody lifts ends as a quarantine of B.
+//!   Argument: a lease live when the claims are lifted was granted, before the claims, on a
+//!   majority M all armed then; a master of M that carries a claim was unarmed when claimed,
+//!   so it lost its data (and has voted for nobody since); the others of M that did not lose
+//!   theirs are armed, and the second look would have seen them. So every master of M lost
+//!   data or could not be seen: at least Q > ⌊(N−1)/2⌋ faulty masters. A master that was
+//!   down at founding joins later through a quarantine. Claims of a proxy with a larger tag
+//!   are adopted (the tag replaced, the expiry kept), so proxies starting together converge
+//!   on one founder instead of splitting the masters between them.
 //! - A master that **restarted** (new `run_id`, or uptime going backwards) or **lost data**
 //!   (`FLUSHALL`/`FLUSHDB`/`SWAPDB`/`DEBUG` calls, keys evicted) while watched is quarantined
 //!   the same way, shared key included. A master first seen armed that **loaded its data from
@@ -48,9 +59,10 @@ pub(crate) mod judge;
 mod state;
 
 use judge::{
-    decide_deployment, first_sight_wait, marker_step, parse_info, parse_time, Deployment,
-    MarkerStep,
+    first_sight_wait, founding_round, marker_step, parse_info, parse_time, Founding, MarkerStep,
+    Markers,
 };
+pub use judge::{Deployment, CLAIM_PREFIX};
 pub use state::{MasterHealth, QUARANTINE_CAUSES};
 
 use crate::live::LiveDuration;
@@ -58,9 +70,10 @@ use crate::protocol::{encode_command, Reply};
 use crate::transport::Link;
 use bytes::Bytes;
 use state::ClockReading;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 /// The marker every proxy keeps on every master it has armed (no expiry).
@@ -68,12 +81,19 @@ pub const ARMED_KEY: &str = "redlock-proxy:armed";
 /// The shared quarantine marker (`PX` = the lease bound, only ever lengthened).
 pub const QUARANTINE_KEY: &str = "redlock-proxy:quarantine";
 
-/// `{exists(armed), pttl(quarantine)}`.
-pub(crate) const STATUS_SCRIPT: &str =
-    "return {redis.call('exists', KEYS[1]), redis.call('pttl', KEYS[2])}";
+/// `{exists(armed), pttl(quarantine), get(quarantine)}` ([`Markers::parse`]).
+pub(crate) const STATUS_SCRIPT: &str = "return {redis.call('exists', KEYS[1]), redis.call('pttl', KEYS[2]), redis.call('get', KEYS[2])}";
 /// Quarantines for `ARGV[1]` ms (keeping a later end) and re-arms, in one step: no acquire can
-/// pass the marker check in between. Returns the quarantine's remaining ms.
-pub(crate) const QUARANTINE_SCRIPT: &str = "redis.call('set', KEYS[2], '1', 'NX', 'PX', ARGV[1]) redis.call('pexpire', KEYS[2], ARGV[1], 'GT') redis.call('set', KEYS[1], '1') return redis.call('pttl', KEYS[2])";
+/// pass the marker check in between. A founding claim in the quarantine key becomes a loss
+/// quarantine (`1`), which no founder lifts. Returns the quarantine's remaining ms.
+pub(crate) const QUARANTINE_SCRIPT: &str = "local q = redis.call('get', KEYS[2]) if q and q ~= '1' then redis.call('set', KEYS[2], '1', 'KEEPTTL') end redis.call('set', KEYS[2], '1', 'NX', 'PX', ARGV[1]) redis.call('pexpire', KEYS[2], ARGV[1], 'GT') redis.call('set', KEYS[1], '1') return redis.call('pttl', KEYS[2])";
+/// A founding claim (`ARGV[1]` = the proxy's tag, `ARGV[2]` = B): an unarmed master is armed
+/// with the claim in its quarantine key, in one step; a claim with a larger tag is adopted
+/// (its expiry kept). Answers the markers as [`STATUS_SCRIPT`] does, after the claim.
+pub(crate) const CLAIM_SCRIPT: &str = "if redis.call('exists', KEYS[1]) == 0 then redis.call('set', KEYS[1], '1') redis.call('set', KEYS[2], ARGV[1], 'PX', ARGV[2]) else local q = redis.call('get', KEYS[2]) if q and string.sub(q, 1, 9) == 'founding:' and q > ARGV[1] then redis.call('set', KEYS[2], ARGV[1], 'KEEPTTL') end end return {redis.call('exists', KEYS[1]), redis.call('pttl', KEYS[2]), redis.call('get', KEYS[2])}";
+/// Lifts the founding claim `ARGV[1]`, only if the quarantine key still holds it: 1 if lifted.
+pub(crate) const LIFT_SCRIPT: &str =
+    "if redis.call('get', KEYS[2]) == ARGV[1] then return redis.call('del', KEYS[2]) end return 0";
 
 /// The `INFO` sections the monitor needs (Redis 7 accepts several sections at once).
 fn info_command() -> Bytes {
@@ -88,34 +108,81 @@ fn info_command() -> Bytes {
     ])
 }
 
-/// This proxy's view of the deployment, shared by the monitors of all masters.
+/// This proxy's view of the deployment, shared by the monitors of all masters and the
+/// founding task.
 struct DeploymentView {
-    first_sight: Mutex<Vec<Option<bool>>>,
-    /// Becomes `Some` once decided; monitors waiting for the verdict watch it.
-    decided: watch::Sender<Option<Deployment>>,
+    /// This proxy's founding tag (`founding:<pid>.<start ns>.<n>`, unique across proxies).
+    tag: String,
+    /// Becomes `Some` once decided, and never changes after.
+    verdict: watch::Sender<Option<Deployment>>,
+    /// Woken after every poll judged once the verdict is in ([`Startup`]).
+    judged: Notify,
 }
 
 impl DeploymentView {
-    fn note(&self, index: usize, armed: bool) -> Option<Deployment> {
-        let Ok(mut seen) = self.first_sight.lock() else {
-            return None;
-        };
-        if seen[index].is_some() {
-            return decide_deployment(&seen);
-        }
-        seen[index] = Some(armed);
-        let verdict = decide_deployment(&seen);
-        // Monitors of masters that were waiting for the verdict look again at once.
-        self.decided.send_if_modified(|d| {
-            let changed = d.is_none() && verdict.is_some();
-            if changed {
-                *d = verdict;
+    fn verdict(&self) -> Option<Deployment> {
+        *self.verdict.borrow()
+    }
+
+    /// Records the verdict if none was reached before (monitors waiting for it look again).
+    fn decide(&self, verdict: Deployment, how: &str) {
+        let decided = self.verdict.send_if_modified(|v| {
+            let first = v.is_none();
+            if first {
+                *v = Some(verdict);
             }
-            changed
+            first
         });
-        verdict
+        if decided {
+            tracing::info!(?verdict, "deployment decided: {how}");
+        }
     }
 }
+
+/// Whether the proxy has judged its masters since it started (see [`Startup::started`]).
+#[derive(Clone)]
+pub struct Startup {
+    view: Arc<DeploymentView>,
+    started: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Startup {
+    /// The deployment verdict, once decided.
+    pub fn verdict(&self) -> Option<Deployment> {
+        self.view.verdict()
+    }
+
+    /// True from the first moment the deployment was decided and either `usable` masters make
+    /// a quorum or every master was judged or found unreachable (`judged`); never false again.
+    /// Before that, an acquire's refusal would mean only "not looked yet".
+    pub fn started(&self, judged: impl FnOnce() -> bool) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.started.load(Ordering::Relaxed) {
+            return true;
+        }
+        let now = self.view.verdict().is_some() && judged();
+        if now {
+            self.started.store(true, Ordering::Relaxed);
+        }
+        now
+    }
+
+    /// Waits until [`Startup::started`] (re-evaluating `judged` after every poll), at most
+    /// `limit`; whether it started.
+    pub async fn wait_started(&self, limit: Duration, judged: impl Fn() -> bool) -> bool {
+        let waiting = async {
+            loop {
+                let polled = self.view.judged.notified();
+                if self.started(&judged) {
+                    return;
+                }
+                polled.await;
+            }
+        };
+        tokio::time::timeout(limit, waiting).await.is_ok()
+    }
+}
+
 /// What the monitors need of the proxy's configuration.
 #[derive(Debug, Clone)]
 pub struct Policy {
@@ -132,28 +199,30 @@ pub struct Policy {
 }
 
 /// Watches every master (its link and the health record its voter reads) until `stop`
-/// becomes true.
+/// becomes true, and founds the deployment if it is new.
 pub fn spawn_monitors(
     masters: &[(Arc<Link>, Arc<MasterHealth>)],
     policy: Policy,
     stop: watch::Receiver<bool>,
-) {
+) -> Startup {
     let view = Arc::new(DeploymentView {
-        first_sight: Mutex::new(vec![None; masters.len()]),
-        decided: watch::Sender::new(None),
+        tag: format!("{CLAIM_PREFIX}{}", instance_name()),
+        verdict: watch::Sender::new(None),
+        judged: Notify::new(),
     });
-    let status = encode_command(&["EVAL", STATUS_SCRIPT, "2", ARMED_KEY, QUARANTINE_KEY]);
+    let status = markers_command(STATUS_SCRIPT, &[]);
     let preload: Vec<Bytes> = policy
         .preload
         .iter()
         .map(|script| encode_command(&["SCRIPT", "LOAD", script]))
         .collect();
     let policy = Arc::new(policy);
-    for (index, (link, health)) in masters.iter().enumerate() {
+    let links: Vec<Arc<Link>> = masters.iter().map(|(link, _)| link.clone()).collect();
+    tokio::spawn(found(links, view.clone(), policy.clone(), stop.clone()));
+    for (link, health) in masters {
         let monitor = Monitor {
             link: link.clone(),
             health: health.clone(),
-            index,
             view: view.clone(),
             policy: policy.clone(),
             info: info_command(),
@@ -162,14 +231,115 @@ pub fn spawn_monitors(
         };
         tokio::spawn(monitor.run(stop.clone()));
     }
+    Startup {
+        view,
+        started: Arc::default(),
+    }
+}
+
+/// A name no other proxy (token proposer, founder) has, across proxies and restarts: `<pid>.<start ns>.<n>` in
+/// hex, `n` counting the proposers of this process. Short (about 25 bytes, so a record
+/// stays within the 44 bytes Redis keeps in one allocation), since every acquire sends it and
+/// every master stores it.
+pub(crate) fn instance_name() -> String {
+    static PROPOSERS: AtomicU64 = AtomicU64::new(0);
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let n = PROPOSERS.fetch_add(1, Ordering::Relaxed);
+    format!("{:x}.{started:x}.{n:x}", std::process::id())
+}
+
+/// `EVAL script 2 <armed> <quarantine> args…`.
+fn markers_command(script: &str, args: &[&str]) -> Bytes {
+    let mut parts = vec!["EVAL", script, "2", ARMED_KEY, QUARANTINE_KEY];
+    parts.extend_from_slice(args);
+    encode_command(&parts)
+}
+
+/// Asks every master at once; each answer read as markers (`None`: no usable answer).
+async fn look_at_all(links: &[Arc<Link>], payload: &Bytes) -> Vec<Option<Markers>> {
+    let asks = links.iter().map(|link| async move {
+        let answer = link.send(payload.clone(), 1).wait().await.ok()?;
+        Markers::parse(&answer)
+    });
+    futures::future::join_all(asks).await
+}
+
+/// Founds the deployment if it is new (module header): rounds of claims on every master until
+/// a quorum carries this proxy's claim (then a read-only look confirms it), or some master
+/// is seen armed outside a claim (live). Ends once the verdict is in, by whichever path.
+async fn found(
+    links: Vec<Arc<Link>>,
+    view: Arc<DeploymentView>,
+    policy: Arc<Policy>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let quorum = links.len() / 2 + 1;
+    let bound = policy.lease_bound.as_millis().to_string();
+    let claim = markers_command(CLAIM_SCRIPT, &[&view.tag, &bound]);
+    let status = markers_command(STATUS_SCRIPT, &[]);
+    // Every master gets one connection attempt first: one that is merely slower to connect
+    // than the others is claimed with them instead of joining later through a quarantine.
+    let tried = futures::future::join_all(links.iter().map(|l| l.wait_attempted()));
+    tokio::select! {
+        _ = tried => {}
+        _ = stop.wait_for(|s| *s) => return,
+    }
+    let mut reported = None;
+    loop {
+        if view.verdict().is_some() {
+            return;
+        }
+        let seen: Vec<u64> = links.iter().map(|l| l.connect_count()).collect();
+        let round = match founding_round(&look_at_all(&links, &claim).await, &view.tag, quorum) {
+            // Counted claims were all made before this look began (module header).
+            Founding::Quorum => {
+                founding_round(&look_at_all(&links, &status).await, &view.tag, quorum)
+            }
+            round => round,
+        };
+        match round {
+            Founding::Live => view.decide(Deployment::Live, "a master is armed"),
+            Founding::Quorum => view.decide(
+                Deployment::Fresh,
+                "no master was armed: this proxy founded the deployment on a quorum of them",
+            ),
+            Founding::Short {
+                mine,
+                others,
+                silent,
+            } => {
+                if reported != Some((mine, others, silent)) {
+                    tracing::warn!(
+                        claimed = mine,
+                        claimed_by_other_proxies = others,
+                        not_answering = silent,
+                        quorum,
+                        "no master is armed yet: the deployment is new, but fewer than a quorum of masters carry this proxy's founding claim; serving nothing until they do"
+                    );
+                    reported = Some((mine, others, silent));
+                }
+            }
+        }
+        let new_connection = futures::future::select_all(
+            links
+                .iter()
+                .zip(&seen)
+                .map(|(l, s)| Box::pin(l.wait_new_connection(*s))),
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(policy.interval.get()) => {}
+            _ = new_connection => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
 }
 
 /// The monitor of one master.
 struct Monitor {
     link: Arc<Link>,
     health: Arc<MasterHealth>,
-    /// The master's place in the deployment view.
-    index: usize,
     view: Arc<DeploymentView>,
     policy: Arc<Policy>,
     info: Bytes,
@@ -179,7 +349,7 @@ struct Monitor {
 
 impl Monitor {
     async fn run(self, mut stop: watch::Receiver<bool>) {
-        let mut verdict = self.view.decided.subscribe();
+        let mut verdict = self.view.verdict.subscribe();
         loop {
             let connect_seen = self.link.connect_count();
             if self.link.is_connected() {
@@ -225,12 +395,13 @@ impl Monitor {
             // ms rounding of the deadline is covered by the extra millisecond.
             error: error + Duration::from_millis(1),
         });
-        let (armed, quarantine_left) = match self.ask(self.status.clone()).await {
-            Some(Reply::Array(items)) => match items.as_slice() {
-                [Reply::Integer(a), Reply::Integer(q)] => (*a == 1, *q),
-                _ => return,
-            },
-            _ => return,
+        let Some(markers) = self
+            .ask(self.status.clone())
+            .await
+            .as_ref()
+            .and_then(Markers::parse)
+        else {
+            return;
         };
         let Some(Reply::Bulk(text)) = self.ask(self.info.clone()).await else {
             return;
@@ -238,11 +409,18 @@ impl Monitor {
         let obs = parse_info(&String::from_utf8_lossy(&text));
         let now = Instant::now();
         let first = health.first_sight();
+        let armed = matches!(markers, Markers::Armed { .. });
         let waited = first_sight_wait(&obs, policy.lease_bound).filter(|_| first && armed);
         let mut lost = health.observe(&link.addr, obs);
+        if armed {
+            self.view.decide(Deployment::Live, "a master is armed");
+        }
         if policy.quarantine {
-            if quarantine_left > 0 {
-                let until = now + Duration::from_millis(quarantine_left as u64);
+            if let Markers::Armed {
+                quarantine_left_ms: left @ 1..,
+            } = markers
+            {
+                let until = now + Duration::from_millis(left as u64);
                 health.quarantine(&link.addr, until, "quarantined by a proxy (shared marker)");
             }
             if lost.is_none() && waited.is_some() {
@@ -251,43 +429,48 @@ impl Monitor {
                 );
             }
         }
-        let deployment = self.view.note(self.index, armed);
-        let step = marker_step(armed, health.seen_armed(), deployment, lost);
-        let step = match step {
+        let verdict = self.view.verdict();
+        let step = marker_step(&markers, health.seen_armed(), verdict, &self.view.tag, lost);
+        let ready = self.take(step, now).await;
+        if ready {
+            health.set_ready(connect);
+        }
+        if verdict.is_some() {
+            health.set_judged();
+            self.view.judged.notify_waiters();
+        }
+    }
+
+    /// Carries out `step` on the master; whether it may vote afterwards.
+    async fn take(&self, step: MarkerStep, now: Instant) -> bool {
+        let (link, health, policy) = (&self.link, &self.health, &self.policy);
+        match step {
+            MarkerStep::Ready => true,
+            MarkerStep::Wait(why) => {
+                health.set_waiting(why);
+                false
+            }
+            MarkerStep::Lift => {
+                let lift = markers_command(LIFT_SCRIPT, &[&self.view.tag]);
+                self.ask(lift).await == Some(Reply::Integer(1))
+            }
             // Quarantine off (the safety suite's negative control only): re-arm, no wait.
             MarkerStep::Quarantine(reason) if !policy.quarantine => {
                 tracing::warn!(master = %link.addr, %reason, "master lost data (quarantine is off)");
-                MarkerStep::Arm
-            }
-            step => step,
-        };
-        match step {
-            MarkerStep::Ready => {}
-            MarkerStep::Wait => return,
-            MarkerStep::Arm => {
                 let arm = encode_command(&["SET", ARMED_KEY, "1"]);
-                if self.ask(arm).await != Some(Reply::ok()) {
-                    return;
-                }
+                self.ask(arm).await == Some(Reply::ok())
             }
             MarkerStep::Quarantine(reason) => {
                 let ms = policy.lease_bound.as_millis().to_string();
-                let script = encode_command(&[
-                    "EVAL",
-                    QUARANTINE_SCRIPT,
-                    "2",
-                    ARMED_KEY,
-                    QUARANTINE_KEY,
-                    &ms,
-                ]);
+                let script = markers_command(QUARANTINE_SCRIPT, &[&ms]);
                 let Some(Reply::Integer(left)) = self.ask(script).await else {
-                    return;
+                    return false;
                 };
                 let until = now + Duration::from_millis(left.max(0) as u64);
                 health.quarantine(&link.addr, until, &reason);
+                true
             }
         }
-        health.set_ready(connect);
     }
 }
 

@@ -48,6 +48,11 @@ struct HealthState {
     quarantined_until: Option<Instant>,
     quarantine_reason: Option<String>,
     unsafe_reason: Option<String>,
+    /// Why the master waits without a quarantine of its own (founding undecided, or another
+    /// proxy's founding claim on it); cleared when it becomes ready.
+    waiting: Option<&'static str>,
+    /// A poll was judged after the deployment verdict (see [`super::Startup`]).
+    judged: bool,
     /// Quarantines begun, by [`quarantine_cause`] (for the metrics).
     quarantines: std::collections::BTreeMap<&'static str, u64>,
 }
@@ -164,7 +169,10 @@ impl MasterHealth {
             }
         }
         if h.ready_connect != connect {
-            return "connecting".into();
+            return match h.waiting {
+                Some(why) => format!("connecting ({why})"),
+                None => "connecting".into(),
+            };
         }
         "up".into()
     }
@@ -235,7 +243,25 @@ impl MasterHealth {
         if let Ok(mut h) = self.state.lock() {
             h.seen_armed = true;
             h.ready_connect = connect;
+            h.waiting = None;
         }
+    }
+
+    pub(super) fn set_waiting(&self, why: &'static str) {
+        if let Ok(mut h) = self.state.lock() {
+            h.waiting = Some(why);
+        }
+    }
+
+    pub(super) fn set_judged(&self) {
+        if let Ok(mut h) = self.state.lock() {
+            h.judged = true;
+        }
+    }
+
+    /// Whether a poll of this master was judged since the deployment verdict.
+    pub fn judged(&self) -> bool {
+        self.state.lock().is_ok_and(|h| h.judged)
     }
 }
 

@@ -3,7 +3,8 @@
 
 use super::rollback::{RollbackPlan, Undo};
 use super::{AcquireResult, Acquirer};
-use crate::health::{ARMED_KEY, QUARANTINE_KEY};
+use crate::error::ProxyError;
+use crate::health::{instance_name, ARMED_KEY, QUARANTINE_KEY};
 use crate::lease::{Granted, Lease, Outcome};
 use crate::masters::{Ask, Masters};
 use crate::protocol::{encode_command, Reply, ScriptCall};
@@ -192,19 +193,6 @@ impl Record {
     }
 }
 
-/// A name no other token proposer has, across proxies and restarts: `<pid>.<start ns>.<n>` in
-/// hex, `n` counting the proposers of this process. Short (about 25 bytes, so a record
-/// stays within the 44 bytes Redis keeps in one allocation), since every acquire sends it and
-/// every master stores it.
-fn instance_name() -> String {
-    static PROPOSERS: AtomicU64 = AtomicU64::new(0);
-    let started = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let n = PROPOSERS.fetch_add(1, Ordering::Relaxed);
-    format!("{:x}.{started:x}.{n:x}", std::process::id())
-}
-
 /// One client's acquire request: `SET key value NX PX ttl_ms` (or `LOCK.ACQUIRE`), read at
 /// `received_at`.
 pub struct Attempt {
@@ -262,6 +250,21 @@ impl Decided {
 /// - On refusal, every master that may hold our value (said `OK`, or its answer is unknown) gets
 ///   a clean-up of this attempt's write before null is returned ([`RollbackPlan`]).
 pub(super) async fn decide(acquirer: &Acquirer, attempt: Attempt) -> Decided {
+    // Right after start, a refusal would only say "not looked at yet", which a client reads
+    // as "held by someone": the acquire waits for the first judgement (at most a node
+    // timeout), else it is told why with an error.
+    let masters = &acquirer.masters;
+    if !masters.started() && !masters.wait_started(masters.node_timeout()).await {
+        acquirer
+            .stats
+            .record(AcquireResult::NoQuorum, attempt.received_at);
+        return Decided {
+            outcome: Outcome::Reply(ProxyError::Starting.into()),
+            settled: false,
+            result: AcquireResult::NoQuorum,
+            undo: None,
+        };
+    }
     let token = acquirer.tokens.propose(&acquirer.masters, 0);
     let (decided, floor) = decide_once(acquirer, &attempt, token).await;
     let decided = retry_above_floor(acquirer, &attempt, decided, floor).await;
