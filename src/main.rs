@@ -282,17 +282,8 @@ fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    if let Some(path) = &cli.check_config {
-        return check_config(&cli, path);
-    }
-    let config = match cli.to_config() {
-        Ok(config) => config,
-        Err(err) => {
-            eprintln!("redlock-proxy: {err}");
-            return ExitCode::from(2);
-        }
-    };
+    // The runtime and the signal handlers come first: a SIGTERM at any later moment of the
+    // start-up (local masters starting, listeners binding) ends the proxy cleanly.
     // The proxy's first shard runs here; `threads` > 1 starts the others on threads of their
     // own, each with a single-threaded runtime (`server`).
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -314,6 +305,17 @@ fn main() -> ExitCode {
         Err(err) => {
             eprintln!("redlock-proxy: cannot install the SIGINT/SIGTERM handlers: {err}");
             return ExitCode::from(1);
+        }
+    };
+    let cli = Cli::parse();
+    if let Some(path) = &cli.check_config {
+        return check_config(&cli, path);
+    }
+    let config = match cli.to_config() {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("redlock-proxy: {err}");
+            return ExitCode::from(2);
         }
     };
     let reloader = Arc::new(Reloader::default());

@@ -57,6 +57,14 @@ impl Proxy {
 
     /// Starts the proxy with exactly `config` (its ports are ignored: free loopback ports).
     pub async fn start_config(config: Config) -> Proxy {
+        let proxy = Proxy::launch(config).await;
+        proxy.wait_connected().await;
+        proxy
+    }
+
+    /// [`Proxy::start_config`] without waiting for anything: returns as soon as the proxy's
+    /// port is bound (for tests of what a client sees right after start).
+    pub async fn launch(config: Config) -> Proxy {
         config.validate().unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -71,15 +79,13 @@ impl Proxy {
         let task = tokio::spawn(redlock_proxy::run(config.clone(), listeners, async move {
             let _ = stopped.await;
         }));
-        let proxy = Proxy {
+        Proxy {
             port,
             tls_port,
             config,
             stop: Some(stop),
             task: Some(task),
-        };
-        proxy.wait_connected().await;
-        proxy
+        }
     }
 
     /// Waits (bounded) until the proxy answers and has tried its masters once.
