@@ -581,3 +581,66 @@ async fn the_proxys_own_keys_are_reserved() {
     // Other keys are untouched by the rule.
     assert_eq!(c.cmd(&["DEL", "some-key"]).await, ":0");
 }
+
+/// Issue 22, item 2: X holds `k` for 3 s on four of five masters (the fifth missed the write);
+/// two of those four are paused while X extends to 30 s. The extend is refused (two of five
+/// extended in time), and once the paused masters resume, no master keeps the key beyond X's
+/// old lease: the late extends wrote nothing (their deadline had passed), the two that extended
+/// were set back. Before: `[x, x, -, x, x]` with a PTTL of about 29.5 s, and nobody could take
+/// the key long after X's lease ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_extend_leaves_no_master_holding_the_new_ttl() {
+    const OLD_TTL_MS: u64 = 3000;
+    let env = Env::start_with(5, defaults).await;
+    let ports = env.ports();
+    let k = key("refused-extend");
+    ready(&env.proxy, &k).await;
+    assert_eq!(
+        master_cmd(ports[2], &["SET", &k, "foreign", "PX", "60000"]).await,
+        "+OK"
+    );
+    let mut x = env.proxy.client().await;
+    let ttl = OLD_TTL_MS.to_string();
+    let granted = x.cmd(&["LOCK.ACQUIRE", &k, "tok-x", &ttl]).await;
+    let granted_at = Instant::now();
+    assert!(granted.starts_with("*["), "X: {granted}");
+    assert_eq!(master_cmd(ports[2], &["DEL", &k]).await, ":1");
+    for i in [3, 4] {
+        signal(env.masters.masters[i].pid().unwrap(), "STOP");
+    }
+    let extended = x.cmd(&["LOCK.EXTEND", &k, "tok-x", "30000"]).await;
+    // Paused for several node timeouts: every held-up extend is past its deadline.
+    tokio::time::sleep(Duration::from_millis(5 * NODE_TIMEOUT_MS)).await;
+    for i in [3, 4] {
+        signal(env.masters.masters[i].pid().unwrap(), "CONT");
+    }
+    assert_eq!(
+        extended, "$nil",
+        "the extend reached only two of five masters in time"
+    );
+    // The resumed masters run what was held up; then no master may keep the key past X's old
+    // lease (its TTL plus drift, counted from the grant).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let old_end = granted_at + Duration::from_millis(OLD_TTL_MS + 100);
+    for (i, port) in ports.iter().enumerate() {
+        let pttl: i64 = master_cmd(*port, &["PTTL", &k]).await[1..].parse().unwrap();
+        let left = old_end
+            .saturating_duration_since(Instant::now())
+            .as_millis() as i64;
+        assert!(
+            pttl <= left,
+            "master {i} keeps the key {pttl} ms, past X's old lease ({left} ms left)"
+        );
+    }
+    // Once X's old lease is over, another client gets the key.
+    tokio::time::sleep_until(old_end.into()).await;
+    let mut y = env.proxy.client().await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while y.cmd(&["SET", &k, "tok-y", "NX", "PX", "1000"]).await != "+OK" {
+        assert!(
+            Instant::now() < deadline,
+            "the key never came free after X's lease"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

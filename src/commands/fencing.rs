@@ -6,28 +6,22 @@
 //!   not hold it on a majority (so unmodified acquire code adds fencing with one call).
 //! - `LOCK.RELEASE key value` → `1` / `0`: the compare-and-delete, under the release rule.
 //! - `LOCK.EXTEND key value ttl_ms` → the new `validity_ms`, or null: a compare-and-extend
-//!   with the acquire's padding and validity rule, counted only on armed, unquarantined
-//!   masters; it also keeps the key's token counter at least as long as the lock.
+//!   with the acquire's padding, validity rule and write deadline, counted only on armed,
+//!   unquarantined masters, undone where it took effect if refused ([`crate::lock`]); it also
+//!   keeps the key's token counter at least as long as the lock.
 
 use super::lock::{acquire, refuse_acquire};
 use super::{Action, Ctx, Session};
 use crate::error::ProxyError;
-use crate::health::{ARMED_KEY, QUARANTINE_KEY};
-use crate::lease::{Granted, Lease, Outcome};
-use crate::lock::{token_key, UNARMED};
-use crate::protocol::{encode_command, Reply, Request};
-use crate::redlock::{backend_ttl_ms, quorum, validity_window, MergeRule, Vote};
+use crate::lease::Outcome;
+use crate::lock::token_key;
+use crate::protocol::{encode_command, Request};
+use crate::redlock::MergeRule;
 use bytes::Bytes;
 
 /// `KEYS` = key, its token counter; `ARGV` = value. The token (of `<token>:<proxy instance>`),
 /// while `value` holds `key`.
 const TOKEN_SCRIPT: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then local c = redis.call('get', KEYS[2]) if c then return tonumber(string.sub(c, 1, 16)) end end return false";
-
-/// `KEYS` = key, its token counter, the two markers; `ARGV` = value, `PX`. `1` if extended,
-/// `0` if `value` does not hold `key`, `-1` if the master lost its data or is quarantined
-/// (its answer does not count). The counter is only ever lengthened (`GT`): the token
-/// ordering needs it to live its full life (see `TokenRules`).
-const EXTEND_SCRIPT: &str = "if redis.call('exists', KEYS[3]) == 0 or redis.call('exists', KEYS[4]) == 1 then return -1 end if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end redis.call('pexpire', KEYS[1], ARGV[2]) redis.call('pexpire', KEYS[2], ARGV[2], 'GT') return 1";
 
 /// A positive TTL in ms from `arg`, within the cap, with Redis' texts for a bad one.
 fn ttl_arg(ctx: &Ctx<'_>, arg: &[u8], command: &'static str) -> Result<u64, ProxyError> {
@@ -98,59 +92,16 @@ fn eval_by_quorum(
     }))
 }
 
-/// `LOCK.EXTEND key value ttl_ms`
+/// `LOCK.EXTEND key value ttl_ms` ([`crate::lock::Acquirer::extend`]).
 pub fn lock_extend(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     let ttl_ms = match ttl_arg(ctx, &request.args[3], "lock.extend") {
         Ok(ttl_ms) => ttl_ms,
         Err(err) => return Action::error(err),
     };
-    let drift_factor = ctx.shared.policy.drift_factor;
-    let Some(window) = validity_window(ttl_ms, drift_factor) else {
-        return Action::Ready(Reply::Null);
-    };
-    let deadline = ctx.received_at + window;
-    let px = backend_ttl_ms(ttl_ms, drift_factor).to_string();
-    let (key, value) = (&request.args[1], &request.args[2]);
-    let payload = encode_command(&[
-        b"EVAL".as_ref(),
-        EXTEND_SCRIPT.as_bytes(),
-        b"4",
-        key,
-        &token_key(key),
-        ARMED_KEY.as_bytes(),
-        QUARANTINE_KEY.as_bytes(),
-        value,
-        px.as_bytes(),
-    ]);
-    let masters = ctx.masters();
+    let acquirer = ctx.shard.acquirer.clone();
+    let (key, value) = (request.args[1].clone(), request.args[2].clone());
+    let received_at = ctx.received_at;
     Action::Defer(Box::pin(async move {
-        let n = masters.voters().len();
-        let q = quorum(n);
-        let yes = Vote::Replied(Reply::Integer(1));
-        let extended = |votes: &[Vote]| votes.iter().filter(|v| **v == yes).count();
-        let refused = |votes: &[Vote]| {
-            votes
-                .iter()
-                .filter(|v| **v != yes && **v != Vote::Pending)
-                .count()
-        };
-        // Decided as soon as a majority extended, or can no longer.
-        let decided = |votes: &[Vote]| extended(votes) >= q || refused(votes) > n - q;
-        let votes = masters.fan_out(&payload, 1, decided).await;
-        for (vote, voter) in votes.iter().zip(masters.voters()) {
-            if *vote == Vote::Replied(UNARMED) {
-                voter.health.recheck();
-            }
-        }
-        if extended(&votes) < q {
-            // Not extended on a majority: the caller must not count on the lock.
-            return Outcome::Reply(Reply::Null);
-        }
-        Outcome::Lease(Lease {
-            deadline,
-            granted: Granted::Validity,
-            expired: Reply::Null,
-            rollback: None,
-        })
+        acquirer.extend(&key, &value, ttl_ms, received_at).await
     }))
 }

@@ -4,6 +4,7 @@
 //! the command table.
 
 mod acquire;
+mod extend;
 mod flights;
 mod release;
 mod rollback;

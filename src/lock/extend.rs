@@ -1,0 +1,203 @@
+//! `LOCK.EXTEND` on every master ([`Acquirer::extend`]): a compare-and-extend with the
+//! acquire's padding, validity rule and write deadline, counted only on armed, unquarantined
+//! masters, and undone where it took effect if the client is not told "extended".
+//!
+//! Why the deadline and the undo (issue 22, item 2): an extend held up in a paused master's
+//! socket buffer runs when the master resumes, even after the proxy gave up on it; and the
+//! masters that did extend when the extend as a whole was refused would keep the key for the
+//! new TTL. A holder told "not extended" stops at its old lease's end, so a key that lives on
+//! only blocks every other client for nothing. With the deadline a late extend writes nothing;
+//! the undo sets each extended master's TTL back to what it was when the extend ran (never
+//! shorter than the old lease: the holder keeps what it had).
+
+use super::Acquirer;
+use crate::health::{ARMED_KEY, QUARANTINE_KEY};
+use crate::lease::{Granted, Lease, Outcome, Rollback};
+use crate::lock::{token_key, UNARMED};
+use crate::masters::{Ask, LateVotes, Masters};
+use crate::protocol::{encode_command, Reply};
+use crate::redlock::{backend_ttl_ms, quorum, validity_window, Vote};
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// `KEYS` = key, its token counter, the two markers; `ARGV` = value, `PX`, the write's deadline
+/// in the master's clock (ms). `{1, the key's PTTL before}` if extended; `0` if `value` does
+/// not hold `key`; `-1` if the master lost its data or is quarantined (its answer does not
+/// count); `-2` if the master's clock is past the deadline (nothing written). The counter is
+/// only ever lengthened (`GT`): the token ordering needs it to live its full life.
+const EXTEND_SCRIPT: &str = "local t = redis.call('time') if t[1] * 1000 + t[2] / 1000 > tonumber(ARGV[3]) then return -2 end if redis.call('exists', KEYS[3]) == 0 or redis.call('exists', KEYS[4]) == 1 then return -1 end if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end local before = redis.call('pttl', KEYS[1]) redis.call('pexpire', KEYS[1], ARGV[2]) redis.call('pexpire', KEYS[2], ARGV[2], 'GT') return {1, before}";
+
+/// The undo of an extend the client was not given (`KEYS` = key; `ARGV` = value, the TTL the
+/// key had when the extend ran): only while `value` holds the key, and only shortening (`LT`).
+const UNEXTEND_SCRIPT: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2], 'LT') end return 0";
+
+/// The key's TTL before the extend, if `vote` says this master extended it.
+fn extended_from(vote: &Vote) -> Option<i64> {
+    match vote {
+        Vote::Replied(Reply::Array(items)) => match items.as_slice() {
+            [Reply::Integer(1), Reply::Integer(before)] => Some(*before),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+impl Acquirer {
+    /// Extends `key` to `ttl_ms` if `value` holds it on a majority of armed, unquarantined
+    /// masters: a lease of the new validity (written only while it lasts, undone otherwise),
+    /// or null (undone where it took effect).
+    pub async fn extend(
+        &self,
+        key: &Bytes,
+        value: &Bytes,
+        ttl_ms: u64,
+        received_at: Instant,
+    ) -> Outcome {
+        let drift_factor = self.policy.drift_factor;
+        let Some(window) = validity_window(ttl_ms, drift_factor) else {
+            return Outcome::Reply(Reply::Null);
+        };
+        let deadline = received_at + window;
+        let px_ms = backend_ttl_ms(ttl_ms, drift_factor);
+        let px = px_ms.to_string();
+        let masters = &self.masters;
+        let node_timeout = masters.node_timeout();
+        let counter = token_key(key);
+        let sent = Instant::now();
+        // Each master's write deadline: the latest its clock can show when the node timeout
+        // runs out ([`crate::lock`]'s acquire does the same); a master that may not vote is
+        // not asked.
+        let ask = |i: usize| {
+            let write_by = masters.voters()[i]
+                .clock_bound_if_eligible(sent + node_timeout, drift_factor)?
+                .unwrap_or(0)
+                .to_string();
+            Some(Ask::Commands(encode_command(&[
+                b"EVAL".as_ref(),
+                EXTEND_SCRIPT.as_bytes(),
+                b"4",
+                key,
+                &counter,
+                ARMED_KEY.as_bytes(),
+                QUARANTINE_KEY.as_bytes(),
+                value,
+                px.as_bytes(),
+                write_by.as_bytes(),
+            ])))
+        };
+        let n = masters.voters().len();
+        let q = quorum(n);
+        let extended = |votes: &[Vote]| votes.iter().filter_map(extended_from).count();
+        let refused = |votes: &[Vote]| {
+            votes
+                .iter()
+                .filter(|v| **v != Vote::Pending && extended_from(v).is_none())
+                .count()
+        };
+        // Decided as soon as a majority extended, or can no longer.
+        let decided = |votes: &[Vote]| extended(votes) >= q || refused(votes) > n - q;
+        let (votes, late) = masters.fan_out_each(ask, 1, decided).await;
+        for (vote, voter) in votes.iter().zip(masters.voters()) {
+            if *vote == Vote::Replied(UNARMED) {
+                voter.health.recheck();
+            }
+        }
+        let undo = Box::new(Unextend {
+            masters: masters.clone(),
+            key: key.clone(),
+            value: value.clone(),
+            votes,
+            late,
+            lives: Duration::from_millis(px_ms),
+        });
+        if extended(&undo.votes) < q {
+            // Not extended on a majority: the caller must not count on the new TTL, and the
+            // masters that took it give it back.
+            Box::new(*undo).run().await;
+            return Outcome::Reply(Reply::Null);
+        }
+        Outcome::Lease(Lease {
+            deadline,
+            granted: Granted::Validity,
+            expired: Reply::Null,
+            rollback: Some(undo),
+        })
+    }
+}
+
+/// The undo of an extend: every master that extended (those that answered after the decision
+/// too) gets its TTL back.
+struct Unextend {
+    masters: Arc<Masters>,
+    key: Bytes,
+    value: Bytes,
+    votes: Vec<Vote>,
+    late: LateVotes,
+    /// The extend's `PX`: how long an undo can matter.
+    lives: Duration,
+}
+
+impl Unextend {
+    /// Waits for the votes still pending (each within its node timeout), then queues the undo
+    /// on each master that extended; kept across reconnects until confirmed
+    /// ([`crate::transport::Link::send_cleanup`]). A master whose answer never came wrote
+    /// before its deadline or not at all; if it wrote, its TTL stays (the key lives longer
+    /// than the old lease there: availability, not safety).
+    async fn run(mut self: Box<Self>) {
+        while let Some((i, vote)) = self.late.next().await {
+            self.votes[i] = vote;
+        }
+        for (vote, voter) in self.votes.iter().zip(self.masters.voters()) {
+            let Some(before) = extended_from(vote) else {
+                continue;
+            };
+            let before = before.max(1).to_string();
+            let payload = encode_command(&[
+                b"EVAL".as_ref(),
+                UNEXTEND_SCRIPT.as_bytes(),
+                b"1",
+                &self.key,
+                &self.value,
+                before.as_bytes(),
+            ]);
+            drop(voter.link.send_cleanup(payload, self.lives));
+        }
+    }
+}
+
+impl Rollback for Unextend {
+    fn run(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(Unextend::run(self))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redlock::MissingReason;
+
+    #[test]
+    fn only_an_extend_that_wrote_counts_and_is_undone() {
+        let reply = |r: Reply| Vote::Replied(r);
+        let cases = [
+            (
+                reply(Reply::Array(vec![Reply::Integer(1), Reply::Integer(2500)])),
+                Some(2500),
+            ),
+            (reply(Reply::Integer(0)), None),
+            (reply(Reply::Integer(-1)), None),
+            (reply(Reply::Integer(-2)), None),
+            (reply(Reply::Integer(1)), None),
+            (reply(Reply::error("BUSY")), None),
+            (Vote::Missing(MissingReason::Timeout), None),
+            (Vote::Fenced, None),
+            (Vote::Pending, None),
+        ];
+        for (vote, expected) in cases {
+            assert_eq!(extended_from(&vote), expected, "{vote:?}");
+        }
+    }
+}
