@@ -405,24 +405,37 @@ impl Masters {
     }
 
     /// Whether the proxy is past its start-up: the deployment is decided, and a quorum of
-    /// masters may vote or every master was judged or found unreachable. Stays true once
-    /// true. Before, a refusal would only mean "not looked at yet" (docs/PROTOCOL.md).
+    /// masters may vote or every master was judged since or found unreachable; or it cannot
+    /// be decided, fewer than a quorum of masters being reachable (a refusal then means "no
+    /// quorum", as it does later). Stays true once true. Before, a refusal would only mean
+    /// "not looked at yet" (docs/PROTOCOL.md).
     pub fn started(&self) -> bool {
-        self.startup.started(|| self.judged())
+        self.startup.started(|verdict| self.judged(verdict))
     }
 
     /// Waits for [`Masters::started`] at most `limit`; whether it started.
     pub async fn wait_started(&self, limit: Duration) -> bool {
-        self.startup.wait_started(limit, || self.judged()).await
+        self.startup
+            .wait_started(limit, |verdict| self.judged(verdict))
+            .await
     }
 
-    fn judged(&self) -> bool {
-        let eligible = self.voters.iter().filter(|v| v.eligible()).count();
-        eligible >= self.quorum()
-            || self
-                .voters
-                .iter()
-                .all(|v| v.health.judged() || (!v.link.is_connected() && v.link.attempted()))
+    fn judged(&self, verdict: Option<health::Deployment>) -> bool {
+        let unreachable = |v: &Arc<Voter>| !v.link.is_connected() && v.link.attempted();
+        match verdict {
+            Some(_) => {
+                let eligible = self.voters.iter().filter(|v| v.eligible()).count();
+                eligible >= self.quorum()
+                    || self
+                        .voters
+                        .iter()
+                        .all(|v| v.health.judged() || unreachable(v))
+            }
+            None => {
+                self.voters.iter().all(|v| v.link.attempted())
+                    && self.voters.iter().filter(|v| !unreachable(v)).count() < self.quorum()
+            }
+        }
     }
 
     /// The deployment verdict, once decided (for `INFO`).

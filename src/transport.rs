@@ -562,7 +562,6 @@ async fn supervise(link: Arc<Link>, mut stop: watch::Receiver<bool>) {
             ),
             Err(_) => Some(Failure::TimedOut),
         };
-        link.attempts.fetch_add(1, Ordering::Relaxed);
         if let Some(failure) = &failure {
             link.set_auth_refused(match failure {
                 Failure::AuthRefused(reason) => Some(reason.clone()),
@@ -596,6 +595,9 @@ async fn supervise(link: Arc<Link>, mut stop: watch::Receiver<bool>) {
                     }
                 }
                 link.install(Some(conn.clone()));
+                // Counted once the connection is usable: [`Link::wait_attempted`] callers
+                // send on it at once.
+                link.attempts.fetch_add(1, Ordering::Relaxed);
                 link.new_connection.notify_waiters();
                 tokio::select! {
                     _ = aborted.wait_for(|r| *r) => {}
@@ -606,6 +608,7 @@ async fn supervise(link: Arc<Link>, mut stop: watch::Receiver<bool>) {
                 tracing::debug!(master = %link.addr, "connection aborted");
             }
             _ => {
+                link.attempts.fetch_add(1, Ordering::Relaxed);
                 // Wakes [`Link::wait_attempted`] (and, harmlessly, connection waiters).
                 link.new_connection.notify_waiters();
                 failing = failure;

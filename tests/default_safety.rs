@@ -19,7 +19,7 @@
 use redlock_proxy::on_master::COMPARE_AND_DELETE;
 use redlock_proxy::{Config, LocalCluster};
 use redlock_testkit::key;
-use redlock_testkit::launcher::{Env, Proxy};
+use redlock_testkit::launcher::{ready_for_load, Env, Proxy};
 use redlock_testkit::masters::{master_cmd, master_get, signal};
 use redlock_testkit::scripts::script;
 use redlock_testkit::workload::wait_grantable;
@@ -40,6 +40,8 @@ async fn ready(proxy: &Proxy, k: &str) {
             .is_some(),
         "proxy never ready"
     );
+    // Every master votes (a grant needs only a quorum: the last one may lag by a poll).
+    ready_for_load(proxy.port).await.expect("every master up");
 }
 
 /// How the first holder takes its 30 s lease.
@@ -621,7 +623,10 @@ async fn a_refused_extend_leaves_no_master_holding_the_new_ttl() {
     // The resumed masters run what was held up; then no master may keep the key past X's old
     // lease (its TTL plus drift, counted from the grant).
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let old_end = granted_at + Duration::from_millis(OLD_TTL_MS + 100);
+    // X's lease on the masters: its TTL plus the drift padding; an undo gives a master back
+    // the TTL it had, longer at most by an answer's way back (within a node timeout).
+    let padded = redlock_proxy::backend_ttl_ms(OLD_TTL_MS, 0.01);
+    let old_end = granted_at + Duration::from_millis(padded + NODE_TIMEOUT_MS);
     for (i, port) in ports.iter().enumerate() {
         let pttl: i64 = master_cmd(*port, &["PTTL", &k]).await[1..].parse().unwrap();
         let left = old_end

@@ -160,8 +160,9 @@ impl Markers {
 pub enum Founding {
     /// A master is armed outside a claim: the deployment is live.
     Live,
-    /// A quorum of masters carries this proxy's claim, and none is armed outside a claim.
-    Quorum,
+    /// A quorum of masters carries this proxy's claim, and none is armed outside a claim;
+    /// `silent` masters did not answer.
+    Quorum { silent: usize },
     /// Not yet: how many masters carry this proxy's claim, another proxy's, or did not answer.
     Short {
         mine: usize,
@@ -183,7 +184,7 @@ pub fn founding_round(looks: &[Option<Markers>], tag: &str, quorum: usize) -> Fo
         }
     }
     if mine >= quorum {
-        Founding::Quorum
+        Founding::Quorum { silent }
     } else {
         Founding::Short {
             mine,
@@ -407,10 +408,13 @@ mod tests {
             silent,
         };
         let cases: Vec<(Vec<Option<Markers>>, Founding)> = vec![
-            (vec![mine(), mine(), mine()], Founding::Quorum),
+            (vec![mine(), mine(), mine()], Founding::Quorum { silent: 0 }),
             // A master down: a quorum of claims is enough (it joins later, quarantined).
-            (vec![mine(), None, mine()], Founding::Quorum),
-            (vec![mine(), mine(), mine(), None, None], Founding::Quorum),
+            (vec![mine(), None, mine()], Founding::Quorum { silent: 1 }),
+            (
+                vec![mine(), mine(), mine(), None, None],
+                Founding::Quorum { silent: 2 },
+            ),
             // Another proxy's claims do not count for this one.
             (vec![mine(), other(), None], short(1, 1, 1)),
             (vec![mine(), mine(), other(), other()], short(2, 2, 0)),

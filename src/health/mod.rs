@@ -152,15 +152,14 @@ impl Startup {
         self.view.verdict()
     }
 
-    /// True from the first moment the deployment was decided and either `usable` masters make
-    /// a quorum or every master was judged or found unreachable (`judged`); never false again.
-    /// Before that, an acquire's refusal would mean only "not looked yet".
-    pub fn started(&self, judged: impl FnOnce() -> bool) -> bool {
+    /// True from the first moment `judged(verdict)` holds (see [`crate::masters::Masters`]);
+    /// never false again. Before, an acquire's refusal would mean only "not looked at yet".
+    pub fn started(&self, judged: impl FnOnce(Option<Deployment>) -> bool) -> bool {
         use std::sync::atomic::Ordering;
         if self.started.load(Ordering::Relaxed) {
             return true;
         }
-        let now = self.view.verdict().is_some() && judged();
+        let now = judged(self.view.verdict());
         if now {
             self.started.store(true, Ordering::Relaxed);
         }
@@ -169,7 +168,11 @@ impl Startup {
 
     /// Waits until [`Startup::started`] (re-evaluating `judged` after every poll), at most
     /// `limit`; whether it started.
-    pub async fn wait_started(&self, limit: Duration, judged: impl Fn() -> bool) -> bool {
+    pub async fn wait_started(
+        &self,
+        limit: Duration,
+        judged: impl Fn(Option<Deployment>) -> bool,
+    ) -> bool {
         let waiting = async {
             loop {
                 let polled = self.view.judged.notified();
@@ -250,6 +253,10 @@ pub(crate) fn instance_name() -> String {
     format!("{:x}.{started:x}.{n:x}", std::process::id())
 }
 
+/// Claim rounds a founding proxy waits, once a quorum carries its claim, for masters that did
+/// not answer yet (one health interval each).
+const FOUNDING_PATIENCE: u32 = 3;
+
 /// `EVAL script 2 <armed> <quarantine> args…`.
 fn markers_command(script: &str, args: &[&str]) -> Bytes {
     let mut parts = vec!["EVAL", script, "2", ARMED_KEY, QUARANTINE_KEY];
@@ -287,21 +294,32 @@ async fn found(
         _ = stop.wait_for(|s| *s) => return,
     }
     let mut reported = None;
+    // Rounds a quorum of claims waits for masters that did not answer (down, or slower to
+    // connect than the others), so those that are merely slow are founded with the others.
+    let mut patience = FOUNDING_PATIENCE;
     loop {
         if view.verdict().is_some() {
             return;
         }
         let seen: Vec<u64> = links.iter().map(|l| l.connect_count()).collect();
         let round = match founding_round(&look_at_all(&links, &claim).await, &view.tag, quorum) {
+            Founding::Quorum { silent } if silent > 0 && patience > 0 => {
+                patience -= 1;
+                Founding::Short {
+                    mine: quorum,
+                    others: 0,
+                    silent,
+                }
+            }
             // Counted claims were all made before this look began (module header).
-            Founding::Quorum => {
+            Founding::Quorum { .. } => {
                 founding_round(&look_at_all(&links, &status).await, &view.tag, quorum)
             }
             round => round,
         };
         match round {
             Founding::Live => view.decide(Deployment::Live, "a master is armed"),
-            Founding::Quorum => view.decide(
+            Founding::Quorum { .. } => view.decide(
                 Deployment::Fresh,
                 "no master was armed: this proxy founded the deployment on a quorum of them",
             ),

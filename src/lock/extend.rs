@@ -19,7 +19,7 @@ use crate::protocol::{encode_command, Reply};
 use crate::redlock::{backend_ttl_ms, quorum, validity_window, Vote};
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -97,23 +97,43 @@ impl Acquirer {
                 .filter(|v| **v != Vote::Pending && extended_from(v).is_none())
                 .count()
         };
+        // When each answer came (seen here as it comes), for the undo.
+        let answered: Vec<OnceLock<Instant>> = (0..n).map(|_| OnceLock::new()).collect();
         // Decided as soon as a majority extended, or can no longer.
-        let decided = |votes: &[Vote]| extended(votes) >= q || refused(votes) > n - q;
+        let decided = |votes: &[Vote]| {
+            for (vote, at) in votes.iter().zip(&answered) {
+                if *vote != Vote::Pending {
+                    at.get_or_init(Instant::now);
+                }
+            }
+            extended(votes) >= q || refused(votes) > n - q
+        };
         let (votes, late) = masters.fan_out_each(ask, 1, decided).await;
         for (vote, voter) in votes.iter().zip(masters.voters()) {
             if *vote == Vote::Replied(UNARMED) {
                 voter.health.recheck();
             }
         }
+        let now = Instant::now();
         let undo = Box::new(Unextend {
             masters: masters.clone(),
             key: key.clone(),
             value: value.clone(),
-            votes,
+            votes: votes
+                .into_iter()
+                .zip(answered)
+                .map(|(vote, at)| (vote, at.get().copied().unwrap_or(now)))
+                .collect(),
             late,
             lives: Duration::from_millis(px_ms),
         });
-        if extended(&undo.votes) < q {
+        if undo
+            .votes
+            .iter()
+            .filter(|(v, _)| extended_from(v).is_some())
+            .count()
+            < q
+        {
             // Not extended on a majority: the caller must not count on the new TTL, and the
             // masters that took it give it back.
             Box::new(*undo).run().await;
@@ -134,7 +154,8 @@ struct Unextend {
     masters: Arc<Masters>,
     key: Bytes,
     value: Bytes,
-    votes: Vec<Vote>,
+    /// Each master's vote and a moment after its answer came (so after the extend ran there).
+    votes: Vec<(Vote, Instant)>,
     late: LateVotes,
     /// The extend's `PX`: how long an undo can matter.
     lives: Duration,
@@ -143,18 +164,22 @@ struct Unextend {
 impl Unextend {
     /// Waits for the votes still pending (each within its node timeout), then queues the undo
     /// on each master that extended; kept across reconnects until confirmed
-    /// ([`crate::transport::Link::send_cleanup`]). A master whose answer never came wrote
-    /// before its deadline or not at all; if it wrote, its TTL stays (the key lives longer
-    /// than the old lease there: availability, not safety).
+    /// ([`crate::transport::Link::send_cleanup`]). The TTL given back is what the key had
+    /// when the extend ran, less the time since its answer came: never shorter than the old
+    /// lease (the answer came after the extend ran), longer by at most the answer's way back.
+    /// A master whose answer never came wrote before its deadline or not at all; if it wrote,
+    /// its TTL stays (the key lives longer than the old lease there: availability, not
+    /// safety).
     async fn run(mut self: Box<Self>) {
         while let Some((i, vote)) = self.late.next().await {
-            self.votes[i] = vote;
+            self.votes[i] = (vote, Instant::now());
         }
-        for (vote, voter) in self.votes.iter().zip(self.masters.voters()) {
+        for ((vote, answered), voter) in self.votes.iter().zip(self.masters.voters()) {
             let Some(before) = extended_from(vote) else {
                 continue;
             };
-            let before = before.max(1).to_string();
+            let since = answered.elapsed().as_millis() as i64;
+            let before = before.saturating_sub(since).max(1).to_string();
             let payload = encode_command(&[
                 b"EVAL".as_ref(),
                 UNEXTEND_SCRIPT.as_bytes(),
