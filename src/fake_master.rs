@@ -167,6 +167,7 @@ impl FakeMaster {
                 "run_id:fake0000fake0000\r\nuptime_in_seconds:{}\r\nrole:master\r\nmaxmemory_policy:noeviction\r\nloading:0\r\nevicted_keys:0\r\naof_enabled:0\r\n",
                 self.born.elapsed().as_secs()
             )),
+            "CONFIG" => Reply::Array(vec![Reply::bulk("appendfsync"), Reply::bulk("everysec")]),
             "GET" => live(&state.keys, &arg(1)).cloned().map_or(Reply::Null, Reply::Bulk),
             "SET" => {
                 let nx = args[3..].iter().any(|a| a.eq_ignore_ascii_case(b"NX"));

@@ -99,3 +99,78 @@ async fn without_quarantine_a_restarted_master_votes_at_once() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A directory of its own for one master's AOF (removed with the test's temp files).
+fn aof_dir(name: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("redlock-aof-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    dir.to_string_lossy().into_owned()
+}
+
+/// Issue 22, item 6: quarantine only where the lock could be gone. Master 0 persists with
+/// `appendonly yes` and `appendfsync always` (the Redlock page's advice): killed with SIGKILL
+/// and restarted, it has the lock from its AOF and votes again at once (before: 60.6 s out).
+/// The same with `appendfsync everysec` (the last second of writes may be lost) is quarantined.
+/// A `FLUSHDB` of another database keeps database 0's marker and locks: no quarantine; a
+/// `FLUSHDB` of database 0 takes the marker with the locks: quarantined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_master_that_may_have_lost_locks_is_quarantined() {
+    for fsync in ["always", "everysec"] {
+        let dir = aof_dir(fsync);
+        let aof: [&str; 6] = ["--appendonly", "yes", "--appendfsync", fsync, "--dir", &dir];
+        let mut durable = LocalMaster::start(None, &aof).expect("start");
+        let others = LocalCluster::start(2).expect("start");
+        let mut addrs = vec![durable.addr()];
+        addrs.extend(others.addrs());
+        let proxy = Proxy::start(addrs, |_| {}).await;
+        let mut c = proxy.client().await;
+        wait_for_info(&mut c, "state=up", 3).await;
+        let k = key(&format!("aof-{fsync}"));
+        assert_eq!(
+            c.cmd(&["SET", &k, "tok-x", "NX", "PX", "30000"]).await,
+            "+OK"
+        );
+        let pid = durable.pid().expect("running");
+        tokio::task::block_in_place(|| durable.restart(&aof)).expect("restart");
+        assert_ne!(durable.pid(), Some(pid), "the master was restarted");
+        // The restart is seen (a new connection), and the lock came back from the AOF.
+        wait_for_info(&mut c, "connects=2", 1).await;
+        assert_eq!(master_get(durable.port, &k).await.as_deref(), Some("tok-x"));
+        assert_eq!(
+            c.cmd(&["SET", &k, "tok-y", "NX", "PX", "1000"]).await,
+            "$nil"
+        );
+        if fsync == "always" {
+            wait_for_info(&mut c, "state=up", 3).await;
+            // A grant that needs master 0's vote: master 1 holds the key for someone else.
+            let k2 = key("aof-needs-master-0");
+            master_cmd(
+                others.masters[0].port,
+                &["SET", &k2, "foreign", "PX", "30000"],
+            )
+            .await;
+            assert_eq!(c.cmd(&["SET", &k2, "v", "NX", "PX", "10000"]).await, "+OK");
+        } else {
+            let info = wait_for_info(&mut c, "quarantined (restarted", 1).await;
+            assert!(info.contains("master0:"), "{info}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    let masters = LocalCluster::start(3).expect("start");
+    let proxy = Proxy::start(masters.addrs(), |_| {}).await;
+    let mut c = proxy.client().await;
+    wait_for_info(&mut c, "state=up", 3).await;
+    let port = masters.masters[0].port;
+    let mut direct = redlock_testkit::resp::Client::connect(port).await;
+    assert_eq!(direct.cmd(&["SELECT", "1"]).await, "+OK");
+    assert_eq!(direct.cmd(&["FLUSHDB"]).await, "+OK");
+    // Several polls later (100 ms apart) every master still votes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let info = wait_for_info(&mut c, "state=up", 3).await;
+    assert!(!info.contains("quarantined"), "{info}");
+    assert_eq!(master_cmd(port, &["FLUSHDB"]).await, "+OK");
+    let info = wait_for_info(&mut c, "quarantined (lock marker gone", 1).await;
+    assert!(info.contains("master0:"), "{info}");
+}

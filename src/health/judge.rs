@@ -14,10 +14,26 @@ pub struct Observation {
     pub maxmemory_policy: String,
     pub loading: bool,
     pub evicted_keys: u64,
-    /// Calls of commands that drop data wholesale (`flushall`, `flushdb`, `swapdb`, `debug`).
+    /// Calls of commands that may drop database 0's data wholesale while its marker survives
+    /// (`flushall`, `debug`). `FLUSHDB` and `SWAPDB` are not counted: they can only lose
+    /// database 0's locks together with its marker, which every acquire checks.
     pub data_wipes: u64,
     /// The dataset was loaded from disk at startup (AOF on, or keys loaded from an RDB).
     pub loaded_from_disk: bool,
+    /// AOF on (`aof_enabled:1`), its last write succeeded, and `appendfsync always` (from
+    /// `CONFIG GET`): every write was on disk before its reply ([`Observation::durable`]).
+    pub aof_enabled: bool,
+    pub aof_write_ok: bool,
+    pub fsync_always: bool,
+}
+
+impl Observation {
+    /// Whether a restart of the master in this configuration loses no acknowledged write:
+    /// with `appendonly yes` and `appendfsync always`, Redis writes and fsyncs the AOF before
+    /// it replies (redis.io, "Redis persistence"; the Redlock page's advice on fsync).
+    pub fn durable(&self) -> bool {
+        self.aof_enabled && self.aof_write_ok && self.fsync_always
+    }
 }
 
 /// Reads an `INFO` reply (`field:value` lines).
@@ -35,8 +51,13 @@ pub fn parse_info(text: &str) -> Observation {
             "maxmemory_policy" => obs.maxmemory_policy = value.to_string(),
             "loading" => obs.loading = value == "1",
             "evicted_keys" => obs.evicted_keys = number(),
-            "aof_enabled" | "rdb_last_load_keys_loaded" => obs.loaded_from_disk |= number() > 0,
-            "cmdstat_flushall" | "cmdstat_flushdb" | "cmdstat_swapdb" | "cmdstat_debug" => {
+            "aof_enabled" => {
+                obs.aof_enabled = number() > 0;
+                obs.loaded_from_disk |= obs.aof_enabled;
+            }
+            "rdb_last_load_keys_loaded" => obs.loaded_from_disk |= number() > 0,
+            "aof_last_write_status" => obs.aof_write_ok = value == "ok",
+            "cmdstat_flushall" | "cmdstat_debug" => {
                 let calls = value
                     .split(',')
                     .find_map(|kv| kv.strip_prefix("calls="))
@@ -62,16 +83,19 @@ pub struct Judgement {
 /// Compares two observations of one master.
 pub fn judge(prev: Option<&Observation>, now: &Observation) -> Judgement {
     let lost = prev.and_then(|p| {
-        if p.run_id != now.run_id {
+        // A restart loses nothing when every write was on disk before its reply, before the
+        // restart and after it.
+        let restart_loses = !(p.durable() && now.durable());
+        if p.run_id != now.run_id && restart_loses {
             Some(format!(
                 "restarted (run_id {} -> {})",
                 short(&p.run_id),
                 short(&now.run_id)
             ))
-        } else if now.uptime_secs < p.uptime_secs {
+        } else if now.uptime_secs < p.uptime_secs && restart_loses {
             Some("restarted (uptime went backwards)".to_string())
         } else if now.data_wipes > p.data_wipes {
-            Some("data wiped (FLUSHALL/FLUSHDB/SWAPDB/DEBUG)".to_string())
+            Some("data wiped (FLUSHALL/DEBUG)".to_string())
         } else if now.evicted_keys > p.evicted_keys {
             Some(format!(
                 "{} keys evicted",
@@ -300,7 +324,47 @@ mod tests {
         assert_eq!(o.role, "master");
         assert_eq!(o.maxmemory_policy, "noeviction");
         assert!(!o.loading);
-        assert_eq!(o.data_wipes, 3);
+        // FLUSHDB is not counted: it can only lose database 0's locks with its marker.
+        assert_eq!(o.data_wipes, 2);
+    }
+
+    #[test]
+    fn a_restart_with_every_write_fsynced_loses_nothing() {
+        let durable = |run_id: &str, uptime| Observation {
+            aof_enabled: true,
+            aof_write_ok: true,
+            fsync_always: true,
+            loaded_from_disk: true,
+            ..obs(run_id, uptime)
+        };
+        let before = durable("aaaaaaaaaa", 100);
+        assert_eq!(judge(Some(&before), &durable("bbbbbbbbbb", 1)).lost, None);
+        // Anything less than fsync-always AOF, before or after, may have lost the last writes.
+        let weaker = [
+            Observation {
+                fsync_always: false,
+                ..durable("bbbbbbbbbb", 1)
+            },
+            Observation {
+                aof_write_ok: false,
+                ..durable("bbbbbbbbbb", 1)
+            },
+            Observation {
+                aof_enabled: false,
+                ..durable("bbbbbbbbbb", 1)
+            },
+        ];
+        for after in &weaker {
+            assert!(judge(Some(&before), after).lost.is_some(), "{after:?}");
+            assert!(
+                judge(Some(after), &durable("cccccccccc", 1)).lost.is_some(),
+                "{after:?}"
+            );
+        }
+        let text = "aof_enabled:1\r\naof_last_write_status:ok\r\n";
+        let parsed = parse_info(text);
+        assert!(parsed.aof_enabled && parsed.aof_write_ok && parsed.loaded_from_disk);
+        assert!(!parsed.durable(), "appendfsync comes from CONFIG GET");
     }
 
     #[test]

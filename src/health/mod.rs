@@ -42,8 +42,10 @@
 //!   are adopted (the tag replaced, the expiry kept), so proxies starting together converge
 //!   on one founder instead of splitting the masters between them.
 //! - A master that **restarted** (new `run_id`, or uptime going backwards) or **lost data**
-//!   (`FLUSHALL`/`FLUSHDB`/`SWAPDB`/`DEBUG` calls, keys evicted) while watched is quarantined
-//!   the same way, shared key included. A master first seen armed that **loaded its data from
+//!   (`FLUSHALL`/`DEBUG` calls, keys evicted) while watched is quarantined the same way,
+//!   shared key included; a restart is not a loss when the master ran with `appendonly yes`
+//!   and `appendfsync always` before and after it (every write fsynced before its reply), and
+//!   a `FLUSHDB`/`SWAPDB` is one only if it took database 0's marker with it. A master first seen armed that **loaded its data from
 //!   disk** (AOF on, or keys loaded from an RDB) less than B ago may have lost its last writes:
 //!   quarantined for the rest of B.
 //! - A master in an **unsafe configuration** (role other than master, `maxmemory-policy` other
@@ -68,7 +70,7 @@ pub use state::{MasterHealth, QUARANTINE_CAUSES};
 use crate::live::LiveDuration;
 use crate::protocol::{encode_command, Reply};
 use crate::transport::Link;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use state::ClockReading;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -95,17 +97,29 @@ pub(crate) const CLAIM_SCRIPT: &str = "if redis.call('exists', KEYS[1]) == 0 the
 pub(crate) const LIFT_SCRIPT: &str =
     "if redis.call('get', KEYS[2]) == ARGV[1] then return redis.call('del', KEYS[2]) end return 0";
 
-/// The `INFO` sections the monitor needs (Redis 7 accepts several sections at once).
+/// The `INFO` sections the monitor needs (Redis 7 accepts several sections at once), then the
+/// fsync policy, which `INFO` does not show.
 fn info_command() -> Bytes {
-    encode_command(&[
-        "INFO",
-        "server",
-        "persistence",
-        "stats",
-        "replication",
-        "memory",
-        "commandstats",
-    ])
+    let mut both = BytesMut::from(
+        &encode_command(&[
+            "INFO",
+            "server",
+            "persistence",
+            "stats",
+            "replication",
+            "memory",
+            "commandstats",
+        ])[..],
+    );
+    both.extend_from_slice(&encode_command(&["CONFIG", "GET", "appendfsync"]));
+    both.freeze()
+}
+
+/// Whether `CONFIG GET appendfsync` answered `always` (an error, e.g. `CONFIG` renamed away,
+/// counts as not).
+fn fsync_always(reply: &Reply) -> bool {
+    matches!(reply, Reply::Array(items) if matches!(items.as_slice(),
+        [_, Reply::Bulk(policy)] if policy.eq_ignore_ascii_case(b"always")))
 }
 
 /// This proxy's view of the deployment, shared by the monitors of all masters and the
@@ -388,7 +402,12 @@ impl Monitor {
 
     /// One request to the master, whatever its health (the monitor is what judges it).
     async fn ask(&self, payload: Bytes) -> Option<Reply> {
-        self.link.send(payload, 1).wait().await.ok()
+        self.ask_n(payload, 1).await
+    }
+
+    /// `replies` requests at once: their replies as an array.
+    async fn ask_n(&self, payload: Bytes, replies: usize) -> Option<Reply> {
+        self.link.send(payload, replies).wait().await.ok()
     }
 
     /// One look at the master: its clock, its markers, then `INFO`; arms or quarantines it as
@@ -421,10 +440,14 @@ impl Monitor {
         else {
             return;
         };
-        let Some(Reply::Bulk(text)) = self.ask(self.info.clone()).await else {
+        let Some(Reply::Array(answers)) = self.ask_n(self.info.clone(), 2).await else {
             return;
         };
-        let obs = parse_info(&String::from_utf8_lossy(&text));
+        let [Reply::Bulk(text), fsync] = answers.as_slice() else {
+            return;
+        };
+        let mut obs = parse_info(&String::from_utf8_lossy(text));
+        obs.fsync_always = fsync_always(fsync);
         let now = Instant::now();
         let first = health.first_sight();
         let armed = matches!(markers, Markers::Armed { .. });
