@@ -360,6 +360,16 @@ fn signals_during_start_up_end_the_proxy_cleanly_and_local_masters_die_with_it()
 
     let mut proxy = start();
     let deadline = Instant::now() + Duration::from_secs(10);
+    // Handlers first: once a local master runs, SIGTERM is already caught (before the fix the
+    // handlers came after every local master answered).
+    while redis_children(proxy.id()).is_empty() {
+        assert!(Instant::now() < deadline, "no local master within 10 s");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        catches_sigterm(proxy.id()),
+        "a local master runs before SIGTERM is caught"
+    );
     let children = loop {
         let children = redis_children(proxy.id());
         if children.len() == 3 {
