@@ -13,46 +13,19 @@
 
 use redlock_proxy::{Config, LocalCluster, LocalMaster};
 use redlock_testkit::key;
-use redlock_testkit::launcher::Proxy;
+use redlock_testkit::launcher::{wait_for_info_within, Proxy};
 use redlock_testkit::masters::{master_cmd, master_get};
 use redlock_testkit::relay::{Mode, Relay};
 use redlock_testkit::resp::Client;
+use redlock_testkit::workload::wait_grantable;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const NODE_TIMEOUT_MS: u64 = 300;
 
-/// Polls `INFO masters` until `needle` shows `count` times (at most `limit`); the last INFO.
-async fn info_until(client: &mut Client, needle: &str, count: usize, limit: Duration) -> String {
-    let deadline = Instant::now() + limit;
-    loop {
-        let info = client.cmd(&["INFO", "masters"]).await;
-        if info.matches(needle).count() == count {
-            return info;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "expected {count}× {needle:?} within {limit:?} in {info}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Tries `SET k v NX PX ttl` until it answers `OK` (at most `limit`); the number of tries.
-async fn granted_within(client: &mut Client, k: &str, ttl: &str, limit: Duration) -> usize {
-    let deadline = Instant::now() + limit;
-    for attempt in 1..=10_000 {
-        let reply = client.cmd(&["SET", k, "v", "NX", "PX", ttl]).await;
-        if reply == "+OK" {
-            return attempt;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no grant of {k} within {limit:?}: last reply {reply}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    unreachable!("10 000 tries take longer than any limit given here")
+/// Whether a lock on `k` is granted through the proxy within `limit` (then released).
+async fn granted_within(proxy: &Proxy, k: &str, limit: Duration) -> bool {
+    wait_grantable(proxy.port, k, 10_000, limit).await.is_some()
 }
 
 /// A loopback port nothing listens on (bound, then released).
@@ -92,7 +65,7 @@ async fn a_proxy_started_during_a_cut_never_arms_an_amnesiac_master_without_quar
     let p1 = Proxy::start(addrs_p1, settings).await;
     let mut admin = p1.client().await;
     // Every master of P1 votes (A perhaps after a quarantine of the cap plus drift).
-    info_until(&mut admin, "state=up", 3, Duration::from_secs(15)).await;
+    wait_for_info_within(&mut admin, "state=up", 3, Duration::from_secs(15)).await;
     let k = key("cut-at-start");
     // C missed X's write: X's lease sits on exactly A and B.
     assert_eq!(
@@ -161,18 +134,13 @@ async fn a_new_deployment_with_a_minority_down_serves_and_the_rest_join_quaranti
     addrs.extend(dead.iter().map(|p| format!("127.0.0.1:{p}")));
     let proxy = Proxy::start(addrs, |c| c.node_timeout_ms = NODE_TIMEOUT_MS).await;
     let mut client = proxy.client().await;
-    granted_within(
-        &mut client,
-        &key("minority-down"),
-        "10000",
-        Duration::from_secs(10),
-    )
-    .await;
-    let info = info_until(&mut client, "state=up", 3, Duration::from_secs(5)).await;
+    assert!(granted_within(&proxy, &key("minority-down"), Duration::from_secs(10)).await);
+    let info = wait_for_info_within(&mut client, "state=up", 3, Duration::from_secs(5)).await;
     assert!(info.contains("deployment:founded_by_this_proxy"), "{info}");
     // A master that comes up now joins a running deployment: quarantined, not armed plainly.
     let late = LocalMaster::start(Some(dead[0]), &[]).expect("start the late master");
-    let info = info_until(&mut client, "state=quarantined", 1, Duration::from_secs(10)).await;
+    let info =
+        wait_for_info_within(&mut client, "state=quarantined", 1, Duration::from_secs(10)).await;
     assert!(
         info.contains("lock marker missing in a running deployment"),
         "{info}"
@@ -186,14 +154,8 @@ async fn a_new_deployment_with_a_minority_down_serves_and_the_rest_join_quaranti
     addrs.push(format!("redis://:wrong@{}", locked.addr()));
     let proxy = Proxy::start(addrs, |c| c.node_timeout_ms = NODE_TIMEOUT_MS).await;
     let mut client = proxy.client().await;
-    granted_within(
-        &mut client,
-        &key("auth-failed"),
-        "10000",
-        Duration::from_secs(10),
-    )
-    .await;
-    let info = info_until(&mut client, "state=up", 4, Duration::from_secs(5)).await;
+    assert!(granted_within(&proxy, &key("auth-failed"), Duration::from_secs(10)).await);
+    let info = wait_for_info_within(&mut client, "state=up", 4, Duration::from_secs(5)).await;
     assert!(info.contains("state=auth_failed"), "{info}");
 }
 
@@ -209,13 +171,7 @@ async fn the_first_acquire_after_start_is_never_null() {
         let masters = LocalCluster::start(3).expect("redis-server must be installed");
         if run % 2 == 1 {
             let first = Proxy::start(masters.addrs(), |_| {}).await;
-            granted_within(
-                &mut first.client().await,
-                &key("arm"),
-                "1000",
-                Duration::from_secs(10),
-            )
-            .await;
+            assert!(granted_within(&first, &key("arm"), Duration::from_secs(10)).await);
             first.stop().await;
         }
         let config = Config {
@@ -267,6 +223,15 @@ fn redis_children(parent: u32) -> Vec<u32> {
             })
         })
         .collect()
+}
+
+/// Adds the `redis-server` children `parent` has now to `seen`.
+fn note_children(parent: u32, seen: &mut Vec<u32>) {
+    for pid in redis_children(parent) {
+        if !seen.contains(&pid) {
+            seen.push(pid);
+        }
+    }
 }
 
 /// Whether process `pid` catches SIGTERM (`SigCgt` in `/proc/<pid>/status`, bit 15 − 1).
@@ -328,22 +293,14 @@ fn signals_during_start_up_end_the_proxy_cleanly_and_local_masters_die_with_it()
         let mut children = redis_children(proxy.id());
         let signal_at = Instant::now() + Duration::from_millis(delay_ms);
         while Instant::now() < signal_at {
-            for pid in redis_children(proxy.id()) {
-                if !children.contains(&pid) {
-                    children.push(pid);
-                }
-            }
+            note_children(proxy.id(), &mut children);
             std::thread::sleep(Duration::from_millis(2));
         }
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(proxy.id() as libc::pid_t, libc::SIGTERM) };
         let deadline = Instant::now() + Duration::from_secs(10);
         let status = loop {
-            for pid in redis_children(proxy.id()) {
-                if !children.contains(&pid) {
-                    children.push(pid);
-                }
-            }
+            note_children(proxy.id(), &mut children);
             if let Some(status) = proxy.try_wait().expect("wait") {
                 break status;
             }

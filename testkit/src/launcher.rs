@@ -330,7 +330,17 @@ fn listening_port(line: &str) -> Option<u16> {
 /// Waits (at most 5 s) until the proxy's `INFO masters` on `client` shows `needle` exactly
 /// `count` times (`state=up` 3 times, say); returns that INFO. Panics past the limit.
 pub async fn wait_for_info(client: &mut Client, needle: &str, count: usize) -> String {
-    let deadline = Instant::now() + Duration::from_secs(5);
+    wait_for_info_within(client, needle, count, Duration::from_secs(5)).await
+}
+
+/// [`wait_for_info`] with a limit of its own.
+pub async fn wait_for_info_within(
+    client: &mut Client,
+    needle: &str,
+    count: usize,
+    limit: Duration,
+) -> String {
+    let deadline = Instant::now() + limit;
     loop {
         let info = client.cmd(&["INFO", "masters"]).await;
         if info.matches(needle).count() == count {
