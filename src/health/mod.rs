@@ -269,7 +269,7 @@ pub(crate) fn instance_name() -> String {
 
 /// Claim rounds a founding proxy waits, once a quorum carries its claim, for masters that did
 /// not answer yet (one health interval each).
-const FOUNDING_PATIENCE: u32 = 3;
+const FOUNDING_PATIENCE: u32 = 1;
 
 /// `EVAL script 2 <armed> <quarantine> args…`.
 fn markers_command(script: &str, args: &[&str]) -> Bytes {
