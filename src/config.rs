@@ -219,6 +219,19 @@ impl Config {
         if self.local == Some(0) {
             return invalid("--local needs at least 1 master");
         }
+        // A master listed twice would vote twice: a "majority" could then be a minority of
+        // the real masters, and the quorum intersection every argument rests on is gone.
+        for (i, backend) in self.backends.iter().enumerate() {
+            let same = |other: &Backend| {
+                other.host.eq_ignore_ascii_case(&backend.host) && other.port == backend.port
+            };
+            if self.backends[..i].iter().any(same) {
+                return Err(ConfigError::Invalid(format!(
+                    "master {}:{} is listed twice: each master must be a different redis-server (a master counted twice would vote twice)",
+                    backend.host, backend.port
+                )));
+            }
+        }
         if !(0.0..1.0).contains(&self.drift_factor) || self.drift_factor.is_nan() {
             return invalid("drift factor must be in [0, 1)");
         }
@@ -347,5 +360,25 @@ mod tests {
         config.drift_factor = 0.01;
         config.backends.clear();
         assert!(config.validate().is_err());
+    }
+
+    #[test]
+    fn a_master_listed_twice_is_refused() {
+        let backends = |list: &[&str]| list.iter().map(|b| b.parse().unwrap()).collect();
+        let mut config = Config {
+            backends: backends(&["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]),
+            ..Config::default()
+        };
+        config.validate().unwrap();
+        // The same address with another scheme spelling, credentials or host case.
+        for list in [
+            ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:1"],
+            ["redis://:pw@127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:1"],
+            ["LOCALHOST:7", "127.0.0.1:2", "localhost:7"],
+        ] {
+            config.backends = backends(&list);
+            let err = config.validate().unwrap_err().to_string();
+            assert!(err.contains("is listed twice"), "{list:?}: {err}");
+        }
     }
 }

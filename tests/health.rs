@@ -131,6 +131,12 @@ async fn only_a_master_that_may_have_lost_locks_is_quarantined() {
             c.cmd(&["SET", &k, "tok-x", "NX", "PX", "30000"]).await,
             "+OK"
         );
+        // The acquire answers once a quorum said OK: wait until master 0 ran it too.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while master_get(durable.port, &k).await.as_deref() != Some("tok-x") {
+            assert!(Instant::now() < deadline, "master 0 never got the lock");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let pid = durable.pid().expect("running");
         tokio::task::block_in_place(|| durable.restart(&aof)).expect("restart");
         assert_ne!(durable.pid(), Some(pid), "the master was restarted");
@@ -173,4 +179,28 @@ async fn only_a_master_that_may_have_lost_locks_is_quarantined() {
     assert_eq!(master_cmd(port, &["FLUSHDB"]).await, "+OK");
     let info = wait_for_info(&mut c, "quarantined (lock marker gone", 1).await;
     assert!(info.contains("master0:"), "{info}");
+}
+
+/// One redis-server reached through two addresses (here a relay in front of it) would vote
+/// twice: both are refused as unsafe, with the reason (the literal duplicate address is refused
+/// by the configuration check: `src/config.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_redis_server_behind_two_addresses_does_not_vote() {
+    let masters = LocalCluster::start(2).expect("start");
+    let twin = redlock_testkit::relay::Relay::start(masters.masters[0].port).await;
+    let addrs = vec![
+        masters.addrs()[0].clone(),
+        twin.addr(),
+        masters.addrs()[1].clone(),
+    ];
+    let proxy = Proxy::start(addrs, |_| {}).await;
+    let mut c = proxy.client().await;
+    let info = wait_for_info(&mut c, "state=unsafe (the same redis-server as master", 2).await;
+    assert!(
+        info.contains("master2:") && info.contains("state=up"),
+        "{info}"
+    );
+    // One real master of two can vote: no quorum of 3 listed, no grant.
+    let k = key("twin");
+    assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "10000"]).await, "$nil");
 }

@@ -131,11 +131,27 @@ struct DeploymentView {
     verdict: watch::Sender<Option<Deployment>>,
     /// Woken after every poll judged once the verdict is in ([`Startup`]).
     judged: Notify,
+    /// Each master's last `run_id`: two addresses of one redis-server must not both vote.
+    run_ids: std::sync::Mutex<Vec<String>>,
 }
 
 impl DeploymentView {
     fn verdict(&self) -> Option<Deployment> {
         *self.verdict.borrow()
+    }
+
+    /// Records master `index`'s `run_id`; the other master with the same one, if any (the
+    /// same redis-server reached through two addresses).
+    fn same_server_as(&self, index: usize, run_id: &str) -> Option<usize> {
+        let mut ids = self.run_ids.lock().ok()?;
+        ids[index] = run_id.to_string();
+        (!run_id.is_empty())
+            .then(|| {
+                ids.iter()
+                    .enumerate()
+                    .position(|(i, id)| i != index && id == run_id)
+            })
+            .flatten()
     }
 
     /// Records the verdict if none was reached before (monitors waiting for it look again).
@@ -226,6 +242,7 @@ pub fn spawn_monitors(
         tag: format!("{CLAIM_PREFIX}{}", instance_name()),
         verdict: watch::Sender::new(None),
         judged: Notify::new(),
+        run_ids: std::sync::Mutex::new(vec![String::new(); masters.len()]),
     });
     let status = markers_command(STATUS_SCRIPT, &[]);
     let preload: Vec<Bytes> = policy
@@ -236,8 +253,9 @@ pub fn spawn_monitors(
     let policy = Arc::new(policy);
     let links: Vec<Arc<Link>> = masters.iter().map(|(link, _)| link.clone()).collect();
     tokio::spawn(found(links, view.clone(), policy.clone(), stop.clone()));
-    for (link, health) in masters {
+    for (index, (link, health)) in masters.iter().enumerate() {
         let monitor = Monitor {
+            index,
             link: link.clone(),
             health: health.clone(),
             view: view.clone(),
@@ -370,6 +388,8 @@ async fn found(
 
 /// The monitor of one master.
 struct Monitor {
+    /// The master's place in the configuration.
+    index: usize,
     link: Arc<Link>,
     health: Arc<MasterHealth>,
     view: Arc<DeploymentView>,
@@ -452,7 +472,16 @@ impl Monitor {
         let first = health.first_sight();
         let armed = matches!(markers, Markers::Armed { .. });
         let waited = first_sight_wait(&obs, policy.lease_bound).filter(|_| first && armed);
-        let mut lost = health.observe(&link.addr, obs);
+        let twin = self
+            .view
+            .same_server_as(self.index, &obs.run_id)
+            .map(|other| {
+                format!(
+                    "the same redis-server as master{other} (run_id {}): it would vote twice",
+                    &obs.run_id[..obs.run_id.len().min(8)]
+                )
+            });
+        let mut lost = health.observe(&link.addr, obs, twin);
         if armed {
             self.view.decide(Deployment::Live, "a master is armed");
         }

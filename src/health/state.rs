@@ -212,12 +212,19 @@ impl MasterHealth {
         h.quarantined_until = Some(until);
     }
 
-    /// Records an `INFO` observation; returns the loss it shows, if any.
-    pub(super) fn observe(&self, addr: &str, obs: Observation) -> Option<String> {
+    /// Records an `INFO` observation; returns the loss it shows, if any. `also_unsafe`: a
+    /// reason beyond the observation not to let the master vote.
+    pub(super) fn observe(
+        &self,
+        addr: &str,
+        obs: Observation,
+        also_unsafe: Option<String>,
+    ) -> Option<String> {
         let Ok(mut h) = self.state.lock() else {
             return None;
         };
-        let verdict = judge(h.last.as_ref(), &obs);
+        let mut verdict = judge(h.last.as_ref(), &obs);
+        verdict.unsafe_config = verdict.unsafe_config.or(also_unsafe);
         if verdict.unsafe_config != h.unsafe_reason {
             match &verdict.unsafe_config {
                 Some(reason) => {
