@@ -463,14 +463,33 @@ async fn the_prelude_matches_keys_as_redis_acl_does() {
         ];
         assert_eq!(c.cmd(&acl).await, "+OK");
         let redis_allows = c.cmd(&["ACL", "DRYRUN", &user, "GET", key]).await == "+OK";
-        // ARGV: the key, then the pattern and its count, which the prelude removes.
-        let reply = c.cmd(&["EVAL", probe, "0", key, pattern, "1"]).await;
+        // ARGV: the key, then the pattern (tagged as a glob) and its count, which the prelude
+        // removes.
+        let glob = format!("*{pattern}");
+        let reply = c.cmd(&["EVAL", probe, "0", key, &glob, "1"]).await;
         let expected = if redis_allows {
             format!("*[:1,${}]", &undeclared(key)[1..])
         } else {
             format!("*[:1,${SCRIPT_NOPERM}]")
         };
         assert_eq!(reply, expected, "{pattern} vs {key}");
+    }
+    // The proxy's shortcuts for a pattern without wildcards, and a trailing `*`.
+    for (tagged, key, allowed) in [
+        ("=app:lock", "app:lock", true),
+        ("=app:lock", "app:locks", false),
+        ("=app:lock", "app:loc", false),
+        ("^app:", "app:x", true),
+        ("^app:", "app:", true),
+        ("^app:", "ap", false),
+        ("^", "anything", true),
+    ] {
+        let reply = c.cmd(&["EVAL", probe, "0", key, tagged, "1"]).await;
+        assert_eq!(
+            reply.contains("not in the script's KEYS"),
+            allowed,
+            "{tagged} vs {key}: {reply}"
+        );
     }
     // No pattern at all: no key; -1: every key.
     assert_eq!(
