@@ -234,8 +234,8 @@ local declared = {}
 for i = 1, #keys do declared[keys[i]] = true end
 local allowed
 if m >= 0 then
-  local patterns = {}
-  for i = 1, m do patterns[i] = argv[n - m - 1 + i] end
+  local kinds, rests = {}, {}
+  for i = 1, m do kinds[i], rests[i] = byte(argv[n - m - 1 + i], 1), sub(argv[n - m - 1 + i], 2) end
   local function glob(p, k)
     local pl, kl, pi, ki, sp, sk = #p, #k, 1, 1, nil, nil
     while ki <= kl do
@@ -272,8 +272,7 @@ if m >= 0 then
   end
   allowed = function(k)
     for i = 1, m do
-      local p = patterns[i]
-      local kind, rest = byte(p, 1), sub(p, 2)
+      local kind, rest = kinds[i], rests[i]
       if kind == 61 then if k == rest then return true end
       elseif kind == 94 then if sub(k, 1, #rest) == rest then return true end
       elseif glob(rest, k) then return true end
