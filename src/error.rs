@@ -98,6 +98,10 @@ pub enum ProxyError {
     AclRefused(String),
     #[error("ERR keys starting with 'redlock-proxy:' are refused by redlock-proxy: they hold its own state on the masters")]
     ReservedKey,
+    /// A script that could get around the key checks of its `redis.call`s
+    /// ([`crate::script_keys`]).
+    #[error("ERR scripts using _G, getfenv, setfenv, rawget, load, loadstring, loadfile, dofile or debug are refused by redlock-proxy: they could touch keys it cannot check")]
+    ScriptReachesGlobals,
     /// A TTL above `max_lock_ttl_ms` (the quarantine of a master that lost data lasts the cap
     /// plus drift: a longer lease could outlive it; docs/SAFETY.md).
     #[error(
@@ -122,6 +126,9 @@ pub enum ProxyError {
     /// A script set a TTL above the cap; the guard capped the key.
     #[error("ERR script set a TTL above max_lock_ttl_ms ({0} ms) of redlock-proxy; the key's TTL was capped, do not rely on the longer lease")]
     ScriptTtlCapped(u64),
+    /// A script left a key without expiry; the guard gave it the lease bound.
+    #[error("ERR script left a key without expiry, which redlock-proxy does not keep: its TTL was set to max_lock_ttl_ms ({0} ms); set PX or PEXPIRE in the script")]
+    ScriptNoExpiry(u64),
     /// A lease script succeeded on a majority, but too late to promise the lease.
     #[error("ERR lease validity expired before a majority answered (redlock-proxy); the lock is not held")]
     LeaseExpired,
@@ -286,6 +293,7 @@ mod tests {
             ProxyError::SetNxWithoutExpiry,
             ProxyError::Setnx,
             ProxyError::SelectNonZero(1),
+            ProxyError::ScriptReachesGlobals,
         ];
         for err in refusals {
             assert!(

@@ -6,7 +6,7 @@
 //! Not an API: hidden from the docs, re-exports only, may change with the modules behind it.
 
 pub use crate::health::judge::{judge, parse_info, parse_time};
-pub use crate::lease_script::{is_compare_and_delete, may_set_expiry, recognise, LeaseShape};
+pub use crate::lease_script::{is_compare_and_delete, may_write, recognise, LeaseShape};
 pub use crate::protocol::request::{DEFAULT_MAX_BULK_LEN, INLINE_MAX_SIZE};
 pub use crate::protocol::{
     decode_reply, encode_command, ParseError, Protocol, Reply, Request, RequestParser,

@@ -6,7 +6,8 @@
 //!
 //! 1. Leaves, no I/O: [`protocol`] (RESP both ways: client requests, replies, commands to the
 //!    masters), [`redlock`] (the pure Redlock decisions: quorum, validity, merge rules),
-//!    [`lease_script`] (what a client's Lua script means), [`error`] (every error reply the
+//!    [`lease_script`] (what a client's Lua script means), [`script_keys`] (the checks a
+//!    client's script runs under on the masters), [`error`] (every error reply the
 //!    proxy makes), [`config`], [`lease`] (a reply that promises a lock until a deadline),
 //!    [`auth`] (users, password checks, key patterns), [`live`] (durations a reload changes).
 //! 2. [`transport`]: one pipelined FIFO connection per master (send, replies in order,
@@ -51,6 +52,7 @@ mod ops;
 mod protocol;
 mod redlock;
 mod script_cache;
+mod script_keys;
 mod server;
 mod shared;
 mod stats;
@@ -75,4 +77,5 @@ pub mod on_master {
     pub use crate::health::{ARMED_KEY, QUARANTINE_KEY};
     pub use crate::lock::{token_key, COMPARE_AND_DELETE, LOCK_SCRIPT, UNDO_SCRIPT};
     pub use crate::script_cache::script_sha;
+    pub use crate::script_keys::{checked_body, ScriptCommand, SCRIPT_COMMANDS, SCRIPT_NOPERM};
 }

@@ -7,7 +7,8 @@
 //! and every client library then sends the body again (`EVAL`).
 
 use crate::lease_script::{
-    is_compare_and_delete, known_lock_script, may_set_expiry, recognise, KnownLock, LeaseShape,
+    is_compare_and_delete, known_lock_script, may_write, reaches_globals, recognise, KnownLock,
+    LeaseShape,
 };
 use crate::redlock::MergeRule;
 use bytes::Bytes;
@@ -25,9 +26,10 @@ pub struct Script {
     pub lease: Option<LeaseShape>,
     /// How its replies merge: only a recognised compare-and-delete has a known meaning.
     pub merge: MergeRule,
-    /// It may set or extend expiries: followed by a guard on every master
-    /// ([`crate::commands::scripts`]).
-    pub sets_expiry: bool,
+    /// It may write: followed by a guard on every master ([`crate::commands::scripts`]).
+    pub may_write: bool,
+    /// It could reach the real `redis` around the key checks ([`crate::script_keys`]): refused.
+    pub reaches_globals: bool,
     /// A client library's whole acquire or release script, run as the proxy's own.
     pub lock: Option<KnownLock>,
 }
@@ -42,7 +44,8 @@ impl Script {
             } else {
                 MergeRule::Strict
             },
-            sets_expiry: may_set_expiry(&body),
+            may_write: may_write(&body),
+            reaches_globals: std::str::from_utf8(&body).map_or(true, reaches_globals),
             lock: known_lock_script(&body),
             body,
         }

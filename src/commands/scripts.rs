@@ -1,10 +1,14 @@
 //! `EVAL`, `EVALSHA` (and their `_RO` forms) and `SCRIPT LOAD|EXISTS|FLUSH|KILL`.
 //!
-//! A script runs unchanged on every master. The proxy remembers every body it sees under its
-//! real SHA1 (of the exact bytes, at most [`crate::script_cache::MAX_SCRIPTS`]), and sends an
-//! `EVALSHA` of a known script to the masters as the `EVAL` of its body, so a master that never
-//! saw the script or lost its cache runs it like the others, in the same position of the
-//! connection's FIFO as the client's request. An `EVALSHA` of a SHA1 the proxy does not know is
+//! A script runs on every master behind the key checks of [`crate::script_keys`]: its
+//! `redis.call`s may touch only its declared `KEYS`, none of the proxy's own keys, and only
+//! keys the client's user may access; a script that could get around those checks is refused.
+//! The proxy remembers every body it sees under its real SHA1 (of the exact bytes, at most
+//! [`crate::script_cache::MAX_SCRIPTS`]), and sends an `EVALSHA` of a known script to the
+//! masters as the `EVAL` of its checked body, so a master that never saw the script or lost
+//! its cache runs it like the others, in the same position of the connection's FIFO as the
+//! client's request. Redis' error texts name the SHA1 of the body a master ran: the proxy puts
+//! the client's SHA1 back. An `EVALSHA` of a SHA1 the proxy does not know is
 //! answered with Redis' own `NOSCRIPT No matching script. Please use EVAL.` without reaching
 //! the masters: forwarding it would run a script (perhaps a lease script loaded through another
 //! proxy or before a restart) whose meaning the proxy never checked; every client library
@@ -20,14 +24,15 @@
 //! extended/not acquired") and any other reply becomes an error, which no convention reads as
 //! success.
 //!
-//! Every script that may set expiries is followed, on each master, by [`GUARD_SCRIPT`] in the
-//! same pipeline: it caps what the script set at the
-//! lease bound, and a master that turns out unarmed or quarantined does not vote. A script that
-//! tried to set a longer TTL is answered with an error (its key was capped, so the caller must
-//! not believe the longer lease).
+//! Every script that may write is followed, on each master, by [`GUARD_SCRIPT`] in the same
+//! pipeline: it gives every key of the script a TTL within the lease bound, and a master that
+//! turns out unarmed or quarantined does not vote. A script that set a longer TTL, or left a key
+//! without expiry, is answered with an error (its key was capped, so the caller must not believe
+//! the longer lease, nor a key that lasts).
 
 use super::keys::forward_request;
 use super::{Action, Ctx, Session};
+use crate::auth::KeyPatterns;
 use crate::error::ProxyError;
 use crate::health::{ARMED_KEY, QUARANTINE_KEY};
 use crate::lease::{Granted, Lease, Outcome};
@@ -38,19 +43,27 @@ use crate::protocol::{encode_command, Reply, Request};
 use crate::redlock::{
     backend_ttl_ms, merge, no_quorum, validity_window, MergeRule, MissingReason, Vote,
 };
-use crate::script_cache::Script;
+use crate::script_cache::{script_sha, Script};
+use crate::script_keys::{access_args, checked_body};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Run on every master right after a script that may set expiries (`KEYS` = the two markers,
-/// then the script's keys; `ARGV[1]` = the lease bound in ms). First it caps every key of the
-/// script at the bound (a script can compute any TTL: redis-py's `extend` adds to the current
-/// one), then it answers `-1` if the master is unarmed or quarantined, else how many keys it
-/// had to cap. Run *after* the script, a present marker proves no wipe came before the
-/// script ran (a wiped master is re-armed only together with its quarantine: [`crate::health`]).
-pub const GUARD_SCRIPT: &str = "local capped = 0 for i = 3, #KEYS do if redis.call('pttl', KEYS[i]) > tonumber(ARGV[1]) then redis.call('pexpire', KEYS[i], ARGV[1]) capped = capped + 1 end end if redis.call('exists', KEYS[1]) == 0 or redis.call('exists', KEYS[2]) == 1 then return -1 end return capped";
+/// Run on every master right after a script that may write (`KEYS` = the two markers, then the
+/// script's keys, the only keys it could touch; `ARGV[1]` = the lease bound in ms). First it
+/// caps every key of the script at the bound, those without expiry included (a script can
+/// compute any TTL: redis-py's `extend` adds to the current one; and a write with no TTL at all
+/// is no lease), then it answers `-1` if the master is unarmed or quarantined, else what it
+/// capped: [`CAPPED_TTL`] and [`CAPPED_NO_EXPIRY`] or-ed. Run *after* the script, a present
+/// marker proves no wipe came before the script ran (a wiped master is re-armed only together
+/// with its quarantine: [`crate::health`]).
+pub const GUARD_SCRIPT: &str = "local capped = 0 for i = 3, #KEYS do local ttl = redis.call('pttl', KEYS[i]) if ttl == -1 or ttl > tonumber(ARGV[1]) then redis.call('pexpire', KEYS[i], ARGV[1]) if ttl == -1 then capped = bit.bor(capped, 2) else capped = bit.bor(capped, 1) end end end if redis.call('exists', KEYS[1]) == 0 or redis.call('exists', KEYS[2]) == 1 then return -1 end return capped";
+
+/// The guard's flag: a key had a TTL above the bound.
+const CAPPED_TTL: i64 = 1;
+/// The guard's flag: a key had no expiry.
+const CAPPED_NO_EXPIRY: i64 = 2;
 
 /// Checks `numkeys` as Redis' `evalGetKeys` does; returns it.
 fn check_numkeys(args: &[Bytes]) -> Result<usize, ProxyError> {
@@ -65,22 +78,22 @@ fn check_numkeys(args: &[Bytes]) -> Result<usize, ProxyError> {
 }
 
 /// `EVAL body numkeys key… arg…`
-pub fn eval(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
+pub fn eval(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
     match check_numkeys(&request.args) {
         Err(err) => Action::error(err),
         Ok(numkeys) => {
             let script = ctx.shared.scripts.remember(request.args[1].clone());
-            run(ctx, request, script, numkeys)
+            run(ctx, session, request, script, numkeys)
         }
     }
 }
 
 /// `EVALSHA sha numkeys key… arg…`
-pub fn evalsha(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
+pub fn evalsha(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
     match check_numkeys(&request.args) {
         Err(err) => Action::error(err),
         Ok(numkeys) => match ctx.shared.scripts.by_sha(&request.args[1]) {
-            Some(script) => run(ctx, request, script, numkeys),
+            Some(script) => run(ctx, session, request, script, numkeys),
             None => Action::error(ProxyError::NoScript),
         },
     }
@@ -96,13 +109,25 @@ fn lease_ttl(script: &Script, args: &[Bytes], numkeys: usize) -> Option<(usize, 
 }
 
 /// The script's `KEYS` were checked by [`super::dispatch`] (reserved keys, the user's key
-/// patterns).
-fn run(ctx: &Ctx<'_>, request: Request, script: Script, numkeys: usize) -> Action {
+/// patterns); the keys its body names are checked on the masters ([`crate::script_keys`]).
+fn run(
+    ctx: &Ctx<'_>,
+    session: &Session,
+    request: Request,
+    script: Script,
+    numkeys: usize,
+) -> Action {
+    if script.reaches_globals {
+        return Action::error(ProxyError::ScriptReachesGlobals);
+    }
     let read_only =
         request.args[0].len() > 4 && request.args[0].to_ascii_uppercase().ends_with(b"_RO");
     if let Some(action) = known_lock(ctx, &script, &request.args, numkeys, read_only) {
         return action;
     }
+    // An EVAL reaches the handler only authenticated: no user would be a bug, and gets no key.
+    let no_keys = KeyPatterns::Some(Vec::new());
+    let patterns = session.user.as_ref().map_or(&no_keys, |user| &user.keys);
     let masters = ctx.masters();
     let policy = ctx.shared.policy;
     let lease = lease_ttl(&script, &request.args, numkeys);
@@ -120,9 +145,11 @@ fn run(ctx: &Ctx<'_>, request: Request, script: Script, numkeys: usize) -> Actio
     }
     // The masters always get the body (`EVAL`), never a SHA1 they may not know.
     args[0] = Bytes::from_static(if read_only { b"EVAL_RO" } else { b"EVAL" });
-    args[1] = script.body;
+    let checked = checked_body(&script.body);
+    args[1] = checked.clone();
+    args.extend(access_args(patterns));
     let mut payload = bytes::BytesMut::from(encode_command(&args).as_ref());
-    let guarded = script.sets_expiry && !read_only;
+    let guarded = script.may_write && !read_only;
     if guarded {
         // EVAL <guard> (2 + numkeys) <armed> <quarantine> <the script's keys…> <bound>
         let count = (numkeys + 2).to_string();
@@ -148,8 +175,25 @@ fn run(ctx: &Ctx<'_>, request: Request, script: Script, numkeys: usize) -> Actio
             masters.quorum_reply(&payload, rule).await
         };
         stats.count_if_release(rule, &reply);
-        settle(reply, deadline)
+        settle(clients_sha(reply, &checked, &script.body), deadline)
     }))
+}
+
+/// Redis names the script in its error texts (`… script: <sha1>, on @user_script:1.`): the
+/// SHA1 of the checked body the masters ran becomes the client's.
+fn clients_sha(reply: Reply, checked: &[u8], body: &[u8]) -> Reply {
+    let Reply::Error(text) = &reply else {
+        return reply;
+    };
+    let ran = script_sha(checked);
+    match text.windows(ran.len()).position(|w| w == ran.as_bytes()) {
+        Some(at) => {
+            let mut own = text.to_vec();
+            own[at..at + ran.len()].copy_from_slice(script_sha(body).as_bytes());
+            Reply::Error(Bytes::from(own))
+        }
+        None => reply,
+    }
 }
 
 /// A client library's whole acquire or release script, run as the proxy's own (`EVAL_RO`
@@ -236,23 +280,27 @@ fn script_vote(vote: &Vote) -> Vote {
 /// Runs a script followed by its guard on every master (two replies each) and merges the
 /// script's replies, counting a master only if its guard vouched for it. A master whose guard
 /// found it unarmed or quarantined is re-checked by its health monitor at once; a guard that
-/// had to cap a TTL makes the reply an error.
+/// had to cap a key makes the reply an error (a key left without expiry first: the stronger
+/// surprise).
 async fn guarded_reply(masters: &Masters, payload: &Bytes, rule: MergeRule, cap_ms: u64) -> Reply {
     let script_votes = |votes: &[Vote]| votes.iter().map(script_vote).collect::<Vec<_>>();
     let votes = masters
         .fan_out(payload, 2, |v| merge(&script_votes(v), rule).is_some())
         .await;
-    let mut capped = false;
+    let mut capped = 0;
     for (vote, voter) in votes.iter().zip(masters.voters()) {
         if let Vote::Replied(Reply::Array(pair)) = vote {
             match pair.get(1) {
                 Some(Reply::Integer(-1)) => voter.health.recheck(),
-                Some(Reply::Integer(n)) if *n > 0 => capped = true,
+                Some(Reply::Integer(flags)) if *flags > 0 => capped |= flags,
                 _ => {}
             }
         }
     }
-    if capped {
+    if capped & CAPPED_NO_EXPIRY != 0 {
+        return ProxyError::ScriptNoExpiry(cap_ms).into();
+    }
+    if capped & CAPPED_TTL != 0 {
         return ProxyError::ScriptTtlCapped(cap_ms).into();
     }
     let votes = script_votes(&votes);

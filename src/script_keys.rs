@@ -1,0 +1,494 @@
+//! The keys a client's script may touch on the masters, checked where the script runs.
+//!
+//! Redis 7 checks a user's key patterns for every key a script's `redis.call` touches, and
+//! Redis Cluster requires scripts to declare their keys. The proxy checks the `KEYS` of an
+//! `EVAL` before forwarding it (reserved keys, the user's patterns: [`crate::commands`]), but a
+//! script can name any key in its body (`redis.call('del', 'redlock-proxy:quarantine')`), which
+//! only the master running it sees. So every client script is sent to the masters behind a Lua
+//! prelude ([`checked_body`]) that shadows `redis` with a table whose `call` and `pcall` first
+//! locate the key arguments of the command (positions from [`SCRIPT_COMMANDS`], as `COMMAND
+//! INFO` gives them) and refuse, with the error `redis.call` itself would raise or return:
+//! - a key outside the user's patterns, with Redis 7.0's own text for scripts;
+//! - a key under [`crate::commands::RESERVED_PREFIX`], with the proxy's reserved-key text;
+//! - a key not in the script's `KEYS`;
+//! - a command that is not in the table (its keys cannot be located, or it reaches beyond the
+//!   keys: `SELECT`, `FLUSHALL`, `KEYS`, `EVAL`…), and `PERSIST` (a key without expiry).
+//!
+//! Everything else of `redis` (`setresp`, `sha1hex`, `error_reply`, `log`…) falls through to
+//! the real table. The prelude is one line inserted before the body's first line (after a
+//! `#!` line), so the body keeps its line numbers in Redis' error texts, and it is the same
+//! for every user: the user's patterns travel as extra `ARGV` entries ([`access_args`]) that
+//! the prelude takes off again before the body runs, so each client script is one script in
+//! a master's cache, whoever runs it.
+//!
+//! The shadow holds only if the body cannot reach the real `redis` around it: through the
+//! globals table (`_G`, `getfenv`, `rawget`), code loaded at run time (`loadstring`), or the
+//! `debug` library (upvalues of the shadow). Such scripts are refused before they reach the
+//! masters ([`crate::lease_script::reaches_globals`]); the shadow's metatable is protected.
+
+use crate::auth::KeyPatterns;
+use crate::error::ProxyError;
+use bytes::{Bytes, BytesMut};
+use std::sync::LazyLock;
+
+/// A command a client script may run, and where its keys are (`COMMAND INFO`'s first key,
+/// last key (negative: counted from the end) and step; first 0: no keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScriptCommand {
+    pub name: &'static str,
+    pub first: i64,
+    pub last: i64,
+    pub step: i64,
+    /// Redis flags it `write`: a script calling it is followed by the guard.
+    pub write: bool,
+}
+
+const fn read(name: &'static str, first: i64, last: i64, step: i64) -> ScriptCommand {
+    ScriptCommand {
+        name,
+        first,
+        last,
+        step,
+        write: false,
+    }
+}
+
+const fn write(name: &'static str, first: i64, last: i64, step: i64) -> ScriptCommand {
+    ScriptCommand {
+        name,
+        first,
+        last,
+        step,
+        write: true,
+    }
+}
+
+/// The commands client scripts may run: those lock libraries and their neighbours use whose
+/// keys `first/last/step` locate completely. Left out on purpose: commands with keys found by
+/// a count or keyword (`ZUNIONSTORE`, `XREAD`, `SORT … BY`), keys in another database
+/// (`MOVE`, `COPY … DB`, `SELECT`, `SWAPDB`), every key at once (`KEYS`, `SCAN`, `FLUSHALL`),
+/// other code (`EVAL`, `FCALL`), `PERSIST`, and administration. `PUBLISH` has no key (Redisson
+/// announces its unlocks with it).
+pub const SCRIPT_COMMANDS: &[ScriptCommand] = &[
+    read("get", 1, 1, 1),
+    write("set", 1, 1, 1),
+    write("setnx", 1, 1, 1),
+    write("setex", 1, 1, 1),
+    write("psetex", 1, 1, 1),
+    write("getset", 1, 1, 1),
+    write("getdel", 1, 1, 1),
+    write("getex", 1, 1, 1),
+    write("append", 1, 1, 1),
+    read("strlen", 1, 1, 1),
+    write("incr", 1, 1, 1),
+    write("incrby", 1, 1, 1),
+    write("incrbyfloat", 1, 1, 1),
+    write("decr", 1, 1, 1),
+    write("decrby", 1, 1, 1),
+    read("getrange", 1, 1, 1),
+    write("setrange", 1, 1, 1),
+    read("mget", 1, -1, 1),
+    write("mset", 1, -1, 2),
+    write("msetnx", 1, -1, 2),
+    write("del", 1, -1, 1),
+    write("unlink", 1, -1, 1),
+    read("exists", 1, -1, 1),
+    read("touch", 1, -1, 1),
+    read("type", 1, 1, 1),
+    write("expire", 1, 1, 1),
+    write("pexpire", 1, 1, 1),
+    write("expireat", 1, 1, 1),
+    write("pexpireat", 1, 1, 1),
+    read("ttl", 1, 1, 1),
+    read("pttl", 1, 1, 1),
+    read("expiretime", 1, 1, 1),
+    read("pexpiretime", 1, 1, 1),
+    write("rename", 1, 2, 1),
+    write("renamenx", 1, 2, 1),
+    read("hget", 1, 1, 1),
+    write("hset", 1, 1, 1),
+    write("hsetnx", 1, 1, 1),
+    write("hmset", 1, 1, 1),
+    read("hmget", 1, 1, 1),
+    read("hgetall", 1, 1, 1),
+    write("hdel", 1, 1, 1),
+    read("hexists", 1, 1, 1),
+    write("hincrby", 1, 1, 1),
+    write("hincrbyfloat", 1, 1, 1),
+    read("hlen", 1, 1, 1),
+    read("hkeys", 1, 1, 1),
+    read("hvals", 1, 1, 1),
+    read("hstrlen", 1, 1, 1),
+    write("lpush", 1, 1, 1),
+    write("rpush", 1, 1, 1),
+    write("lpushx", 1, 1, 1),
+    write("rpushx", 1, 1, 1),
+    write("lpop", 1, 1, 1),
+    write("rpop", 1, 1, 1),
+    read("llen", 1, 1, 1),
+    read("lrange", 1, 1, 1),
+    write("lrem", 1, 1, 1),
+    read("lindex", 1, 1, 1),
+    write("lset", 1, 1, 1),
+    write("ltrim", 1, 1, 1),
+    read("lpos", 1, 1, 1),
+    write("linsert", 1, 1, 1),
+    write("rpoplpush", 1, 2, 1),
+    write("lmove", 1, 2, 1),
+    write("sadd", 1, 1, 1),
+    write("srem", 1, 1, 1),
+    read("smembers", 1, 1, 1),
+    read("sismember", 1, 1, 1),
+    read("smismember", 1, 1, 1),
+    read("scard", 1, 1, 1),
+    write("spop", 1, 1, 1),
+    read("srandmember", 1, 1, 1),
+    write("smove", 1, 2, 1),
+    read("sinter", 1, -1, 1),
+    read("sunion", 1, -1, 1),
+    read("sdiff", 1, -1, 1),
+    write("sinterstore", 1, -1, 1),
+    write("sunionstore", 1, -1, 1),
+    write("sdiffstore", 1, -1, 1),
+    write("zadd", 1, 1, 1),
+    write("zrem", 1, 1, 1),
+    read("zscore", 1, 1, 1),
+    read("zmscore", 1, 1, 1),
+    write("zincrby", 1, 1, 1),
+    read("zcard", 1, 1, 1),
+    read("zcount", 1, 1, 1),
+    read("zrange", 1, 1, 1),
+    read("zrangebyscore", 1, 1, 1),
+    read("zrevrange", 1, 1, 1),
+    read("zrevrangebyscore", 1, 1, 1),
+    read("zrank", 1, 1, 1),
+    read("zrevrank", 1, 1, 1),
+    write("zremrangebyscore", 1, 1, 1),
+    write("zremrangebyrank", 1, 1, 1),
+    write("zremrangebylex", 1, 1, 1),
+    read("zrangebylex", 1, 1, 1),
+    read("zrevrangebylex", 1, 1, 1),
+    read("zlexcount", 1, 1, 1),
+    write("zpopmin", 1, 1, 1),
+    write("zpopmax", 1, 1, 1),
+    write("zrangestore", 1, 2, 1),
+    write("xadd", 1, 1, 1),
+    read("xlen", 1, 1, 1),
+    read("xrange", 1, 1, 1),
+    read("xrevrange", 1, 1, 1),
+    write("xtrim", 1, 1, 1),
+    write("xdel", 1, 1, 1),
+    write("xack", 1, 1, 1),
+    write("setbit", 1, 1, 1),
+    read("getbit", 1, 1, 1),
+    read("bitcount", 1, 1, 1),
+    read("ping", 0, 0, 0),
+    read("echo", 0, 0, 0),
+    read("time", 0, 0, 0),
+    read("publish", 0, 0, 0),
+];
+
+/// The row of `name` (any case), if scripts may run it.
+pub fn script_command(name: &str) -> Option<&'static ScriptCommand> {
+    SCRIPT_COMMANDS
+        .iter()
+        .find(|c| c.name.eq_ignore_ascii_case(name))
+}
+
+/// The prefix of the proxy's own keys (`crate::commands::RESERVED_PREFIX`, which a test pins
+/// equal: this module sits below the command table).
+const RESERVED: &str = "redlock-proxy:";
+
+/// Why `PERSIST` is refused, in scripts as outside them (the command table's reason).
+const PERSIST_REFUSED: &str = "a lock without expiry cannot be made safe; use PEXPIRE";
+
+/// Redis 7.0's answer when a script's command names a key outside the user's patterns
+/// (`scriptVerifyACL`, `ACL_DENIED_KEY`).
+pub const SCRIPT_NOPERM: &str = "ERR The user executing the script can't access at least one of the keys mentioned in the command arguments";
+
+/// The prelude, as written (one statement per line for reading; joined into one line).
+/// `@SPEC@` becomes [`SCRIPT_COMMANDS`] as `|name:FLS|…` (first, last, step as one digit
+/// each, `-` for a last key of -1), searched with a plain `string.find` per call: a constant
+/// string costs nothing per run, where a Lua table would be built on every run (Redis 7 forbids
+/// scripts to keep globals between runs). A name holding `|` or `:` could match across
+/// entries, but no such name is a Redis command, so the real call then refuses it as unknown.
+///
+/// - `ARGV`'s last entry is the number m of user patterns before it, or `-1` for every key;
+///   those m + 1 entries are removed before the body runs. Without patterns no glob is built.
+///   Each pattern comes tagged ([`access_args`]): `=` a key, `^` a prefix, `*` a glob.
+/// - `glob` is Redis' `stringmatchlen`, the same as [`crate::auth::glob_match`].
+/// - The user's patterns are checked first, for every key of the call, as Redis checks ACLs
+///   before running anything. A declared key cannot be reserved (the proxy refuses such
+///   `KEYS`), so only undeclared keys are compared with the prefix.
+/// - Numbers given as keys are converted as Redis 7.0 converts them (`%.17g`). A key that is
+///   neither string nor number makes the real call fail before running anything, so it is
+///   left to it, like a missing command name.
+const PRELUDE_LINES: &str = r#"
+local redis = (function(real, keys, argv)
+local spec, reserved = '@SPEC@', @RESERVED@
+local byte, find, lower, gsub, sub, format, select = string.byte, string.find, string.lower, string.gsub, string.sub, string.format, select
+local rcall, rpcall = real.call, real.pcall
+local n = #argv
+local m = tonumber(argv[n])
+local declared = {}
+for i = 1, #keys do declared[keys[i]] = true end
+local allowed
+if m >= 0 then
+  local kinds, rests = {}, {}
+  for i = 1, m do kinds[i], rests[i] = byte(argv[n - m - 1 + i], 1), sub(argv[n - m - 1 + i], 2) end
+  local function glob(p, k)
+    local pl, kl, pi, ki, sp, sk = #p, #k, 1, 1, nil, nil
+    while ki <= kl do
+      local c, pc, adv = byte(k, ki), byte(p, pi), nil
+      if pc == 42 then
+        sp, sk, pi = pi + 1, ki, pi + 1
+      else
+        if pc == 63 then adv = pi + 1
+        elseif pc == 91 then
+          local i = pi + 1
+          local neg = byte(p, i) == 94
+          if neg then i = i + 1 end
+          local hit = false
+          while i <= pl and byte(p, i) ~= 93 do
+            local x = byte(p, i)
+            if x == 92 and i < pl then hit = hit or byte(p, i + 1) == c i = i + 2
+            elseif i + 2 <= pl and byte(p, i + 1) == 45 then
+              local lo, hi = x, byte(p, i + 2)
+              if lo > hi then lo, hi = hi, lo end
+              hit = hit or (c >= lo and c <= hi) i = i + 3
+            else hit = hit or x == c i = i + 1 end
+          end
+          if hit ~= neg then adv = math.min(i + 1, pl + 1) end
+        elseif pc == 92 and pi < pl then
+          if byte(p, pi + 1) == c then adv = pi + 2 end
+        elseif pc == c then adv = pi + 1 end
+        if adv then pi, ki = adv, ki + 1
+        elseif sp then sk = sk + 1 pi, ki = sp, sk
+        else return false end
+      end
+    end
+    while pi <= pl do if byte(p, pi) ~= 42 then return false end pi = pi + 1 end
+    return true
+  end
+  allowed = function(k)
+    for i = 1, m do
+      local kind, rest = kinds[i], rests[i]
+      if kind == 61 then if k == rest then return true end
+      elseif kind == 94 then if sub(k, 1, #rest) == rest then return true end
+      elseif glob(rest, k) then return true end
+    end
+    return false
+  end
+end
+for i = n - math.max(m, 0), n do argv[i] = nil end
+local function denied(argc, name, ...)
+  if type(name) == 'number' then name = format('%.17g', name) end
+  if type(name) ~= 'string' then return nil end
+  local at = find(spec, '|' .. name .. ':', 1, true)
+  if not at then name = lower(name) at = find(spec, '|' .. name .. ':', 1, true) end
+  if name == 'persist' then return @PERSIST@ end
+  if not at then return "ERR '" .. gsub(sub(name, 1, 128), '%c', '?') .. "' in a script is refused by redlock-proxy: only commands whose keys it can check may run in scripts" end
+  local f, l, s = byte(spec, at + #name + 2, at + #name + 4)
+  if f == 48 then return nil end
+  if l == 45 or l - 48 > argc - 1 then l = argc - 1 else l = l - 48 end
+  f, s = f - 48, s - 48
+  if allowed then
+    for p = f, l, s do
+      local k = select(p, ...)
+      if type(k) == 'number' then k = format('%.17g', k) end
+      if type(k) ~= 'string' then return nil end
+      if not allowed(k) then return @NOPERM@ end
+    end
+  end
+  for p = f, l, s do
+    local k = select(p, ...)
+    if type(k) == 'number' then k = format('%.17g', k) end
+    if type(k) ~= 'string' then return nil end
+    if not declared[k] then
+      if sub(k, 1, #reserved) == reserved then return @RESERVED_KEY@ end
+      return "ERR key '" .. gsub(sub(k, 1, 128), '%c', '?') .. "' is not in the script's KEYS and is refused by redlock-proxy: scripts may touch only the keys they declare"
+    end
+  end
+  return nil
+end
+return setmetatable({
+  call = function(...) local err = denied(select('#', ...), ...) if err then error({err = err}) end return rcall(...) end,
+  pcall = function(...) local err = denied(select('#', ...), ...) if err then return {err = err} end return rpcall(...) end
+}, {__index = real, __metatable = false})
+end)(redis, KEYS, ARGV);
+"#;
+
+/// The prelude on one line, ending with a space after its `;` (a body starting with `(` must
+/// not continue the prelude's last expression).
+static PRELUDE: LazyLock<String> = LazyLock::new(|| {
+    let spec: String = SCRIPT_COMMANDS
+        .iter()
+        .map(|c| {
+            let last = match c.last {
+                -1 => "-".to_string(),
+                last => last.to_string(),
+            };
+            format!("|{}:{}{}{}", c.name, c.first, last, c.step)
+        })
+        .chain(std::iter::once("|".to_string()))
+        .collect();
+    let persist = ProxyError::Refused {
+        command: "PERSIST".into(),
+        reason: PERSIST_REFUSED,
+    };
+    let lines: Vec<&str> = PRELUDE_LINES
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    lines
+        .join(" ")
+        .replace("@SPEC@", &spec)
+        .replace("@RESERVED@", &lua_string(RESERVED))
+        .replace("@PERSIST@", &lua_string(&persist.to_string()))
+        .replace("@NOPERM@", &lua_string(SCRIPT_NOPERM))
+        .replace(
+            "@RESERVED_KEY@",
+            &lua_string(&ProxyError::ReservedKey.to_string()),
+        )
+        + " "
+});
+
+/// `text` as a Lua string literal.
+fn lua_string(text: &str) -> String {
+    format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// `body` with the prelude before its first line, or after its `#!` line (Redis 7 reads
+/// flags there and keeps the line feed, so line numbers stay the body's own). A `#!` line
+/// without a line feed is sent as it is: Redis refuses it without running anything.
+pub fn checked_body(body: &[u8]) -> Bytes {
+    let split = if body.starts_with(b"#!") {
+        match body.iter().position(|&b| b == b'\n') {
+            Some(nl) => nl + 1,
+            None => return Bytes::copy_from_slice(body),
+        }
+    } else {
+        0
+    };
+    let mut out = BytesMut::with_capacity(body.len() + PRELUDE.len());
+    out.extend_from_slice(&body[..split]);
+    out.extend_from_slice(PRELUDE.as_bytes());
+    out.extend_from_slice(&body[split..]);
+    out.freeze()
+}
+
+/// The `ARGV` entries appended for the prelude: the user's patterns and their number, or `-1`
+/// for a user with every key. Each pattern is tagged with how the prelude may match it: `=`
+/// the whole key (no wildcard), `^` a prefix (`tenant:*`, the usual shape), `*` Redis' glob.
+/// A glob in Lua costs about a microsecond a key (measured on redis-server 7.0); the other two
+/// are one string comparison.
+pub fn access_args(keys: &KeyPatterns) -> Vec<Bytes> {
+    let KeyPatterns::Some(patterns) = keys else {
+        return vec![Bytes::from_static(b"-1")];
+    };
+    let special = |b: &u8| matches!(b, b'*' | b'?' | b'[' | b'\\');
+    let mut args: Vec<Bytes> = patterns
+        .iter()
+        .map(|p| {
+            let (tag, rest): (&[u8], &[u8]) = match p.iter().position(special) {
+                None => (b"=", p),
+                Some(star) if star + 1 == p.len() && p[star] == b'*' => (b"^", &p[..star]),
+                Some(_) => (b"*", p),
+            };
+            Bytes::from([tag, rest].concat())
+        })
+        .collect();
+    args.push(Bytes::from(patterns.len().to_string()));
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_is_well_formed() {
+        for (i, c) in SCRIPT_COMMANDS.iter().enumerate() {
+            assert!(c.name.bytes().all(|b| b.is_ascii_lowercase()), "{}", c.name);
+            assert!(
+                SCRIPT_COMMANDS[i + 1..].iter().all(|o| o.name != c.name),
+                "{} twice",
+                c.name
+            );
+            // One digit each in the prelude's spec (`-` for -1).
+            assert!(
+                (0..=9).contains(&c.first) && (-1..=9).contains(&c.last),
+                "{}",
+                c.name
+            );
+            assert!((0..=9).contains(&c.step), "{}", c.name);
+            if c.first == 0 {
+                assert_eq!((c.last, c.step, c.write), (0, 0, false), "{}", c.name);
+            } else {
+                assert!(
+                    c.step >= 1 && (c.last < 0 || c.last >= c.first),
+                    "{}",
+                    c.name
+                );
+            }
+        }
+        assert!(script_command("GET").is_some_and(|c| !c.write));
+        assert!(script_command("Set").is_some_and(|c| c.write));
+        for refused in [
+            "persist", "select", "flushall", "keys", "eval", "move", "copy", "sort",
+        ] {
+            assert!(script_command(refused).is_none(), "{refused}");
+        }
+    }
+
+    #[test]
+    fn texts_agree_with_the_command_table() {
+        assert_eq!(crate::commands::RESERVED_PREFIX, RESERVED.as_bytes());
+        let persist = crate::commands::lookup(b"persist").unwrap();
+        assert!(matches!(persist.kind, crate::commands::Kind::Refused(r) if r == PERSIST_REFUSED));
+        assert_eq!(lua_string(r#"a"b\c"#), r#""a\"b\\c""#);
+    }
+
+    #[test]
+    fn the_prelude_is_one_line_and_keeps_the_body_s_lines() {
+        let p: &str = &PRELUDE;
+        assert!(
+            !p.contains('\n') && !p.contains("--"),
+            "one line, no comment"
+        );
+        assert!(p.ends_with("; "));
+        assert!(
+            p.contains("|get:111|") && p.contains("|mset:1-2|") && p.contains("|publish:000|'")
+        );
+        assert!(!p.contains('@'), "every placeholder filled");
+        let plain = checked_body(b"return 1\nreturn 2");
+        assert_eq!(&plain[..], format!("{p}return 1\nreturn 2").as_bytes());
+        let flagged = checked_body(b"#!lua flags=no-writes\nreturn 1");
+        assert_eq!(
+            &flagged[..],
+            format!("#!lua flags=no-writes\n{p}return 1").as_bytes()
+        );
+        assert_eq!(&checked_body(b"#!lua")[..], b"#!lua");
+    }
+
+    #[test]
+    fn patterns_travel_as_trailing_argv() {
+        assert_eq!(access_args(&KeyPatterns::All), vec![Bytes::from("-1")]);
+        let some = KeyPatterns::Some(
+            ["a:*", "b", "a*b", "a?", "*", "x\\*", "[ab]*", ""]
+                .map(Bytes::from)
+                .to_vec(),
+        );
+        assert_eq!(
+            access_args(&some),
+            ["^a:", "=b", "*a*b", "*a?", "^", "*x\\*", "*[ab]*", "=", "8"]
+                .map(Bytes::from)
+                .to_vec()
+        );
+        assert_eq!(
+            access_args(&KeyPatterns::Some(Vec::new())),
+            vec![Bytes::from("0")]
+        );
+    }
+}
