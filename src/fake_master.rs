@@ -31,6 +31,8 @@ const EPOCH_MS: u64 = 1_800_000_000_000;
 
 /// One fake master.
 pub struct FakeMaster {
+    /// Its own `run_id`, as every redis-server has.
+    run_id: String,
     born: Instant,
     state: Mutex<State>,
     connections: AtomicU64,
@@ -51,7 +53,9 @@ struct State {
 
 impl FakeMaster {
     pub fn new() -> Arc<FakeMaster> {
+        static MADE: AtomicU64 = AtomicU64::new(0);
         Arc::new(FakeMaster {
+            run_id: format!("fake{:036x}", MADE.fetch_add(1, Ordering::Relaxed)),
             born: Instant::now(),
             state: Mutex::default(),
             connections: AtomicU64::new(0),
@@ -164,7 +168,8 @@ impl FakeMaster {
                 ])
             }
             "INFO" => Reply::bulk(format!(
-                "run_id:fake0000fake0000\r\nuptime_in_seconds:{}\r\nrole:master\r\nmaxmemory_policy:noeviction\r\nloading:0\r\nevicted_keys:0\r\naof_enabled:0\r\n",
+                "run_id:{}\r\nuptime_in_seconds:{}\r\nrole:master\r\nmaxmemory_policy:noeviction\r\nloading:0\r\nevicted_keys:0\r\naof_enabled:0\r\n",
+                self.run_id,
                 self.born.elapsed().as_secs()
             )),
             "CONFIG" => Reply::Array(vec![Reply::bulk("appendfsync"), Reply::bulk("everysec")]),
