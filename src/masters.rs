@@ -40,12 +40,16 @@ use tokio::time::{sleep_until, Instant, Sleep};
 pub const MAX_FANOUTS: usize = 256;
 
 /// A request for one master in [`Masters::fan_out_each`].
+#[derive(Clone)]
 pub enum Ask {
     /// Commands, encoded.
     Commands(Bytes),
     /// A call of a script that the link merges with other callers' calls (and sends again
     /// with the body if the master answers `NOSCRIPT`).
     Script(Arc<SharedScript>, ScriptCall),
+    /// Commands led by an `EVALSHA`, and the same with the body for a master that answers
+    /// `NOSCRIPT` ([`Link::send_by_sha`]).
+    BySha { by_sha: Bytes, by_body: Bytes },
 }
 
 /// How a master's votes went, for `INFO` and the metrics.
@@ -208,6 +212,7 @@ impl Voter {
         let pending = match request {
             Ask::Commands(payload) => self.link.send(payload, replies),
             Ask::Script(script, call) => self.link.send_script(script, call),
+            Ask::BySha { by_sha, by_body } => self.link.send_by_sha(by_sha, by_body, replies),
         };
         if eligible {
             Ok(pending)
@@ -477,26 +482,12 @@ impl Masters {
         self.stop.send_replace(true);
     }
 
-    /// Sends `payload` (which produces `replies` replies per master) to every master at once
-    /// and collects the votes until `decided` says the outcome is known or every master has
-    /// answered or timed out.
-    pub async fn fan_out(
-        &self,
-        payload: &Bytes,
-        replies: usize,
-        decided: impl Fn(&[Vote]) -> bool,
-    ) -> Vec<Vote> {
-        let (votes, _late) = self
-            .fan_out_each(|_| Some(Ask::Commands(payload.clone())), replies, decided)
-            .await;
-        votes
-    }
-
-    /// [`Masters::fan_out`] with a request of its own for each master (`ask(i)`; `None`:
-    /// nothing is sent there and its vote is [absent](Voter::absent_vote) at once). Only the
-    /// acquire uses these; its `EVAL` retry goes out later than the client's next command
-    /// may, which can only leave the value on that master until its clean-up (never a grant).
-    /// Also returns the votes still pending at the decision, which arrive later (each within
+    /// Sends each master its request (`ask(i)`, producing `replies` replies; `None`:
+    /// nothing is sent there and its vote is [absent](Voter::absent_vote) at once) and
+    /// collects the votes until `decided` says the outcome is known or every master has
+    /// answered or timed out. A script call's `EVAL` retry after a `NOSCRIPT` goes out later
+    /// than the client's next command may, which can only leave an acquire's value on that
+    /// master until its clean-up (never a grant). Also returns the votes still pending at the decision, which arrive later (each within
     /// the node timeout), for the acquire's clean-up.
     pub async fn fan_out_each(
         &self,

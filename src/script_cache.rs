@@ -11,8 +11,11 @@ use crate::lease_script::{
     LeaseShape,
 };
 use crate::redlock::MergeRule;
+use crate::script_keys::checked_body;
 use bytes::Bytes;
 use dashmap::DashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 /// Most scripts remembered. Clients that interpolate values into script bodies would
 /// otherwise grow the cache without end.
@@ -32,11 +35,18 @@ pub struct Script {
     pub reaches_globals: bool,
     /// A client library's whole acquire or release script, run as the proxy's own.
     pub lock: Option<KnownLock>,
+    /// What the masters run: the body behind the key checks ([`checked_body`]), and its SHA1.
+    pub checked: Bytes,
+    pub checked_sha: Bytes,
+    /// Whether the checked body was sent whole to the masters once: later calls go by SHA1
+    /// (a master that lost it answers `NOSCRIPT` and gets the body then).
+    pub sent_whole: Arc<AtomicBool>,
 }
 
 impl Script {
     /// Analyses `body`.
     fn new(body: Bytes) -> Script {
+        let checked = checked_body(&body);
         Script {
             lease: recognise(&body),
             merge: if is_compare_and_delete(&body) {
@@ -47,6 +57,9 @@ impl Script {
             may_write: may_write(&body),
             reaches_globals: std::str::from_utf8(&body).map_or(true, reaches_globals),
             lock: known_lock_script(&body),
+            checked_sha: Bytes::from(script_sha(&checked)),
+            checked,
+            sent_whole: Arc::default(),
             body,
         }
     }

@@ -124,6 +124,10 @@ type ReplyTo = oneshot::Sender<Answer>;
 enum Payload {
     /// Commands, encoded.
     Commands(Bytes),
+    /// Commands led by an `EVALSHA`, and the same commands with the script's body (`EVAL`),
+    /// written instead if the master answers the `EVALSHA` with `NOSCRIPT` (it never saw the
+    /// script, or lost its cache): a long body crosses the wire once per master, not per call.
+    BySha { by_sha: Bytes, by_body: Bytes },
     /// A share of a script call that the writer merges with the calls of the same script
     /// queued right after it.
     Script {
@@ -168,6 +172,9 @@ struct InFlight {
     to: Recipients,
     /// A clean-up's payload and expiry, kept for the next connection if no reply confirms it.
     cleanup: Option<(Bytes, Instant)>,
+    /// The commands to send again, with the script's body, if the first reply is `NOSCRIPT`
+    /// ([`Payload::BySha`]).
+    by_body: Option<Bytes>,
     /// When its oldest caller handed it over.
     queued_at: Instant,
 }
@@ -178,7 +185,27 @@ impl InFlight {
     fn answer(self, answer: Answer, resend: &mpsc::UnboundedSender<Outgoing>) {
         let merged = match self.to {
             Recipients::One(Some(tx)) => {
-                let _ = tx.send(answer);
+                let first = match &answer {
+                    Ok(Reply::Array(items)) if self.replies > 1 => items.first(),
+                    Ok(reply) => Some(reply),
+                    Err(_) => None,
+                };
+                match self.by_body {
+                    Some(by_body) if first.is_some_and(|r| r.is_error_code("NOSCRIPT")) => {
+                        let again = Outgoing {
+                            payload: Payload::Commands(by_body),
+                            replies: self.replies,
+                            reply: Some(tx),
+                            cleanup_expires: None,
+                            queued_at: self.queued_at,
+                        };
+                        // A closed queue drops the request: its caller sees the channel close.
+                        let _ = resend.send(again);
+                    }
+                    _ => {
+                        let _ = tx.send(answer);
+                    }
+                }
                 return;
             }
             Recipients::One(None) => return,
@@ -416,6 +443,12 @@ impl Link {
     /// Queues `payload` (which produces `replies` replies) on the current connection, now.
     pub fn send(&self, payload: Bytes, replies: usize) -> Pending {
         self.send_payload(Payload::Commands(payload), replies)
+    }
+
+    /// Queues commands led by an `EVALSHA` (`by_sha`); if the master answers it `NOSCRIPT`,
+    /// the same commands with the body (`by_body`) go out at once in their place.
+    pub fn send_by_sha(&self, by_sha: Bytes, by_body: Bytes, replies: usize) -> Pending {
+        self.send_payload(Payload::BySha { by_sha, by_body }, replies)
     }
 
     /// Queues a call of `script` by SHA1 with this request's keys and arguments; the writer
@@ -710,6 +743,19 @@ async fn write_loop(
                             got: Vec::with_capacity(out.replies),
                             to: Recipients::One(out.reply),
                             cleanup: out.cleanup_expires.map(|at| (payload, at)),
+                            by_body: None,
+                            queued_at: out.queued_at,
+                        });
+                    }
+                    Payload::BySha { by_sha, by_body } => {
+                        merging.flush(&mut buf, &mut queue);
+                        buf.extend_from_slice(&by_sha);
+                        queue.push_back(InFlight {
+                            replies: out.replies,
+                            got: Vec::with_capacity(out.replies),
+                            to: Recipients::One(out.reply),
+                            cleanup: None,
+                            by_body: Some(by_body),
                             queued_at: out.queued_at,
                         });
                     }
@@ -807,6 +853,7 @@ impl Merging {
             got: Vec::with_capacity(1),
             to: Recipients::Merged(merged),
             cleanup: None,
+            by_body: None,
             queued_at,
         });
     }

@@ -38,13 +38,13 @@ use crate::health::{ARMED_KEY, QUARANTINE_KEY};
 use crate::lease::{Granted, Lease, Outcome};
 use crate::lease_script::KnownLock;
 use crate::lock::Attempt;
-use crate::masters::Masters;
+use crate::masters::{Ask, Masters};
 use crate::protocol::{encode_command, Reply, Request};
 use crate::redlock::{
     backend_ttl_ms, merge, no_quorum, validity_window, MergeRule, MissingReason, Vote,
 };
 use crate::script_cache::{script_sha, Script};
-use crate::script_keys::{access_args, checked_body};
+use crate::script_keys::access_args;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::time::Duration;
@@ -143,36 +143,60 @@ fn run(
         let window = validity_window(ttl_ms, policy.drift_factor).unwrap_or(Duration::ZERO);
         deadline = Some(ctx.received_at + window);
     }
-    // The masters always get the body (`EVAL`), never a SHA1 they may not know.
-    args[0] = Bytes::from_static(if read_only { b"EVAL_RO" } else { b"EVAL" });
-    let checked = checked_body(&script.body);
+    // The masters get the checked body whole (`EVAL`) on its first call, then by its SHA1
+    // (`EVALSHA`), and whole again where one answers `NOSCRIPT`: the prelude makes every body
+    // some 5 KB, which would cost each master more to read and hash on every call than the
+    // script costs to run.
+    let checked = script.checked.clone();
     args[1] = checked.clone();
     args.extend(access_args(patterns));
-    let mut payload = bytes::BytesMut::from(encode_command(&args).as_ref());
     let guarded = script.may_write && !read_only;
+    let mut guard = Vec::new();
     if guarded {
         // EVAL <guard> (2 + numkeys) <armed> <quarantine> <the script's keys…> <bound>
         let count = (numkeys + 2).to_string();
         let bound = policy.lease_bound().as_millis().to_string();
-        let mut guard: Vec<&[u8]> = vec![
+        let mut parts: Vec<&[u8]> = vec![
             b"EVAL",
             GUARD_SCRIPT.as_bytes(),
             count.as_bytes(),
             ARMED_KEY.as_bytes(),
             QUARANTINE_KEY.as_bytes(),
         ];
-        guard.extend(args[3..3 + numkeys].iter().map(|k| k.as_ref()));
-        guard.push(bound.as_bytes());
-        payload.extend_from_slice(&encode_command(&guard));
+        parts.extend(args[3..3 + numkeys].iter().map(|k| k.as_ref()));
+        parts.push(bound.as_bytes());
+        guard = encode_command(&parts).to_vec();
     }
-    let payload = payload.freeze();
+    let encoded = |command: &'static [u8], script: Bytes| {
+        let mut call = args.clone();
+        call[0] = Bytes::from_static(command);
+        call[1] = script;
+        let mut payload = bytes::BytesMut::from(encode_command(&call).as_ref());
+        payload.extend_from_slice(&guard);
+        payload.freeze()
+    };
+    let (by_sha, by_body) = match read_only {
+        true => (b"EVALSHA_RO".as_ref(), b"EVAL_RO".as_ref()),
+        false => (b"EVALSHA".as_ref(), b"EVAL".as_ref()),
+    };
+    let whole = encoded(by_body, checked.clone());
+    let ask = match script
+        .sent_whole
+        .swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        false => Ask::Commands(whole),
+        true => Ask::BySha {
+            by_sha: encoded(by_sha, script.checked_sha.clone()),
+            by_body: whole,
+        },
+    };
     let rule = script.merge;
     let stats = ctx.shared.stats.clone();
     Action::Defer(Box::pin(async move {
         let reply = if guarded {
-            guarded_reply(&masters, &payload, rule, policy.max_lock_ttl_ms).await
+            guarded_reply(&masters, ask, rule, policy.max_lock_ttl_ms).await
         } else {
-            masters.quorum_reply(&payload, rule).await
+            masters.quorum_reply_each(|_| Some(ask.clone()), rule).await
         };
         stats.count_if_release(rule, &reply);
         settle(clients_sha(reply, &checked, &script.body), deadline)
@@ -282,10 +306,14 @@ fn script_vote(vote: &Vote) -> Vote {
 /// found it unarmed or quarantined is re-checked by its health monitor at once; a guard that
 /// had to cap a key makes the reply an error (a key left without expiry first: the stronger
 /// surprise).
-async fn guarded_reply(masters: &Masters, payload: &Bytes, rule: MergeRule, cap_ms: u64) -> Reply {
+async fn guarded_reply(masters: &Masters, ask: Ask, rule: MergeRule, cap_ms: u64) -> Reply {
     let script_votes = |votes: &[Vote]| votes.iter().map(script_vote).collect::<Vec<_>>();
-    let votes = masters
-        .fan_out(payload, 2, |v| merge(&script_votes(v), rule).is_some())
+    let (votes, _late) = masters
+        .fan_out_each(
+            |_| Some(ask.clone()),
+            2,
+            |v| merge(&script_votes(v), rule).is_some(),
+        )
         .await;
     let mut capped = 0;
     for (vote, voter) in votes.iter().zip(masters.voters()) {
