@@ -243,7 +243,7 @@ impl Voter {
     /// The vote of a master that is not asked, or whose answer cannot count: [`Vote::Fenced`]
     /// while quarantined, else missing (not eligible).
     pub fn absent_vote(&self) -> Vote {
-        let vote = if self.health.quarantined() {
+        let vote = if self.health.fenced() {
             Vote::Fenced
         } else {
             Vote::Missing(MissingReason::NotEligible)

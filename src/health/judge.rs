@@ -228,9 +228,12 @@ pub enum MarkerStep {
     Lift,
     /// It lost data (the reason): quarantine on the master and re-arm, in one script.
     Quarantine(String),
-    /// Not ready, no quarantine of its own: the deployment is undecided, or another proxy's
-    /// founding claim is on it (the reason, for `INFO`).
+    /// Not ready, no quarantine of its own: the deployment is undecided (the reason, for
+    /// `INFO`).
     Wait(&'static str),
+    /// A founding claim this proxy may not lift is on it: it votes for nobody (fenced, as a
+    /// quarantined master is) until its founder lifts it or it expires.
+    Claimed,
 }
 
 /// The step for a master whose markers are `markers`, given whether this proxy saw it armed
@@ -258,9 +261,13 @@ pub fn marker_step(
         ),
         (Markers::Unarmed, None) => MarkerStep::Wait("deciding whether the deployment is new"),
         (Markers::Claimed { tag: t, .. }, Some(Deployment::Fresh)) if t == tag => MarkerStep::Lift,
-        (Markers::Claimed { .. }, _) => {
-            MarkerStep::Wait("claimed by a proxy deciding whether the deployment is new")
+        // This proxy's own claim, once the deployment turned out live: nobody will lift it.
+        (Markers::Claimed { tag: t, .. }, Some(Deployment::Live)) if t == tag => {
+            MarkerStep::Quarantine(
+                "claimed at start-up while the deployment was live (lost its data, or new)".into(),
+            )
         }
+        (Markers::Claimed { .. }, _) => MarkerStep::Claimed,
     }
 }
 
@@ -517,7 +524,7 @@ mod tests {
             left_ms: 100,
         };
         let q = |s: MarkerStep| matches!(s, MarkerStep::Quarantine(_));
-        let wait = |s: MarkerStep| matches!(s, MarkerStep::Wait(_));
+        let wait = |s: MarkerStep| matches!(s, MarkerStep::Wait(_) | MarkerStep::Claimed);
         let step = |m: &Markers, seen, verdict| marker_step(m, seen, verdict, tag, None);
         assert_eq!(step(&armed, false, None), MarkerStep::Ready);
         assert_eq!(step(&armed, true, Some(Live)), MarkerStep::Ready);
@@ -530,7 +537,8 @@ mod tests {
         assert!(wait(step(&Markers::Unarmed, false, None)));
         // Claims: only the founder lifts its own, and only once it founded.
         assert_eq!(step(&claimed(tag), false, Some(Fresh)), MarkerStep::Lift);
-        assert!(wait(step(&claimed(tag), false, Some(Live))));
+        // Its own claim in a live deployment: nobody will lift it, a quarantine it is.
+        assert!(q(step(&claimed(tag), false, Some(Live))));
         assert!(wait(step(&claimed(tag), false, None)));
         assert!(wait(step(&claimed("founding:b"), false, Some(Fresh))));
         // A loss seen by INFO quarantines whatever the markers say (restart with persistence).

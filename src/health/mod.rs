@@ -517,7 +517,14 @@ impl Monitor {
         match step {
             MarkerStep::Ready => true,
             MarkerStep::Wait(why) => {
-                health.set_waiting(why);
+                health.set_waiting(why, false);
+                false
+            }
+            MarkerStep::Claimed => {
+                health.set_waiting(
+                    "claimed by a proxy deciding whether the deployment is new",
+                    true,
+                );
                 false
             }
             MarkerStep::Lift => {

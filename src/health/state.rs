@@ -51,6 +51,8 @@ struct HealthState {
     /// Why the master waits without a quarantine of its own (founding undecided, or another
     /// proxy's founding claim on it); cleared when it becomes ready.
     waiting: Option<&'static str>,
+    /// A founding claim is on it: it votes for nobody, as a quarantined master.
+    claimed: bool,
     /// A poll was judged after the deployment verdict (see [`super::Startup`]).
     judged: bool,
     /// Quarantines begun, by [`quarantine_cause`] (for the metrics).
@@ -149,6 +151,11 @@ impl MasterHealth {
         self.state
             .lock()
             .is_ok_and(|h| h.quarantined_until.is_some_and(|t| Instant::now() < t))
+    }
+
+    /// Whether the master votes for no proxy now: quarantined, or under a founding claim.
+    pub fn fenced(&self) -> bool {
+        self.quarantined() || self.state.lock().is_ok_and(|h| h.claimed)
     }
 
     /// The state shown by `INFO` for a connected master.
@@ -251,12 +258,15 @@ impl MasterHealth {
             h.seen_armed = true;
             h.ready_connect = connect;
             h.waiting = None;
+            h.claimed = false;
         }
     }
 
-    pub(super) fn set_waiting(&self, why: &'static str) {
+    /// Not ready for `why`; `claimed`: a founding claim fences it.
+    pub(super) fn set_waiting(&self, why: &'static str, claimed: bool) {
         if let Ok(mut h) = self.state.lock() {
             h.waiting = Some(why);
+            h.claimed = claimed;
         }
     }
 
