@@ -104,6 +104,11 @@ impl Proxy {
         Client::connect(self.port).await
     }
 
+    /// The configuration it runs with (its ports as given: 0).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
     /// Graceful shutdown, waiting for the run loop to return.
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
@@ -330,7 +335,17 @@ fn listening_port(line: &str) -> Option<u16> {
 /// Waits (at most 5 s) until the proxy's `INFO masters` on `client` shows `needle` exactly
 /// `count` times (`state=up` 3 times, say); returns that INFO. Panics past the limit.
 pub async fn wait_for_info(client: &mut Client, needle: &str, count: usize) -> String {
-    let deadline = Instant::now() + Duration::from_secs(5);
+    info_until(client, needle, count, Duration::from_secs(5)).await
+}
+
+/// [`wait_for_info`] with its own limit.
+pub async fn info_until(
+    client: &mut Client,
+    needle: &str,
+    count: usize,
+    limit: Duration,
+) -> String {
+    let deadline = Instant::now() + limit;
     loop {
         let info = client.cmd(&["INFO", "masters"]).await;
         if info.matches(needle).count() == count {
@@ -338,10 +353,19 @@ pub async fn wait_for_info(client: &mut Client, needle: &str, count: usize) -> S
         }
         assert!(
             Instant::now() < deadline,
-            "expected {count}× {needle:?} in {info}"
+            "expected {count}× {needle:?} within {limit:?} in {info}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The `state=` of master `i` in an `INFO masters` text (`up`, `quarantined (…)`, …).
+pub fn master_state(info: &str, i: usize) -> Option<&str> {
+    let line = info
+        .lines()
+        .find(|l| l.starts_with(&format!("master{i}:")))?;
+    let state = &line[line.find(",state=")? + ",state=".len()..];
+    Some(&state[..state.find(",replies=").unwrap_or(state.len())])
 }
 
 /// Waits (at most 10 s) until a server (a redis-server or a fresh proxy) is ready for load:
