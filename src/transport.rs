@@ -180,6 +180,24 @@ struct InFlight {
 }
 
 impl InFlight {
+    /// A written request with one caller.
+    fn one(
+        replies: usize,
+        reply: Option<ReplyTo>,
+        queued_at: Instant,
+        cleanup: Option<(Bytes, Instant)>,
+        by_body: Option<Bytes>,
+    ) -> InFlight {
+        InFlight {
+            replies,
+            got: Vec::with_capacity(replies),
+            to: Recipients::One(reply),
+            cleanup,
+            by_body,
+            queued_at,
+        }
+    }
+
     /// Hands over the reply (`Err`: none will come); merged calls the master answered
     /// `NOSCRIPT` are queued again on `resend`, with the body.
     fn answer(self, answer: Answer, resend: &mpsc::UnboundedSender<Outgoing>) {
@@ -736,28 +754,27 @@ async fn write_loop(
                         merging.push(script, call, invoke_by_body, out.reply, out.queued_at);
                     }
                     Payload::Commands(payload) => {
+                        let cleanup = out.cleanup_expires.map(|at| (payload.clone(), at));
                         merging.flush(&mut buf, &mut queue);
                         buf.extend_from_slice(&payload);
-                        queue.push_back(InFlight {
-                            replies: out.replies,
-                            got: Vec::with_capacity(out.replies),
-                            to: Recipients::One(out.reply),
-                            cleanup: out.cleanup_expires.map(|at| (payload, at)),
-                            by_body: None,
-                            queued_at: out.queued_at,
-                        });
+                        queue.push_back(InFlight::one(
+                            out.replies,
+                            out.reply,
+                            out.queued_at,
+                            cleanup,
+                            None,
+                        ));
                     }
                     Payload::BySha { by_sha, by_body } => {
                         merging.flush(&mut buf, &mut queue);
                         buf.extend_from_slice(&by_sha);
-                        queue.push_back(InFlight {
-                            replies: out.replies,
-                            got: Vec::with_capacity(out.replies),
-                            to: Recipients::One(out.reply),
-                            cleanup: None,
-                            by_body: Some(by_body),
-                            queued_at: out.queued_at,
-                        });
+                        queue.push_back(InFlight::one(
+                            out.replies,
+                            out.reply,
+                            out.queued_at,
+                            None,
+                            Some(by_body),
+                        ));
                     }
                 }
                 next = if buf.len() < WRITE_BATCH {

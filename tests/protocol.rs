@@ -174,7 +174,15 @@ async fn protocol_errors_match_redis_and_the_proxy_keeps_serving() {
     let checks = MALFORMED.iter().map(|input| {
         let (proxy_port, redis_port) = (env.proxy.port, reference.port);
         async move {
-            assert_same_replies(proxy_port, redis_port, input).await;
+            let (mut ours, mut theirs) = assert_same_replies(proxy_port, redis_port, input).await;
+            // Then both close the connection, or both keep it open (2 s).
+            let (closed, redis_closed) = tokio::join!(ours.is_closed(), theirs.is_closed());
+            assert_eq!(
+                closed,
+                redis_closed,
+                "connection closed after {:?}: proxy {closed}, redis-server {redis_closed}",
+                String::from_utf8_lossy(input)
+            );
             // Still serving everyone else.
             let mut other = Client::connect(proxy_port).await;
             assert_eq!(other.cmd(&["PING"]).await, "+PONG");

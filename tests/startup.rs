@@ -17,7 +17,7 @@ use redlock_testkit::launcher::{wait_for_info_within, Proxy};
 use redlock_testkit::masters::{master_cmd, master_get};
 use redlock_testkit::relay::{Mode, Relay};
 use redlock_testkit::resp::Client;
-use redlock_testkit::workload::wait_grantable;
+use redlock_testkit::workload::{refused_while_free_keys_granted, wait_grantable};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -88,29 +88,12 @@ async fn a_proxy_started_during_a_cut_never_arms_an_amnesiac_master_without_quar
     to_p2[0].set_mode(Mode::Pass);
     let mut y = p2.client().await;
     let mut other = p2.client().await;
-    let (mut refused, mut others_granted) = (0, 0);
-    // Y tries while X's lease surely runs (it ends CAP_MS after the grant).
+    // Y tries while X's lease surely runs (it ends CAP_MS after the grant); the same proxy
+    // grants free keys meanwhile: the refusals are not a proxy that refuses everything.
     let until = granted_at + Duration::from_millis(CAP_MS - 500);
-    for attempt in 0..1000 {
-        if Instant::now() >= until {
-            break;
-        }
-        let reply = y
-            .cmd(&["SET", &k, &format!("tok-y{attempt}"), "NX", "PX", "1000"])
-            .await;
-        assert_eq!(
-            reply, "$nil",
-            "Y must be refused while X holds (try {attempt})"
-        );
-        refused += 1;
-        // The same proxy grants a free key meanwhile: the refusals are not a proxy that
-        // refuses everything.
-        let free = format!("{k}:free{attempt}");
-        if other.cmd(&["SET", &free, "v", "NX", "PX", "1000"]).await == "+OK" {
-            others_granted += 1;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let every = Duration::from_millis(20);
+    let (refused, others_granted) =
+        refused_while_free_keys_granted(&mut y, &mut other, &k, 1000, every, until, "X").await;
     assert!(refused >= 10, "Y tried only {refused} times");
     assert!(
         others_granted >= 5,

@@ -104,6 +104,11 @@ impl Proxy {
         Client::connect(self.port).await
     }
 
+    /// The configuration it runs with (its ports as given: 0).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
     /// Graceful shutdown, waiting for the run loop to return.
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
@@ -348,10 +353,19 @@ pub async fn wait_for_info_within(
         }
         assert!(
             Instant::now() < deadline,
-            "expected {count}× {needle:?} in {info}"
+            "expected {count}× {needle:?} within {limit:?} in {info}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The `state=` of master `i` in an `INFO masters` text (`up`, `quarantined (…)`, …).
+pub fn master_state(info: &str, i: usize) -> Option<&str> {
+    let line = info
+        .lines()
+        .find(|l| l.starts_with(&format!("master{i}:")))?;
+    let state = &line[line.find(",state=")? + ",state=".len()..];
+    Some(&state[..state.find(",replies=").unwrap_or(state.len())])
 }
 
 /// Waits (at most 10 s) until a server (a redis-server or a fresh proxy) is ready for load:

@@ -5,14 +5,21 @@
 //! loop over: each keeps at most ⌊(N−1)/2⌋ masters crashed, partitioned or freshly restarted at
 //! a time (a restarted or flushed master counts until a full lease has passed), and sleeps
 //! between faults.
+//!
+//! Every fault is checked to have taken effect, or the nemesis panics (and the scenario fails):
+//! a killed master had a process, a restarted one answers with a new `run_id`, a paused one
+//! shows as stopped in `/proc` (and a resumed one no longer does), `FLUSHALL` answered `+OK`,
+//! and a blackholed or reset link cut traffic (before or while it healed).
+//! [`Nemesis::faults`] counts the faults that took effect; the verdict demands a minimum
+//! ([`crate::rig::Expect`]).
 
 use crate::masters::signal;
 use crate::relay::{Mode, Relay};
-use crate::resp::blocking_cmd;
+use crate::resp::{blocking_cmd, Reply};
 use crate::workload::{now_ns, Rng};
 use redlock_proxy::LocalCluster;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The node timeout of the fault scenarios (unless a scenario says otherwise).
 pub const NODE_TIMEOUT_MS: u64 = 50;
@@ -29,15 +36,44 @@ pub struct Nemesis {
     pub rng: Rng,
     /// What was done, when (ns on the workload clock).
     pub log: Vec<(u64, String)>,
+    /// Faults that took effect.
+    faults: usize,
     /// Masters currently SIGSTOPped, links currently faulty.
     stopped: Vec<bool>,
     faulty_link: Vec<bool>,
+    /// Each master's `run_id` (the one before its last kill, once killed).
+    run_ids: Vec<String>,
+    /// Each relay's cut count when its blackhole or reset began.
+    cut_before: Vec<Option<u64>>,
+}
+
+/// A master's `run_id` (`INFO server`); panics if it does not answer within 2 s.
+fn run_id(port: u16) -> String {
+    let reply = blocking_cmd(port, &[b"INFO", b"server"], Duration::from_secs(2))
+        .unwrap_or_else(|err| panic!("INFO server on port {port}: {err}"));
+    let Reply::Bulk(info) = reply else {
+        panic!("INFO server on port {port}: {reply}");
+    };
+    String::from_utf8_lossy(&info)
+        .lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .unwrap_or_else(|| panic!("no run_id from port {port}"))
+        .trim()
+        .to_string()
+}
+
+/// Whether process `pid` is stopped (state `T` in `/proc/<pid>/stat`).
+fn stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('T'))
+    })
 }
 
 impl Nemesis {
-    /// A nemesis over `masters` and their `relays` (none, or one per master); `node_timeout`
-    /// is the proxies' (a healed link is held reset for three of them); `seed` drives every
-    /// random choice.
+    /// A nemesis over `masters` (all running) and their `relays` (none, or one per master);
+    /// `node_timeout` is the proxies' (a healed link is held reset for three of them); `seed`
+    /// drives every random choice.
     pub fn new(
         masters: LocalCluster,
         relays: Vec<Relay>,
@@ -47,11 +83,14 @@ impl Nemesis {
         Nemesis {
             stopped: vec![false; masters.masters.len()],
             faulty_link: vec![false; relays.len()],
+            run_ids: masters.masters.iter().map(|m| run_id(m.port)).collect(),
+            cut_before: vec![None; relays.len()],
             masters,
             relays: Arc::new(relays),
             node_timeout,
             rng: Rng::new(seed),
             log: Vec::new(),
+            faults: 0,
         }
     }
 
@@ -65,8 +104,11 @@ impl Nemesis {
             node_timeout: Duration::ZERO,
             rng: Rng::new(0),
             log: Vec::new(),
+            faults: 0,
             stopped: Vec::new(),
             faulty_link: Vec::new(),
+            run_ids: Vec::new(),
+            cut_before: Vec::new(),
         }
     }
 
@@ -74,40 +116,82 @@ impl Nemesis {
         self.masters.masters.len()
     }
 
+    /// The proxies' node timeout.
+    pub fn node_timeout(&self) -> Duration {
+        self.node_timeout
+    }
+
+    /// How many faults took effect so far.
+    pub fn faults(&self) -> usize {
+        self.faults
+    }
+
     pub fn note(&mut self, what: String) {
         self.log.push((now_ns(), what));
+    }
+
+    /// Logs a fault the caller checked to have taken effect (one the nemesis does not run
+    /// itself: a proxy replaced, a proxy's own link cut), and counts it.
+    pub fn note_fault(&mut self, what: String) {
+        self.faults += 1;
+        self.note(what);
     }
 
     pub fn sleep(&mut self, lo_ms: u64, hi_ms: u64) {
         std::thread::sleep(Duration::from_millis(self.rng.range(lo_ms, hi_ms)));
     }
 
-    /// SIGKILL (the master forgets everything).
+    /// SIGKILL (the master forgets everything); panics if it was not running.
     pub fn kill(&mut self, i: usize) {
+        assert!(
+            self.masters.masters[i].pid().is_some(),
+            "kill m{i}: not running"
+        );
         self.masters.masters[i].kill();
         self.stopped[i] = false;
-        self.note(format!("kill m{i}"));
+        self.note_fault(format!("kill m{i}"));
     }
 
-    /// Start a killed master again, empty, on its port (a new `run_id`).
+    /// Start a killed master again, empty, on its port; panics unless it answers with a new
+    /// `run_id`.
     pub fn restart(&mut self, i: usize) {
+        let port = self.masters.masters[i].port;
         self.masters.masters[i]
             .restart(&[])
             .expect("restart redis-server");
+        let fresh = run_id(port);
+        assert_ne!(
+            fresh, self.run_ids[i],
+            "restart m{i}: the same run_id as before"
+        );
+        self.run_ids[i] = fresh;
         self.note(format!("restart m{i} empty"));
     }
 
+    /// `SIG<sig>` to master `i`, then waits (at most 2 s) until `/proc` shows it stopped
+    /// (`STOP`) or not (`CONT`); panics if it has no process or never gets there.
     fn send_signal(&mut self, i: usize, sig: &str) {
-        if let Some(pid) = self.masters.masters[i].pid() {
-            signal(pid, sig);
-            self.note(format!("SIG{sig} m{i}"));
+        let pid = self.masters.masters[i]
+            .pid()
+            .unwrap_or_else(|| panic!("SIG{sig} m{i}: not running"));
+        signal(pid, sig);
+        let want_stopped = sig == "STOP";
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while stopped(pid) != want_stopped {
+            assert!(
+                Instant::now() < deadline,
+                "SIG{sig} m{i} (pid {pid}): not in effect after 2 s"
+            );
+            std::thread::sleep(Duration::from_millis(1));
         }
+        self.note(format!("SIG{sig} m{i}"));
     }
 
     /// SIGSTOP: the master stops answering; its sockets stay open and fill up.
     pub fn pause(&mut self, i: usize) {
         self.send_signal(i, "STOP");
         self.stopped[i] = true;
+        self.faults += 1;
     }
 
     pub fn resume(&mut self, i: usize) {
@@ -115,32 +199,48 @@ impl Nemesis {
         self.stopped[i] = false;
     }
 
-    /// `FLUSHALL` directly on the master (data loss without a restart).
+    /// `FLUSHALL` directly on the master (data loss without a restart); panics unless it
+    /// answered `+OK`.
     pub fn flush(&mut self, i: usize) {
         let port = self.masters.masters[i].port;
-        let reply = blocking_cmd(port, &[b"FLUSHALL"], Duration::from_secs(2))
-            .ok()
-            .map(|r| r.to_string());
-        self.note(format!("FLUSHALL m{i}: {reply:?}"));
+        let reply =
+            blocking_cmd(port, &[b"FLUSHALL"], Duration::from_secs(2)).map(|r| r.to_string());
+        assert!(
+            matches!(reply.as_deref(), Ok("+OK")),
+            "FLUSHALL m{i}: {reply:?}"
+        );
+        self.note_fault(format!("FLUSHALL m{i}: +OK"));
     }
 
     /// Blackhole the link to master `i`: nothing passes either way.
     pub fn partition(&mut self, i: usize) {
-        self.relays[i].set_mode(Mode::Blackhole);
-        self.faulty_link[i] = true;
-        self.note(format!("partition m{i}"));
+        self.cut_link(i, Mode::Blackhole, "partition");
     }
 
-    /// Ends a partition. The relay's blackhole *discards* bytes, which a real partition does not
-    /// (TCP retransmits); forwarding again on a connection that lost bytes mid-stream would
-    /// desynchronise RESP and fabricate replies. So a partition ends like a real long one: the
-    /// connections are reset (held long enough for every link with lost bytes to time out and be
-    /// retired by the proxy), and only new connections pass.
+    /// Reset every connection to master `i`, and refuse new ones.
+    pub fn reset(&mut self, i: usize) {
+        self.cut_link(i, Mode::Reset, "reset");
+    }
+
+    fn cut_link(&mut self, i: usize, mode: Mode, what: &str) {
+        self.cut_before[i].get_or_insert(self.relays[i].cut_count());
+        self.relays[i].set_mode(mode);
+        self.faulty_link[i] = true;
+        self.note_fault(format!("{what} m{i}"));
+    }
+
+    /// Ends a partition or reset ([`Relay::heal_blocking`]): the connections are reset for
+    /// three node timeouts, then new ones pass. Panics if the relay cut nothing since the fault
+    /// began (the proxies poll every master several times a second, so a cut link cuts).
     pub fn heal(&mut self, i: usize) {
-        self.relays[i].set_mode(Mode::Reset);
-        std::thread::sleep(self.node_timeout * 3 + Duration::from_millis(20));
-        self.relays[i].set_delay(Duration::ZERO);
-        self.relays[i].set_mode(Mode::Pass);
+        let relay = &self.relays[i];
+        relay.heal_blocking(self.node_timeout);
+        if let Some(before) = self.cut_before[i].take() {
+            assert!(
+                relay.cut_count() > before,
+                "link m{i}: its fault cut nothing before it healed"
+            );
+        }
         self.faulty_link[i] = false;
         self.note(format!("heal m{i}"));
     }
@@ -148,13 +248,10 @@ impl Nemesis {
     pub fn delay(&mut self, i: usize, ms: u64) {
         self.relays[i].set_delay(Duration::from_millis(ms));
         self.faulty_link[i] |= ms > 0;
+        if ms > 0 {
+            self.faults += 1;
+        }
         self.note(format!("delay m{i} {ms} ms"));
-    }
-
-    pub fn reset(&mut self, i: usize) {
-        self.relays[i].set_mode(Mode::Reset);
-        self.faulty_link[i] = true;
-        self.note(format!("reset m{i}"));
     }
 
     /// Everything back to normal: stopped masters continued, killed ones restarted, links

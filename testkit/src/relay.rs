@@ -1,6 +1,7 @@
 //! A TCP fault relay between the proxy and one master: forwards both directions, and on demand
 //! delays every chunk, blackholes traffic (accepts and reads, forwards nothing), or resets
-//! every connection. Settings apply to live connections at once.
+//! every connection. Settings apply to live connections at once. The relay counts what its
+//! faults cut (chunks discarded, connections dropped), so a fault can be shown to have acted.
 
 use redlock_proxy::LocalCluster;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -22,6 +23,8 @@ struct State {
     delay_ms: AtomicU64,
     mode: AtomicU8,
     closed: AtomicBool,
+    /// Chunks discarded by a blackhole, connections dropped by a reset.
+    cut: AtomicU64,
 }
 
 /// A running relay; dropped = stops accepting.
@@ -42,6 +45,7 @@ impl Relay {
                 let st = st.clone();
                 tokio::spawn(async move {
                     if Mode::Reset as u8 == st.mode.load(Ordering::Relaxed) {
+                        st.cut.fetch_add(1, Ordering::Relaxed);
                         return;
                     }
                     let Ok(server) = TcpStream::connect(("127.0.0.1", upstream_port)).await else {
@@ -80,6 +84,24 @@ impl Relay {
     pub fn set_mode(&self, mode: Mode) {
         self.state.mode.store(mode as u8, Ordering::Relaxed);
     }
+
+    /// How many chunks a blackhole discarded and connections a reset dropped, so far.
+    pub fn cut_count(&self) -> u64 {
+        self.state.cut.load(Ordering::Relaxed)
+    }
+
+    /// Ends a blackhole or reset (blocking): the relay's blackhole *discards* bytes, which a
+    /// real partition does not (TCP retransmits), and forwarding again on a connection that
+    /// lost bytes mid-stream would desynchronise RESP and fabricate replies. So the link ends
+    /// its fault like a real long partition: connections are reset for three node timeouts
+    /// (every link with lost bytes times out and is retired by the proxy), then only new
+    /// connections pass, without delay.
+    pub fn heal_blocking(&self, node_timeout: Duration) {
+        self.set_mode(Mode::Reset);
+        std::thread::sleep(node_timeout * 3 + Duration::from_millis(20));
+        self.set_delay(Duration::ZERO);
+        self.set_mode(Mode::Pass);
+    }
 }
 
 impl Drop for Relay {
@@ -104,8 +126,14 @@ async fn pipe(
             return;
         }
         match state.mode.load(Ordering::Relaxed) {
-            m if m == Mode::Reset as u8 => return,
-            m if m == Mode::Blackhole as u8 => continue,
+            m if m == Mode::Reset as u8 => {
+                state.cut.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            m if m == Mode::Blackhole as u8 => {
+                state.cut.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             _ => {}
         }
         let delay = state.delay_ms.load(Ordering::Relaxed);

@@ -2,13 +2,16 @@
 //! them and a [`Nemesis`] acting on them; scenarios run one at a time on their own 2-thread
 //! runtime ([`run`]), their durations scaled by `FAULTS_SCALE`; the workload runs while a fault
 //! step loops on a blocking thread; the verdict on the history (no overlap, no duplicate live
-//! token, no late `OK`, a minimum of grants), with the fault log around what went wrong.
+//! token, no late `OK`, a minimum of grants and of faults that took effect), with the fault log
+//! around what went wrong.
 
 use crate::checker::{ms, Report};
 use crate::launcher::Proxy;
 use crate::nemesis::{quarantine_ms, Nemesis, NODE_TIMEOUT_MS};
 use crate::relay::Relay;
+use crate::resp::Client;
 use crate::workload::{wait_grantable, History, PortTable, Workload, SLOW_REPLY};
+use redlock_proxy::on_master::COMPARE_AND_DELETE;
 use redlock_proxy::{Config, LocalCluster};
 use std::future::Future;
 use std::sync::atomic::AtomicBool;
@@ -65,6 +68,20 @@ impl Rig {
         seed: u64,
         tweak: impl Fn(&mut Config),
     ) -> Rig {
+        Rig::start_after(n, relays, proxies, seed, tweak, |_| {}).await
+    }
+
+    /// [`Rig::start`], with `before_proxies` acting on the nemesis (on this thread: it may
+    /// block) after the masters started and before any proxy does (masters down at the first
+    /// start of a deployment).
+    pub async fn start_after(
+        n: usize,
+        relays: bool,
+        proxies: usize,
+        seed: u64,
+        tweak: impl Fn(&mut Config),
+        before_proxies: impl FnOnce(&mut Nemesis),
+    ) -> Rig {
         let masters = LocalCluster::start(n).expect("redis-server must be installed");
         let mut config = Config::default();
         tweak(&mut config);
@@ -78,14 +95,22 @@ impl Rig {
         } else {
             masters.addrs()
         };
+        let mut nemesis = Nemesis::new(masters, list, config.node_timeout(), seed);
+        tokio::task::block_in_place(|| before_proxies(&mut nemesis));
         let mut started = Vec::new();
         for _ in 0..proxies {
             started.push(Proxy::start(addrs.clone(), &tweak).await);
         }
         Rig {
-            nemesis: Nemesis::new(masters, list, config.node_timeout(), seed),
+            nemesis,
             proxies: started,
         }
+    }
+
+    /// Sleeps `lo_ms..=hi_ms` (the nemesis' random choice) without blocking the runtime.
+    pub async fn sleep(&mut self, lo_ms: u64, hi_ms: u64) {
+        let ms = self.nemesis.rng.range(lo_ms, hi_ms);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
     }
 
     /// The proxies' ports.
@@ -133,34 +158,93 @@ impl Rig {
         history
     }
 
-    /// Stops proxy `index` and starts a fresh one with the same configuration on the same
-    /// masters (a new port, no memory of anything), after `before_start` (on a blocking
-    /// thread) has acted on the nemesis; the workload's workers of that proxy follow through
-    /// `table`.
-    pub async fn restart_proxy(
+    /// Stops proxy `index` and launches a fresh one in its place with the same configuration
+    /// (over `backends` when given, else the same masters): a new port, no memory of anything.
+    /// `before_start` acts on the nemesis (on this thread: it may block) while no proxy runs
+    /// there. The fresh proxy's first request, sent as soon as its port is bound, is an acquire
+    /// of a free key: it must answer `OK` or the explicit start-up error, never null (a client
+    /// reads null as "held"); it is released if granted. Then the workload's workers of that
+    /// proxy follow it through `table`. Counted as a fault.
+    pub async fn replace_proxy(
         &mut self,
         index: usize,
         table: &PortTable,
+        backends: Option<Vec<String>>,
         before_start: impl FnOnce(&mut Nemesis),
     ) {
         let old = self.proxies.remove(index);
         let old_port = old.port;
-        let nemesis = &mut self.nemesis;
-        let fresh = old
-            .restart(|| {
-                nemesis.note(format!("proxy {index} (port {old_port}) stopped"));
-                tokio::task::block_in_place(|| before_start(nemesis));
-            })
-            .await;
+        let mut config = old.config().clone();
+        if let Some(backends) = backends {
+            config.backends = backends
+                .iter()
+                .map(|b| b.parse().expect("a valid master address"))
+                .collect();
+        }
+        old.stop().await;
         self.nemesis
-            .note(format!("fresh proxy {index} on port {}", fresh.port));
+            .note(format!("proxy {index} (port {old_port}) stopped"));
+        tokio::task::block_in_place(|| before_start(&mut self.nemesis));
+        let ttl = config.max_lock_ttl_ms.min(1000).to_string();
+        let fresh = Proxy::launch(config).await;
+        let free = format!("faults:fresh:{}:{}", std::process::id(), fresh.port);
+        let mut client = Client::connect(fresh.port).await;
+        let first = client.cmd(&["SET", &free, "first", "NX", "PX", &ttl]).await;
+        assert!(
+            first == "+OK" || first.starts_with(STARTING),
+            "the first acquire of a free key through fresh proxy {index} (port {}): {first}",
+            fresh.port
+        );
+        if first == "+OK" {
+            client
+                .cmd(&["EVAL", COMPARE_AND_DELETE, "1", &free, "first"])
+                .await;
+        }
+        self.nemesis.note_fault(format!(
+            "fresh proxy {index} on port {}: first acquire {first}",
+            fresh.port
+        ));
         table.lock().unwrap_or_else(PoisonError::into_inner)[index] = fresh.port;
         self.proxies.insert(index, fresh);
     }
 }
 
-/// Checks a history: prints the report, asserts no overlap, no two live grants with one token,
-/// at most `late_oks_allowed` late `OK`s and at least `min_grants` grants.
+/// The start of the error a proxy answers acquires with until it has judged its masters.
+pub const STARTING: &str = "-ERR redlock-proxy is starting";
+
+/// What a run must show besides safety (no overlap, no duplicate live token, no token
+/// regression): at least `min_grants` grants (so it cannot pass vacuously), at least
+/// `min_faults` faults that took effect ([`Nemesis::faults`]), and at most `late_oks_allowed`
+/// late `OK`s (0 except where masters answer near the TTL by design: see [`verdict`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Expect {
+    pub min_grants: usize,
+    pub min_faults: usize,
+    pub late_oks_allowed: usize,
+}
+
+impl Expect {
+    /// No late `OK` allowed.
+    pub fn new(min_grants: usize, min_faults: usize) -> Expect {
+        Expect {
+            min_grants,
+            min_faults,
+            late_oks_allowed: 0,
+        }
+    }
+
+    pub fn late_oks(self, late_oks_allowed: usize) -> Expect {
+        Expect {
+            late_oks_allowed,
+            ..self
+        }
+    }
+}
+
+/// Checks a history against `expect`: prints the report, asserts no overlap, no two live grants
+/// with one token, no fencing token going backwards, at most `expect.late_oks_allowed` late
+/// `OK`s, at least `expect.min_grants` grants, and at least `expect.min_faults` faults that
+/// took effect.
 ///
 /// Late `OK`s are read after send + TTL. Only a scenario whose masters answer near the TTL *by
 /// design* may allow any: there the proxy writes `OK`s up to TTL − drift after it read the
@@ -172,13 +256,18 @@ pub fn verdict(
     seed: u64,
     started: Instant,
     h: &History,
-    faults: &[(u64, String)],
-    min_grants: usize,
-    late_oks_allowed: usize,
+    nemesis: &Nemesis,
+    expect: Expect,
 ) -> Report {
+    let (faults, took_effect) = (&nemesis.log, nemesis.faults());
+    let Expect {
+        min_grants,
+        min_faults,
+        late_oks_allowed,
+    } = expect;
     let report = h.report();
     println!(
-        "[{name}] seed={seed} {:.1}s {report} {}; {} fault actions",
+        "[{name}] seed={seed} {:.1}s {report} {}; {took_effect} faults took effect ({} log entries)",
         started.elapsed().as_secs_f64(),
         h.summary(),
         faults.len()
@@ -222,6 +311,11 @@ pub fn verdict(
         report.grants >= min_grants,
         "[{name}] only {} grants (< {min_grants}): the run proves little (SEED={seed}): {report}\nfault log (ms):\n{}",
         report.grants,
+        log()
+    );
+    assert!(
+        took_effect >= min_faults,
+        "[{name}] only {took_effect} faults took effect (< {min_faults}): the run proves little (SEED={seed})\nfault log (ms):\n{}",
         log()
     );
     report
@@ -306,9 +400,7 @@ pub fn with_quarantine(ttl_ms: u64) -> impl Fn(&mut Config) {
 }
 
 /// The common shape: rig, wait until grantable, workload under faults, heal, liveness check,
-/// verdict ([`verdict`] with `min_grants` and `late_oks_allowed`, which is 0 except where
-/// masters answer near the TTL by design).
-#[allow(clippy::too_many_arguments)]
+/// verdict ([`verdict`] against `expect`).
 pub async fn scenario(
     name: &str,
     rig: &mut Rig,
@@ -316,8 +408,7 @@ pub async fn scenario(
     workload: Workload,
     faults_for: Duration,
     step: fn(&mut Nemesis),
-    min_grants: usize,
-    late_oks_allowed: usize,
+    expect: Expect,
 ) -> Report {
     let started = Instant::now();
     rig.wait_ready(workload.ttl_ms, Duration::from_secs(5))
@@ -325,15 +416,7 @@ pub async fn scenario(
     let history = rig
         .run_with_faults(&workload, faults_for, 10_000, step)
         .await;
-    let report = verdict(
-        name,
-        seed,
-        started,
-        &history,
-        &rig.nemesis.log,
-        min_grants,
-        late_oks_allowed,
-    );
+    let report = verdict(name, seed, started, &history, &rig.nemesis, expect);
     // Liveness: once healed, a fresh key is granted within a quarantine plus a margin.
     let limit = Duration::from_millis(quarantine_ms(workload.ttl_ms) + 3000);
     for port in rig.ports() {

@@ -4,9 +4,9 @@
 //! record every `OK` with its times on one process-wide monotonic clock for the checker.
 //!
 //! Options (all off by default): acquire with node-redlock's acquire *script* instead of
-//! `SET NX PX`; extend mid-hold with redis-cli's compare-then-`PEXPIRE` script; retry a refused
-//! acquire with the *same* token (like redis-py); follow proxy ports that change during the run
-//! (a proxy restarted on a new port).
+//! `SET NX PX`; extend mid-hold with redis-cli's compare-then-`PEXPIRE` script or with
+//! `LOCK.EXTEND`; retry a refused acquire with the *same* token (like redis-py); follow proxy
+//! ports that change during the run (a proxy restarted on a new port).
 
 use crate::checker::{Hold, Report};
 use crate::resp::Client;
@@ -17,6 +17,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
+
+/// The key of granted extends in [`History::extends`].
+const GRANTED: &str = "granted";
 
 /// An acquire reply slower than this is listed in [`History::slow_replies`].
 pub const SLOW_REPLY: Duration = Duration::from_millis(250);
@@ -124,9 +127,13 @@ pub struct Workload {
     /// rollback for scripts). Otherwise (a client that crashed right then) the token may stay on
     /// a minority until it expires, and acquires of that key fail until then.
     pub script_refusal_release_chance: f64,
-    /// With this chance a holder extends its lease mid-hold (redis-cli's extend script, same
-    /// TTL), possibly twice, and then holds past its original lease end.
+    /// With this chance a holder extends its lease mid-hold (redis-cli's extend script, or
+    /// `LOCK.EXTEND` with `extend_via_lock_extend`; same TTL), possibly twice, and then holds
+    /// past its original lease end.
     pub extend_chance: f64,
+    /// Extends are `LOCK.EXTEND key value ttl_ms` (granted: an integer, the new validity;
+    /// refused: null) instead of redis-cli's script (granted: `:1`).
+    pub extend_via_lock_extend: bool,
     /// After a refusal, with this chance the next attempt is on the same key with the same
     /// token (redis-py's retry) instead of a fresh one.
     pub same_token_retry_chance: f64,
@@ -163,6 +170,7 @@ impl Workload {
             acquire_via_script_chance: 0.0,
             script_refusal_release_chance: 1.0,
             extend_chance: 0.0,
+            extend_via_lock_extend: false,
             same_token_retry_chance: 0.0,
             lock_acquire_chance: 0.0,
             live_ports: None,
@@ -197,6 +205,45 @@ impl Workload {
         }
         all
     }
+
+    /// Runs the workload on its own task (until its duration or attempt bound), while the
+    /// caller acts; [`Running::finish`] collects the history.
+    pub fn spawn(&self) -> Running {
+        let w = self.clone();
+        Running {
+            limit: self.duration + Duration::from_secs(30),
+            task: tokio::spawn(async move { w.run(Arc::new(AtomicBool::new(false))).await }),
+        }
+    }
+}
+
+/// A workload running on its own task ([`Workload::spawn`]).
+pub struct Running {
+    task: tokio::task::JoinHandle<History>,
+    limit: Duration,
+}
+
+impl Running {
+    /// Waits for the workload to end (at most its duration + 30 s from now) and returns what it
+    /// saw.
+    pub async fn finish(self) -> History {
+        tokio::time::timeout(self.limit, self.task)
+            .await
+            .expect("the workload ends")
+            .expect("workload task")
+    }
+}
+
+/// Whether a reply to an extend granted it: `:1` to redis-cli's script; an integer (the new
+/// validity) to `LOCK.EXTEND`. Only a granted extend moves the holder's lease end.
+pub fn extend_granted(reply: &str, via_lock_extend: bool) -> bool {
+    if via_lock_extend {
+        reply
+            .strip_prefix(':')
+            .is_some_and(|n| n.parse::<u64>().is_ok())
+    } else {
+        reply == ":1"
+    }
 }
 
 /// What the workers saw.
@@ -211,7 +258,8 @@ pub struct History {
     pub script_grants: u64,
     /// Attempts that reused the token of a refused attempt (same key, same token).
     pub same_token_retries: u64,
-    /// Replies to extends, by text (`:1` extended, `:0` refused, errors, `timeout`).
+    /// Replies to extends: `granted` ([`extend_granted`]), else by text (`:0` or null refused,
+    /// errors, `timeout`).
     pub extends: BTreeMap<String, u64>,
     /// Replies to node-redlock's release after a refused or failed script acquire, by text.
     pub script_cleanups: BTreeMap<String, u64>,
@@ -257,9 +305,9 @@ impl History {
         self.slow_replies.extend(other.slow_replies);
     }
 
-    /// Extends answered `:1`.
+    /// Extends granted.
     pub fn extends_ok(&self) -> u64 {
-        self.extends.get(":1").copied().unwrap_or(0)
+        self.extends.get(GRANTED).copied().unwrap_or(0)
     }
 
     /// Extends answered otherwise (`:0`, an error, no reply).
@@ -442,12 +490,16 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
                         break;
                     }
                     let t_extend = now_ns();
-                    let extend = c
-                        .try_cmd(
+                    let extend = if cfg.extend_via_lock_extend {
+                        c.try_cmd(&["LOCK.EXTEND", key, &token, &ttl], cfg.reply_timeout)
+                            .await
+                    } else {
+                        c.try_cmd(
                             &["EVAL", REDIS_CLI_EXTEND, "1", key, &token, &ttl],
                             cfg.reply_timeout,
                         )
-                        .await;
+                        .await
+                    };
                     let text = match extend {
                         Some(text) => text.chars().take(80).collect(),
                         None => {
@@ -455,8 +507,9 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
                             "timeout".to_string()
                         }
                     };
-                    let ok = text == ":1";
-                    *h.extends.entry(text).or_default() += 1;
+                    let ok = extend_granted(&text, cfg.extend_via_lock_extend);
+                    let entry = if ok { GRANTED.to_string() } else { text };
+                    *h.extends.entry(entry).or_default() += 1;
                     if !ok {
                         extended = false;
                         break;
@@ -538,6 +591,43 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
         }
     }
     h
+}
+
+/// A held key stays held, and the proxy is alive: every `interval` until `until` (at most 1000
+/// times) `held` tries `SET key <fresh token> NX PX ttl_ms` and the answer must be a null (the
+/// refusal a client reads as "held": not an error, not a timeout); after each, `other`, on the
+/// same proxy, tries a free key of its own (`<key>:free<n>`, left to expire), which should be
+/// granted. Returns the number of refusals and of free keys granted, for the caller's minimums.
+/// `what` names the holder in the failure message.
+pub async fn refused_while_free_keys_granted(
+    held: &mut Client,
+    other: &mut Client,
+    key: &str,
+    ttl_ms: u64,
+    interval: Duration,
+    until: Instant,
+    what: &str,
+) -> (usize, usize) {
+    let ttl = ttl_ms.to_string();
+    let (mut refused, mut granted) = (0, 0);
+    for attempt in 0..1000 {
+        if Instant::now() >= until {
+            break;
+        }
+        let token = format!("tok-{attempt}");
+        let reply = held.cmd(&["SET", key, &token, "NX", "PX", &ttl]).await;
+        assert_eq!(
+            reply, "$nil",
+            "{key} must be refused with a null while {what} holds it (try {attempt})"
+        );
+        refused += 1;
+        let free = format!("{key}:free{attempt}");
+        if other.cmd(&["SET", &free, "v", "NX", "PX", &ttl]).await == "+OK" {
+            granted += 1;
+        }
+        tokio::time::sleep(interval).await;
+    }
+    (refused, granted)
 }
 
 /// Waits (at most `limit`) until a probe lock on `key` is granted through `port`, then releases
