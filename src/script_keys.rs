@@ -206,6 +206,10 @@ const PERSIST_REFUSED: &str = "a lock without expiry cannot be made safe; use PE
 /// (`scriptVerifyACL`, `ACL_DENIED_KEY`).
 pub const SCRIPT_NOPERM: &str = "ERR The user executing the script can't access at least one of the keys mentioned in the command arguments";
 
+/// What every command of a script that reached its master past its write deadline answers
+/// (see [`access_args`]): it runs none, so it writes nothing.
+pub const LATE: &str = "ERR this script reached the master past its write deadline (held up beyond the node timeout) and ran no command (redlock-proxy)";
+
 /// The prelude, as written (one statement per line for reading; joined into one line).
 /// `@SPEC@` becomes [`SCRIPT_COMMANDS`] as `|name:FLS|…` (first, last, step as one digit
 /// each, `-` for a last key of -1), searched with a plain `string.find` per call: a constant
@@ -230,6 +234,8 @@ local byte, find, lower, gsub, sub, format, select = string.byte, string.find, s
 local rcall, rpcall = real.call, real.pcall
 local n = #argv
 local m = tonumber(argv[n])
+local due, late = tonumber(argv[n - math.max(m, 0) - 1]), false
+if due > 0 then local t = rcall('time') late = t[1] * 1000 + t[2] / 1000 > due end
 local declared = {}
 for i = 1, #keys do declared[keys[i]] = true end
 local allowed
@@ -280,7 +286,7 @@ if m >= 0 then
     return false
   end
 end
-for i = n - math.max(m, 0), n do argv[i] = nil end
+for i = n - math.max(m, 0) - 1, n do argv[i] = nil end
 local function denied(argc, name, ...)
   if type(name) == 'number' then name = format('%.17g', name) end
   if type(name) ~= 'string' then return nil end
@@ -312,8 +318,8 @@ local function denied(argc, name, ...)
   return nil
 end
 return setmetatable({
-  call = function(...) local err = denied(select('#', ...), ...) if err then error({err = err}) end return rcall(...) end,
-  pcall = function(...) local err = denied(select('#', ...), ...) if err then return {err = err} end return rpcall(...) end
+  call = function(...) local err = late and @LATE@ or denied(select('#', ...), ...) if err then error({err = err}) end return rcall(...) end,
+  pcall = function(...) local err = late and @LATE@ or denied(select('#', ...), ...) if err then return {err = err} end return rpcall(...) end
 }, {__index = real, __metatable = false})
 end)(redis, KEYS, ARGV);
 "#;
@@ -347,6 +353,7 @@ static PRELUDE: LazyLock<String> = LazyLock::new(|| {
         .replace("@RESERVED@", &lua_string(RESERVED))
         .replace("@PERSIST@", &lua_string(&persist.to_string()))
         .replace("@NOPERM@", &lua_string(SCRIPT_NOPERM))
+        .replace("@LATE@", &lua_string(LATE))
         .replace(
             "@RESERVED_KEY@",
             &lua_string(&ProxyError::ReservedKey.to_string()),
@@ -383,21 +390,25 @@ pub fn checked_body(body: &[u8]) -> Bytes {
 /// the whole key (no wildcard), `^` a prefix (`tenant:*`, the usual shape), `*` Redis' glob.
 /// A glob in Lua costs about a microsecond a key (measured on redis-server 7.0); the other two
 /// are one string comparison.
-pub fn access_args(keys: &KeyPatterns) -> Vec<Bytes> {
+///
+/// Before them goes the write deadline, in the master's clock (ms since the epoch; `0`: none):
+/// a script that reaches the master past it (held up in a paused master's socket buffer, a
+/// slow link) runs no command, so it writes nothing ([`LATE`]).
+pub fn access_args(keys: &KeyPatterns, deadline_ms: u64) -> Vec<Bytes> {
+    let deadline = Bytes::from(deadline_ms.to_string());
     let KeyPatterns::Some(patterns) = keys else {
-        return vec![Bytes::from_static(b"-1")];
+        return vec![deadline, Bytes::from_static(b"-1")];
     };
     let special = |b: &u8| matches!(b, b'*' | b'?' | b'[' | b'\\');
-    let mut args: Vec<Bytes> = patterns
-        .iter()
-        .map(|p| {
+    let mut args: Vec<Bytes> = std::iter::once(deadline)
+        .chain(patterns.iter().map(|p| {
             let (tag, rest): (&[u8], &[u8]) = match p.iter().position(special) {
                 None => (b"=", p),
                 Some(star) if star + 1 == p.len() && p[star] == b'*' => (b"^", &p[..star]),
                 Some(_) => (b"*", p),
             };
             Bytes::from([tag, rest].concat())
-        })
+        }))
         .collect();
     args.push(Bytes::from(patterns.len().to_string()));
     args
@@ -474,21 +485,24 @@ mod tests {
 
     #[test]
     fn patterns_travel_as_trailing_argv() {
-        assert_eq!(access_args(&KeyPatterns::All), vec![Bytes::from("-1")]);
+        assert_eq!(
+            access_args(&KeyPatterns::All, 0),
+            vec![Bytes::from("0"), Bytes::from("-1")]
+        );
         let some = KeyPatterns::Some(
             ["a:*", "b", "a*b", "a?", "*", "x\\*", "[ab]*", ""]
                 .map(Bytes::from)
                 .to_vec(),
         );
         assert_eq!(
-            access_args(&some),
-            ["^a:", "=b", "*a*b", "*a?", "^", "*x\\*", "*[ab]*", "=", "8"]
+            access_args(&some, 1234),
+            ["1234", "^a:", "=b", "*a*b", "*a?", "^", "*x\\*", "*[ab]*", "=", "8"]
                 .map(Bytes::from)
                 .to_vec()
         );
         assert_eq!(
-            access_args(&KeyPatterns::Some(Vec::new())),
-            vec![Bytes::from("0")]
+            access_args(&KeyPatterns::Some(Vec::new()), 0),
+            vec![Bytes::from("0"), Bytes::from("0")]
         );
     }
 }

@@ -47,6 +47,7 @@ use crate::script_cache::{script_sha, Script};
 use crate::script_keys::access_args;
 use bytes::Bytes;
 use futures::future::BoxFuture;
+use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -149,7 +150,9 @@ fn run(
     // script costs to run.
     let checked = script.checked.clone();
     args[1] = checked.clone();
-    args.extend(access_args(patterns));
+    // The write deadline's place among the prelude's arguments, set per master below.
+    let due_at = args.len();
+    args.extend(access_args(patterns, 0));
     let guarded = script.may_write && !read_only;
     let mut guard = Vec::new();
     if guarded {
@@ -167,39 +170,56 @@ fn run(
         parts.push(bound.as_bytes());
         guard = encode_command(&parts).to_vec();
     }
-    let encoded = |command: &'static [u8], script: Bytes| {
-        let mut call = args.clone();
-        call[0] = Bytes::from_static(command);
-        call[1] = script;
-        let mut payload = bytes::BytesMut::from(encode_command(&call).as_ref());
-        payload.extend_from_slice(&guard);
-        payload.freeze()
-    };
     let (by_sha, by_body) = match read_only {
         true => (b"EVALSHA_RO".as_ref(), b"EVAL_RO".as_ref()),
         false => (b"EVALSHA".as_ref(), b"EVAL".as_ref()),
     };
-    let whole = encoded(by_body, checked.clone());
-    let ask = match script
+    let whole_first = !script
         .sent_whole
-        .swap(true, std::sync::atomic::Ordering::Relaxed)
-    {
-        false => Ask::Commands(whole),
-        true => Ask::BySha {
-            by_sha: encoded(by_sha, script.checked_sha.clone()),
-            by_body: whole,
-        },
+        .swap(true, std::sync::atomic::Ordering::Relaxed);
+    let (sha, ran) = (script.checked_sha.clone(), checked.clone());
+    // The request for one master, with its write deadline (`0`: none).
+    let request = move |due: u64| {
+        let mut call = args.clone();
+        call[due_at] = Bytes::from(due.to_string());
+        let mut encoded = |command: &'static [u8], script: Bytes| {
+            call[0] = Bytes::from_static(command);
+            call[1] = script;
+            let mut payload = bytes::BytesMut::from(encode_command(&call).as_ref());
+            payload.extend_from_slice(&guard);
+            payload.freeze()
+        };
+        let whole = encoded(by_body, checked.clone());
+        match whole_first {
+            true => Ask::Commands(whole),
+            false => Ask::BySha {
+                by_sha: encoded(by_sha, sha.clone()),
+                by_body: whole,
+            },
+        }
     };
     let rule = script.merge;
     let stats = ctx.shared.stats.clone();
     Action::Defer(Box::pin(async move {
         let reply = if guarded {
+            // A script that may write carries a deadline in each master's clock, as an
+            // acquire does: the latest the master's clock can show when the node timeout runs
+            // out (from its last reading; a master that may not vote is not asked).
+            let sent = OnceLock::new();
+            let (node_timeout, drift) = (masters.node_timeout(), policy.drift_factor);
+            let ask = |i: usize| {
+                let at = *sent.get_or_init(Instant::now) + node_timeout;
+                let bound = masters.voters()[i].clock_bound_if_eligible(at, drift)?;
+                // No clock reading yet: a deadline already past.
+                Some(request(bound.unwrap_or(1)))
+            };
             guarded_reply(&masters, ask, rule, policy.max_lock_ttl_ms).await
         } else {
+            let ask = request(0);
             masters.quorum_reply_each(|_| Some(ask.clone()), rule).await
         };
         stats.count_if_release(rule, &reply);
-        settle(clients_sha(reply, &checked, &script.body), deadline)
+        settle(clients_sha(reply, &ran, &script.body), deadline)
     }))
 }
 
@@ -306,14 +326,15 @@ fn script_vote(vote: &Vote) -> Vote {
 /// found it unarmed or quarantined is re-checked by its health monitor at once; a guard that
 /// had to cap a key makes the reply an error (a key left without expiry first: the stronger
 /// surprise).
-async fn guarded_reply(masters: &Masters, ask: Ask, rule: MergeRule, cap_ms: u64) -> Reply {
+async fn guarded_reply(
+    masters: &Masters,
+    ask: impl Fn(usize) -> Option<Ask>,
+    rule: MergeRule,
+    cap_ms: u64,
+) -> Reply {
     let script_votes = |votes: &[Vote]| votes.iter().map(script_vote).collect::<Vec<_>>();
     let (votes, _late) = masters
-        .fan_out_each(
-            |_| Some(ask.clone()),
-            2,
-            |v| merge(&script_votes(v), rule).is_some(),
-        )
+        .fan_out_each(ask, 2, |v| merge(&script_votes(v), rule).is_some())
         .await;
     let mut capped = 0;
     for (vote, voter) in votes.iter().zip(masters.voters()) {
