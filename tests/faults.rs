@@ -57,11 +57,11 @@
 //! The rig, the nemesis and its fault steps, the workload and the checker are in the test kit
 //! (`testkit/src/{rig,nemesis,workload,checker}.rs`); the scenarios are here.
 
-use redlock_proxy::on_master::COMPARE_AND_DELETE;
+use redlock_proxy::on_master::{ARMED_KEY, COMPARE_AND_DELETE, QUARANTINE_KEY};
 use redlock_proxy::{Config, LocalCluster};
 use redlock_testkit::checker::{self, Hold, Overlap, Report};
 use redlock_testkit::key;
-use redlock_testkit::launcher::{master_state, wait_for_info_within, Proxy};
+use redlock_testkit::launcher::{master_state, wait_for_info, wait_for_info_within, Proxy};
 use redlock_testkit::masters::{master_cmd, master_get};
 use redlock_testkit::nemesis::{
     quarantine_ms, step_amnesia, step_links, step_mixed, step_mixed_no_flush,
@@ -77,7 +77,7 @@ use redlock_testkit::rig::{
 use redlock_testkit::workload::{
     extend_granted, now_ns, seed, wait_grantable, History, PortTable, Workload,
 };
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -400,15 +400,17 @@ fn flush_churn_without_quarantine_shows_overlaps() {
 /// goes down while the previous may still be quarantined: at most two out of five). A holder
 /// that releases within its validity must get `1` or `0`, never an error: a quarantined master
 /// of its grant is fenced, so the proxy can vouch for the lock (docs/SAFETY.md, releases).
+/// One master after the other: killed, restarted (empty, or from its AOF when it persists).
+fn step_rolling(nem: &mut Nemesis) {
+    let i = nem.log.len() % nem.n();
+    nem.kill(i);
+    nem.sleep(20, 120);
+    nem.restart(i);
+    nem.sleep(300, 600);
+}
+
 #[test]
 fn rolling_restarts_releases_by_holders_tell_the_truth() {
-    fn step_rolling(nem: &mut Nemesis) {
-        let i = nem.log.len() % nem.n();
-        nem.kill(i);
-        nem.sleep(20, 120);
-        nem.restart(i);
-        nem.sleep(300, 600);
-    }
     run(async {
         let seed = seed();
         let mut rig = Rig::start(5, false, 1, seed, with_quarantine(TTL_MS)).await;
@@ -440,6 +442,126 @@ fn rolling_restarts_releases_by_holders_tell_the_truth() {
             h.releases
         );
     });
+}
+
+/// Issue 22, item 6: masters that persist with `appendonly yes` and `appendfsync always` are
+/// killed (SIGKILL) and restarted from their AOF one after the other while grants flow. None
+/// loses an acknowledged write, so none is quarantined: with the default cap a quarantine
+/// (60.6 s) would outlast the run, yet every master votes at its end; 0 overlaps.
+#[test]
+fn rolling_restarts_of_fsync_always_masters_keep_every_master_voting() {
+    run(async {
+        let seed = seed();
+        // The default cap (60 s): a quarantine would keep a restarted master out to the end.
+        let tweak = |c: &mut Config| c.node_timeout_ms = NODE_TIMEOUT_MS;
+        let mut rig = Rig::start_durable(5, 1, seed, tweak).await;
+        let mut w = Workload::new(rig.ports(), "rolling-durable", seed);
+        w.duration = scaled(14.0);
+        let expect = Expect::new(300, 10);
+        let faults = scaled(12.0);
+        scenario(
+            "rolling-durable",
+            &mut rig,
+            seed,
+            w,
+            faults,
+            step_rolling,
+            expect,
+        )
+        .await;
+        let mut c = Client::connect(rig.ports()[0]).await;
+        let info = wait_for_info(&mut c, "state=up", 5).await;
+        assert!(!info.contains("quarantined"), "{info}");
+    });
+}
+
+/// Issues 22, items 7 and 8: while minority masters are restarted empty under the workload, a
+/// client keeps sending scripts that reach for the proxy's own keys (to end a quarantine
+/// early), for held lock keys they did not declare, or that would leave keys without expiry.
+/// Each is refused (or its key capped) with the proxy's error; the checker sees 0 overlaps (a
+/// quarantine ended by a script would let a restarted master vote for a second holder), and
+/// afterwards no key on any master lacks an expiry but the proxy's `armed` marker.
+#[test]
+fn hostile_scripts_under_amnesia_churn() {
+    run(async {
+        let seed = seed();
+        let mut rig = Rig::start(5, true, 1, seed, with_quarantine(TTL_MS)).await;
+        let w = Workload::new(rig.ports(), "hostile", seed);
+        let hot = w.keys[0].clone();
+        let stop = Arc::new(AtomicBool::new(false));
+        let hostile = tokio::spawn(hostile_scripts(rig.ports()[0], hot, stop.clone()));
+        let mut w = w;
+        w.duration = scaled(12.0);
+        let expect = Expect::new(300, 5);
+        scenario(
+            "hostile",
+            &mut rig,
+            seed,
+            w,
+            scaled(10.0),
+            step_amnesia,
+            expect,
+        )
+        .await;
+        stop.store(true, Ordering::Relaxed);
+        let refused = hostile.await.expect("the hostile client");
+        assert!(refused >= 50, "only {refused} hostile scripts sent");
+        for m in &rig.nemesis.masters.masters {
+            let keys = master_cmd(m.port, &["KEYS", "*"]).await;
+            let keys = keys.trim_start_matches("*[").trim_end_matches(']');
+            for k in keys.split(',').filter(|k| !k.is_empty()) {
+                let k = k.trim_start_matches('$');
+                let pttl = master_cmd(m.port, &["PTTL", k]).await;
+                assert!(
+                    k == ARMED_KEY || pttl != ":-1",
+                    "{k} has no expiry on master {}",
+                    m.port
+                );
+            }
+        }
+    });
+}
+
+/// Sends hostile scripts through the proxy on `port` until `stop`; each must be refused with
+/// the proxy's error (a script that wrote a key without expiry: its key capped). The number.
+async fn hostile_scripts(port: u16, hot: String, stop: Arc<AtomicBool>) -> usize {
+    let mut c = Client::connect(port).await;
+    let del_quarantine = format!("return redis.call('del', '{QUARANTINE_KEY}')");
+    let free = format!("{hot}:hostile");
+    let attempts: [(Vec<&str>, &str); 4] = [
+        (
+            vec!["EVAL", &del_quarantine, "0"],
+            "-ERR keys starting with 'redlock-proxy:'",
+        ),
+        (
+            vec!["EVAL", "return redis.call('del', ARGV[1])", "0", &hot],
+            "-ERR key '",
+        ),
+        (
+            vec!["EVAL", "return redis.call('persist', KEYS[1])", "1", &hot],
+            "-ERR 'PERSIST' is refused",
+        ),
+        (
+            vec!["EVAL", "return redis.call('set', KEYS[1], 'v')", "1", &free],
+            "-ERR script left a key without expiry",
+        ),
+    ];
+    let mut sent = 0;
+    for round in 0..100_000 {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let (attempt, refusal) = &attempts[round % attempts.len()];
+        let reply = c.cmd(attempt).await;
+        // A script that a quorum could not run answers NOQUORUM under the faults: not a grant.
+        assert!(
+            reply.starts_with(refusal) || reply.starts_with("-NOQUORUM"),
+            "{attempt:?}: {reply}"
+        );
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sent
 }
 
 /// Data loss without a restart: `FLUSHALL` on one master of a majority that holds locks (the

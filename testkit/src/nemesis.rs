@@ -43,6 +43,8 @@ pub struct Nemesis {
     faulty_link: Vec<bool>,
     /// Each master's `run_id` (the one before its last kill, once killed).
     run_ids: Vec<String>,
+    /// What each master is restarted with (its persistence: empty for none).
+    pub restart_args: Vec<Vec<String>>,
     /// Each relay's cut count when its blackhole or reset began.
     cut_before: Vec<Option<u64>>,
 }
@@ -84,6 +86,7 @@ impl Nemesis {
             stopped: vec![false; masters.masters.len()],
             faulty_link: vec![false; relays.len()],
             run_ids: masters.masters.iter().map(|m| run_id(m.port)).collect(),
+            restart_args: vec![Vec::new(); masters.masters.len()],
             cut_before: vec![None; relays.len()],
             masters,
             relays: Arc::new(relays),
@@ -108,6 +111,7 @@ impl Nemesis {
             stopped: Vec::new(),
             faulty_link: Vec::new(),
             run_ids: Vec::new(),
+            restart_args: Vec::new(),
             cut_before: Vec::new(),
         }
     }
@@ -152,12 +156,13 @@ impl Nemesis {
         self.note_fault(format!("kill m{i}"));
     }
 
-    /// Start a killed master again, empty, on its port; panics unless it answers with a new
-    /// `run_id`.
+    /// Start a killed master again on its port, empty (or from its AOF, when it persists:
+    /// [`Nemesis::restart_args`]); panics unless it answers with a new `run_id`.
     pub fn restart(&mut self, i: usize) {
         let port = self.masters.masters[i].port;
+        let args: Vec<&str> = self.restart_args[i].iter().map(String::as_str).collect();
         self.masters.masters[i]
-            .restart(&[])
+            .restart(&args)
             .expect("restart redis-server");
         let fresh = run_id(port);
         assert_ne!(
@@ -165,7 +170,12 @@ impl Nemesis {
             "restart m{i}: the same run_id as before"
         );
         self.run_ids[i] = fresh;
-        self.note(format!("restart m{i} empty"));
+        let how = if args.is_empty() {
+            "empty"
+        } else {
+            "from its AOF"
+        };
+        self.note(format!("restart m{i} {how}"));
     }
 
     /// `SIG<sig>` to master `i`, then waits (at most 2 s) until `/proc` shows it stopped

@@ -12,7 +12,7 @@ use crate::relay::Relay;
 use crate::resp::Client;
 use crate::workload::{wait_grantable, History, PortTable, Workload, SLOW_REPLY};
 use redlock_proxy::on_master::COMPARE_AND_DELETE;
-use redlock_proxy::{Config, LocalCluster};
+use redlock_proxy::{Config, LocalCluster, LocalMaster};
 use std::future::Future;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -55,6 +55,16 @@ pub fn scaled(secs: f64) -> Duration {
 pub struct Rig {
     pub nemesis: Nemesis,
     pub proxies: Vec<Proxy>,
+    /// The masters' AOF directories ([`Rig::start_durable`]), removed with the rig.
+    dirs: Vec<std::path::PathBuf>,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        for dir in &self.dirs {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 impl Rig {
@@ -83,6 +93,70 @@ impl Rig {
         before_proxies: impl FnOnce(&mut Nemesis),
     ) -> Rig {
         let masters = LocalCluster::start(n).expect("redis-server must be installed");
+        Rig::start_over(
+            masters,
+            Vec::new(),
+            relays,
+            proxies,
+            seed,
+            tweak,
+            before_proxies,
+        )
+        .await
+    }
+
+    /// [`Rig::start`] over `n` masters that persist with `appendonly yes` and `appendfsync
+    /// always` (each in a directory of its own, removed with the rig), restarted from their AOF.
+    pub async fn start_durable(
+        n: usize,
+        proxies: usize,
+        seed: u64,
+        tweak: impl Fn(&mut Config),
+    ) -> Rig {
+        let dirs: Vec<std::path::PathBuf> = (0..n)
+            .map(|i| {
+                let dir = std::env::temp_dir().join(format!(
+                    "redlock-faults-aof-{}-{seed}-{i}",
+                    std::process::id()
+                ));
+                let _ = std::fs::remove_dir_all(&dir);
+                std::fs::create_dir_all(&dir).expect("a directory for the AOF");
+                dir
+            })
+            .collect();
+        let args: Vec<Vec<String>> = dirs
+            .iter()
+            .map(|dir| {
+                ["--appendonly", "yes", "--appendfsync", "always", "--dir"]
+                    .map(String::from)
+                    .into_iter()
+                    .chain([dir.to_string_lossy().into_owned()])
+                    .collect()
+            })
+            .collect();
+        let masters = LocalCluster {
+            masters: args
+                .iter()
+                .map(|a| {
+                    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+                    LocalMaster::start(None, &a).expect("redis-server must be installed")
+                })
+                .collect(),
+        };
+        let mut rig = Rig::start_over(masters, args, false, proxies, seed, tweak, |_| {}).await;
+        rig.dirs = dirs;
+        rig
+    }
+
+    async fn start_over(
+        masters: LocalCluster,
+        restart_args: Vec<Vec<String>>,
+        relays: bool,
+        proxies: usize,
+        seed: u64,
+        tweak: impl Fn(&mut Config),
+        before_proxies: impl FnOnce(&mut Nemesis),
+    ) -> Rig {
         let mut config = Config::default();
         tweak(&mut config);
         let list = if relays {
@@ -96,6 +170,9 @@ impl Rig {
             masters.addrs()
         };
         let mut nemesis = Nemesis::new(masters, list, config.node_timeout(), seed);
+        if !restart_args.is_empty() {
+            nemesis.restart_args = restart_args;
+        }
         tokio::task::block_in_place(|| before_proxies(&mut nemesis));
         let mut started = Vec::new();
         for _ in 0..proxies {
@@ -104,6 +181,7 @@ impl Rig {
         Rig {
             nemesis,
             proxies: started,
+            dirs: Vec::new(),
         }
     }
 
