@@ -623,7 +623,10 @@ fn slow_links_near_the_ttl() {
         // grants arrive up to TTL − drift after the proxy read them, by design, so the client's
         // own scheduling may read a few just past send + TTL: a little slack for that (checked
         // below, relative to the grants).
-        let expect = Expect::new(40, 10).late_oks(usize::MAX);
+        // At least 20 grants: enough to show the rule lets timely grants through. Most links
+        // are slow half the time, so the count swings with the machine's load (99 alone on a
+        // quiet machine, 39 beside a whole suite on 2 busy cores).
+        let expect = Expect::new(20, 10).late_oks(usize::MAX);
         let r = scenario("slow-links", &mut rig, seed, w, scaled(10.0), step, expect).await;
         assert!(
             r.late_oks <= 1 + r.grants / 200,
