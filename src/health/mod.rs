@@ -286,8 +286,10 @@ pub(crate) fn instance_name() -> String {
 }
 
 /// Claim rounds a founding proxy waits, once a quorum carries its claim, for masters that did
-/// not answer yet (one health interval each).
-const FOUNDING_PATIENCE: u32 = 1;
+/// not answer yet (one health interval, plus up to a node timeout for the answers, each): while
+/// one of them has ever connected (slow), and when none has (down).
+const FOUNDING_PATIENCE: u32 = 10;
+const FOUNDING_PATIENCE_IF_DOWN: u32 = 1;
 
 /// `EVAL script 2 <armed> <quarantine> args…`.
 fn markers_command(script: &str, args: &[&str]) -> Bytes {
@@ -326,17 +328,32 @@ async fn found(
         _ = stop.wait_for(|s| *s) => return,
     }
     let mut reported = None;
-    // Rounds a quorum of claims waits for masters that did not answer (down, or slower to
-    // connect than the others), so those that are merely slow are founded with the others.
-    let mut patience = FOUNDING_PATIENCE;
+    // Rounds a quorum of claims waits for masters that did not answer, so that those merely
+    // slow (a loaded machine; the watchdog may even have retired their connection) are founded
+    // with the others instead of joining later through a quarantine: a few while one of them
+    // has ever connected, one when none has (down, refusing the password).
+    let (mut patience, mut patience_if_down) = (FOUNDING_PATIENCE, FOUNDING_PATIENCE_IF_DOWN);
     loop {
         if view.verdict().is_some() {
             return;
         }
         let seen: Vec<u64> = links.iter().map(|l| l.connect_count()).collect();
-        let round = match founding_round(&look_at_all(&links, &claim).await, &view.tag, quorum) {
-            Founding::Quorum { silent } if silent > 0 && patience > 0 => {
+        let looks = look_at_all(&links, &claim).await;
+        let slow = looks
+            .iter()
+            .zip(&links)
+            .any(|(look, link)| look.is_none() && link.connect_count() > 0);
+        let round = match founding_round(&looks, &view.tag, quorum) {
+            Founding::Quorum { silent } if silent > 0 && slow && patience > 0 => {
                 patience -= 1;
+                Founding::Short {
+                    mine: quorum,
+                    others: 0,
+                    silent,
+                }
+            }
+            Founding::Quorum { silent } if silent > 0 && patience_if_down > 0 => {
+                patience_if_down -= 1;
                 Founding::Short {
                     mine: quorum,
                     others: 0,
