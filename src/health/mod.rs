@@ -286,10 +286,10 @@ pub(crate) fn instance_name() -> String {
 }
 
 /// Claim rounds a founding proxy waits, once a quorum carries its claim, for masters that did
-/// not answer yet (one health interval, plus up to a node timeout for the answers, each): while
-/// one of them has ever connected (slow), and when none has (down).
+/// not answer yet (one health interval, plus up to a node timeout for the answers, each); and
+/// when each of them refused the proxy's credentials.
 const FOUNDING_PATIENCE: u32 = 10;
-const FOUNDING_PATIENCE_IF_DOWN: u32 = 1;
+const FOUNDING_PATIENCE_IF_REFUSED: u32 = 1;
 
 /// `EVAL script 2 <armed> <quarantine> args…`.
 fn markers_command(script: &str, args: &[&str]) -> Bytes {
@@ -329,10 +329,10 @@ async fn found(
     }
     let mut reported = None;
     // Rounds a quorum of claims waits for masters that did not answer, so that those merely
-    // slow (a loaded machine; the watchdog may even have retired their connection) are founded
-    // with the others instead of joining later through a quarantine: a few while one of them
-    // has ever connected, one when none has (down, refusing the password).
-    let (mut patience, mut patience_if_down) = (FOUNDING_PATIENCE, FOUNDING_PATIENCE_IF_DOWN);
+    // slow (a loaded machine: a connection attempt may even have timed out) are founded with
+    // the others instead of joining later through a quarantine: a few, or one when every one of
+    // them refused the proxy's credentials (that is no passing state).
+    let (mut patience, mut patience_if_refused) = (FOUNDING_PATIENCE, FOUNDING_PATIENCE_IF_REFUSED);
     loop {
         if view.verdict().is_some() {
             return;
@@ -342,7 +342,7 @@ async fn found(
         let slow = looks
             .iter()
             .zip(&links)
-            .any(|(look, link)| look.is_none() && link.connect_count() > 0);
+            .any(|(look, link)| look.is_none() && link.auth_refused().is_none());
         let round = match founding_round(&looks, &view.tag, quorum) {
             Founding::Quorum { silent } if silent > 0 && slow && patience > 0 => {
                 patience -= 1;
@@ -352,8 +352,8 @@ async fn found(
                     silent,
                 }
             }
-            Founding::Quorum { silent } if silent > 0 && patience_if_down > 0 => {
-                patience_if_down -= 1;
+            Founding::Quorum { silent } if silent > 0 && patience_if_refused > 0 => {
+                patience_if_refused -= 1;
                 Founding::Short {
                     mine: quorum,
                     others: 0,
