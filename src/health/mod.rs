@@ -343,17 +343,13 @@ async fn found(
             .iter()
             .zip(&links)
             .any(|(look, link)| look.is_none() && link.auth_refused().is_none());
+        let waits = match slow {
+            true => &mut patience,
+            false => &mut patience_if_refused,
+        };
         let round = match founding_round(&looks, &view.tag, quorum) {
-            Founding::Quorum { silent } if silent > 0 && slow && patience > 0 => {
-                patience -= 1;
-                Founding::Short {
-                    mine: quorum,
-                    others: 0,
-                    silent,
-                }
-            }
-            Founding::Quorum { silent } if silent > 0 && patience_if_refused > 0 => {
-                patience_if_refused -= 1;
+            Founding::Quorum { silent } if silent > 0 && *waits > 0 => {
+                *waits -= 1;
                 Founding::Short {
                     mine: quorum,
                     others: 0,
@@ -378,12 +374,16 @@ async fn found(
                 silent,
             } => {
                 if reported != Some((mine, others, silent)) {
+                    let why = match mine >= quorum {
+                        true => "no master is armed yet: a quorum carries this proxy's founding claim; waiting a little for the masters that did not answer",
+                        false => "no master is armed yet: the deployment is new, but fewer than a quorum of masters carry this proxy's founding claim; serving nothing until they do",
+                    };
                     tracing::warn!(
                         claimed = mine,
                         claimed_by_other_proxies = others,
                         not_answering = silent,
                         quorum,
-                        "no master is armed yet: the deployment is new, but fewer than a quorum of masters carry this proxy's founding claim; serving nothing until they do"
+                        "{why}"
                     );
                     reported = Some((mine, others, silent));
                 }
