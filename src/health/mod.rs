@@ -469,6 +469,11 @@ impl Monitor {
             // ms rounding of the deadline is covered by the extra millisecond.
             error: error + Duration::from_millis(1),
         });
+        // The verdict as it stood before the markers were read: a founding decided while this
+        // poll is under way (its claim written after the read) must not meet these markers, or
+        // a master claimed for the founding would be taken for one unarmed in a running
+        // deployment. A verdict that changes wakes the monitor for another poll.
+        let verdict = self.view.verdict();
         let Some(markers) = self
             .ask(self.status.clone())
             .await
@@ -516,7 +521,6 @@ impl Monitor {
                 );
             }
         }
-        let verdict = self.view.verdict();
         let step = marker_step(&markers, health.seen_armed(), verdict, &self.view.tag, lost);
         let ready = self.take(step, now).await;
         if ready {
