@@ -181,14 +181,25 @@ impl Voter {
         self.link.is_connected() && self.health.eligible(self.link.connect_count())
     }
 
-    /// [`Voter::eligible`] and, if so, the latest clock the master can show at `when`
-    /// (`Some(None)` before its first clock reading), with one look at its health record.
-    pub fn clock_bound_if_eligible(&self, when: Instant, drift_factor: f64) -> Option<Option<u64>> {
+    /// The deadline (ms in the master's clock) of a write sent at `sent`: the latest the
+    /// master's clock can show when `node_timeout` runs out, or 1 (already past) before its
+    /// first clock reading; `None` if its vote cannot count (it is then not asked). With one
+    /// look at its health record. Acquires, extends and scripts that may write all carry it.
+    pub fn write_deadline(
+        &self,
+        sent: Instant,
+        node_timeout: Duration,
+        drift_factor: f64,
+    ) -> Option<u64> {
         if !self.link.is_connected() {
             return None;
         }
-        self.health
-            .clock_bound_if_eligible(self.link.connect_count(), when, drift_factor)
+        let bound = self.health.clock_bound_if_eligible(
+            self.link.connect_count(),
+            sent + node_timeout,
+            drift_factor,
+        )?;
+        Some(bound.unwrap_or(1))
     }
 
     /// `up`, `down`, `auth_failed (…)`, `connecting`, `quarantined (…)` or `unsafe (…)`, for

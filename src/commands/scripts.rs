@@ -208,10 +208,9 @@ fn run(
             let sent = OnceLock::new();
             let (node_timeout, drift) = (masters.node_timeout(), policy.drift_factor);
             let ask = |i: usize| {
-                let at = *sent.get_or_init(Instant::now) + node_timeout;
-                let bound = masters.voters()[i].clock_bound_if_eligible(at, drift)?;
-                // No clock reading yet: a deadline already past.
-                Some(request(bound.unwrap_or(1)))
+                let sent = *sent.get_or_init(Instant::now);
+                let due = masters.voters()[i].write_deadline(sent, node_timeout, drift)?;
+                Some(request(due))
             };
             guarded_reply(&masters, ask, rule, policy.max_lock_ttl_ms).await
         } else {

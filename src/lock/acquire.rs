@@ -357,8 +357,7 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
         // write's deadline is also the latest clock at which the master may take the token:
         // one comparison in the script checks both.
         let deadline = masters.voters()[i]
-            .clock_bound_if_eligible(sent + node_timeout, drift_factor)?
-            .unwrap_or(0)
+            .write_deadline(sent, node_timeout, drift_factor)?
             .min(latest);
         deadlines[i].store(deadline, Ordering::Relaxed);
         Some(Ask::Script(

@@ -72,8 +72,7 @@ impl Acquirer {
         // not asked.
         let ask = |i: usize| {
             let write_by = masters.voters()[i]
-                .clock_bound_if_eligible(sent + node_timeout, drift_factor)?
-                .unwrap_or(0)
+                .write_deadline(sent, node_timeout, drift_factor)?
                 .to_string();
             Some(Ask::Commands(encode_command(&[
                 b"EVAL".as_ref(),
@@ -114,6 +113,7 @@ impl Acquirer {
                 voter.health.recheck();
             }
         }
+        let granted = extended(&votes) >= q;
         let now = Instant::now();
         let undo = Box::new(Unextend {
             masters: masters.clone(),
@@ -127,13 +127,7 @@ impl Acquirer {
             late,
             lives: Duration::from_millis(px_ms),
         });
-        if undo
-            .votes
-            .iter()
-            .filter(|(v, _)| extended_from(v).is_some())
-            .count()
-            < q
-        {
+        if !granted {
             // Not extended on a majority: the caller must not count on the new TTL, and the
             // masters that took it give it back.
             Box::new(*undo).run().await;
