@@ -129,7 +129,8 @@ struct DeploymentView {
     tag: String,
     /// Becomes `Some` once decided, and never changes after.
     verdict: watch::Sender<Option<Deployment>>,
-    /// Woken after every poll judged once the verdict is in ([`Startup`]).
+    /// Woken after every poll judged once the verdict is in, and after every founding round
+    /// (whether the proxy started may hang on masters found unreachable: [`Startup`]).
     judged: Notify,
     /// Each master's last `run_id`: two addresses of one redis-server must not both vote.
     run_ids: std::sync::Mutex<Vec<String>>,
@@ -327,6 +328,7 @@ async fn found(
         _ = tried => {}
         _ = stop.wait_for(|s| *s) => return,
     }
+    view.judged.notify_waiters();
     let mut reported = None;
     // Rounds a quorum of claims waits for masters that did not answer, so that those merely
     // slow (a loaded machine: a connection attempt may even have timed out) are founded with
@@ -389,6 +391,7 @@ async fn found(
                 }
             }
         }
+        view.judged.notify_waiters();
         let new_connection = futures::future::select_all(
             links
                 .iter()
