@@ -249,9 +249,13 @@ pub fn may_hold_our_value(vote: &Vote) -> bool {
 /// Which replies the quorum rule may pick when no Q masters agree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MergeRule {
-    /// Only a reply Q masters gave. For scripts whose meaning the proxy does not know: a
-    /// "smaller" reply can be a success (Redisson's acquire answers null when it takes the
-    /// lock and the holder's PTTL otherwise), so a minority's reply is never the answer.
+    /// For scripts whose meaning the proxy does not know: a "smaller" reply can be a success
+    /// (Redisson's acquire answers null when it takes the lock and the holder's PTTL
+    /// otherwise), so a minority's reply is never the answer. Only a reply Q masters gave, or
+    /// an integer `v` that Q masters answered `≥ v` *and* Q answered `≤ v` (with N masters
+    /// that is the median of N integer answers, N odd): whichever way the script's codes run,
+    /// a majority did at least what `v` says. A PTTL a few milliseconds apart per master
+    /// (pottery's `locked()`, redlock-universal's extend) is then an answer, not `NOQUORUM`.
     Strict,
     /// Rules 2 and 3 too, for replies whose meaning is known: counts and flags where a higher
     /// integer claims more (`DEL`, `EXISTS`, `PEXPIRE`, `PTTL`), and values where null means
@@ -296,8 +300,20 @@ pub fn merge(votes: &[Vote], rule: MergeRule) -> Option<Reply> {
     if votes.iter().any(|v| matches!(v, Vote::Pending)) {
         return None;
     }
+    let integers = || {
+        replies.iter().filter_map(|r| match r {
+            Reply::Integer(i) => Some(*i),
+            _ => None,
+        })
+    };
     if rule == MergeRule::Strict {
-        return Some(no_quorum(n));
+        let reply = integers()
+            .find(|v| {
+                integers().filter(|i| i >= v).count() >= q
+                    && integers().filter(|i| i <= v).count() >= q
+            })
+            .map_or_else(|| no_quorum(n), Reply::Integer);
+        return Some(reply);
     }
     if rule == MergeRule::Release {
         let deleted = replies.iter().filter(|r| **r == &Reply::Integer(1)).count();
@@ -306,13 +322,7 @@ pub fn merge(votes: &[Vote], rule: MergeRule) -> Option<Reply> {
             return Some(Reply::Integer(1));
         }
     }
-    let mut integers: Vec<i64> = replies
-        .iter()
-        .filter_map(|r| match r {
-            Reply::Integer(i) => Some(*i),
-            _ => None,
-        })
-        .collect();
+    let mut integers: Vec<i64> = integers().collect();
     if integers.len() >= q {
         integers.sort_unstable_by(|a, b| b.cmp(a));
         return Some(Reply::Integer(integers[q - 1]));
@@ -594,7 +604,34 @@ mod tests {
             (vec![int(1), int(1), int(0)], Some(Reply::Integer(1))),
             (vec![int(1), int(0), P], None),
             (vec![bulk("v"), null(), null()], Some(Reply::Null)),
-            (vec![M, M, M], noq),
+            (vec![M, M, M], noq.clone()),
+            // PTTLs a few ms apart: the median, a majority at or above it and at or below it
+            (
+                vec![int(29_990), int(29_996), int(29_993)],
+                Some(Reply::Integer(29_993)),
+            ),
+            (vec![int(29_990), int(29_996), M], noq.clone()),
+            (vec![int(29_990), int(29_996), null()], noq.clone()),
+            (vec![int(1), int(0), err("ERR x")], noq),
+        ];
+        for (votes, expected) in cases {
+            assert_eq!(merge(&votes, MergeRule::Strict), expected, "{votes:?}");
+        }
+        let noq = Some(no_quorum(5));
+        let cases: Vec<(Vec<Vote>, Option<Reply>)> = vec![
+            (
+                vec![int(5), int(3), int(4), int(1), int(2)],
+                Some(Reply::Integer(3)),
+            ),
+            // the middle two of four agree: 3 masters ≥ 3 and 3 masters ≤ 3
+            (
+                vec![int(5), int(3), int(3), int(1), M],
+                Some(Reply::Integer(3)),
+            ),
+            (vec![int(5), int(4), int(3), int(1), M], noq.clone()),
+            // Redisson: one null (taken) among PTTLs (held) is no answer either way
+            (vec![null(), int(9), int(8), int(7), M], noq.clone()),
+            (vec![null(), null(), int(8), int(7), int(6)], noq),
         ];
         for (votes, expected) in cases {
             assert_eq!(merge(&votes, MergeRule::Strict), expected, "{votes:?}");

@@ -461,3 +461,23 @@ async fn node_redlock_scripts_run_as_the_proxys_acquire_and_release() {
     let long = ask(eval(&acquire, &[&k], &["d", "60000000"])).await;
     assert!(long.starts_with("-ERR"), "{long}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_integers_that_differ_per_master_answer_their_median() {
+    // pottery's `locked()` and redlock-universal's extend answer each master's PTTL, a few
+    // milliseconds apart: Q masters at or above the answer and Q at or below it vouch for it
+    // whichever way the script's codes run (docs/PROTOCOL.md §6, rule 2s).
+    let env = Env::start(5).await;
+    let mut c = env.proxy.client().await;
+    let k = key("per-master-integers");
+    let body = "return tonumber(redis.call('get', KEYS[1]))";
+    let values = ["50", "10", "40", "20", "30"];
+    for (port, value) in env.ports().into_iter().zip(values) {
+        master_cmd(port, &["SET", &k, value, "PX", "60000"]).await;
+    }
+    assert_eq!(c.cmd(&["EVAL", body, "1", &k]).await, ":30");
+    // Four integers whose middle two differ, and a null: no majority on either side.
+    master_cmd(env.ports()[0], &["SET", &k, "not a number", "PX", "60000"]).await;
+    let reply = c.cmd(&["EVAL", body, "1", &k]).await;
+    assert!(reply.starts_with("-NOQUORUM"), "{reply}");
+}
