@@ -481,3 +481,88 @@ async fn script_integers_that_differ_per_master_answer_their_median() {
     let reply = c.cmd(&["EVAL", body, "1", &k]).await;
     assert!(reply.starts_with("-NOQUORUM"), "{reply}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ttl_cap_applies_to_the_clients_ttl_on_every_path() {
+    // Default cap, 60 s. At the cap every path grants (python-redis-lock's `extend(60)` asks
+    // for 60 s, padded in seconds that is 61 s: within the lease bound, so not "capped"); one
+    // above it every path refuses before anything reaches a master.
+    const CAP: u64 = 60_000;
+    let env = Env::start(3).await;
+    let mut c = env.proxy.client().await;
+    let refused = |ttl_ms: u64| {
+        format!("-ERR lock TTL {ttl_ms} ms is refused by redlock-proxy: above max_lock_ttl_ms ({CAP} ms)")
+    };
+    let bound = redlock_proxy::lease_bound_ms(CAP, 0.01) as i64;
+    let ports = env.ports();
+    let within_bound = |k: String| {
+        let ports = ports.clone();
+        async move {
+            for p in ports {
+                let pttl: i64 = master_cmd(p, &["PTTL", &k]).await[1..].parse().unwrap();
+                assert!(pttl <= bound, "{k}: PTTL {pttl} above the bound {bound}");
+            }
+        }
+    };
+    let (cap_ms, cap_s) = (CAP.to_string(), (CAP / 1000).to_string());
+    let (over_ms, over_s) = ((CAP + 1).to_string(), (CAP / 1000 + 1).to_string());
+
+    let k = key("cap-set-px");
+    assert_eq!(
+        c.cmd(&["SET", &k, "v", "NX", "PX", &over_ms]).await,
+        refused(CAP + 1)
+    );
+    assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", &cap_ms]).await, "+OK");
+    within_bound(k.clone()).await;
+    assert_eq!(c.cmd(&["PEXPIRE", &k, &over_ms]).await, refused(CAP + 1));
+    assert_eq!(c.cmd(&["PEXPIRE", &k, &cap_ms]).await, ":1");
+    assert_eq!(c.cmd(&["EXPIRE", &k, &over_s]).await, refused(CAP + 1000));
+    assert_eq!(c.cmd(&["EXPIRE", &k, &cap_s]).await, ":1");
+    within_bound(k.clone()).await;
+
+    let k = key("cap-set-ex");
+    assert_eq!(
+        c.cmd(&["SET", &k, "v", "NX", "EX", &over_s]).await,
+        refused(CAP + 1000)
+    );
+    assert_eq!(c.cmd(&["SET", &k, "v", "NX", "EX", &cap_s]).await, "+OK");
+    within_bound(k.clone()).await;
+    // Lease scripts: python-redis-lock's extend (seconds; `0` extended) and redis-py's
+    // reacquire (milliseconds; `1` extended).
+    let prl_extend = script("python-redis-lock-extend");
+    assert_eq!(
+        c.cmd(&["EVAL", &prl_extend, "1", &k, "v", &over_s]).await,
+        refused(CAP + 1000)
+    );
+    assert_eq!(
+        c.cmd(&["EVAL", &prl_extend, "1", &k, "v", &cap_s]).await,
+        ":0"
+    );
+    within_bound(k.clone()).await;
+    let reacquire = script("python-redis-py-reacquire");
+    assert_eq!(
+        c.cmd(&["EVAL", &reacquire, "1", &k, "v", &over_ms]).await,
+        refused(CAP + 1)
+    );
+    assert_eq!(
+        c.cmd(&["EVAL", &reacquire, "1", &k, "v", &cap_ms]).await,
+        ":1"
+    );
+    within_bound(k.clone()).await;
+
+    let k = key("cap-lock");
+    assert_eq!(
+        c.cmd(&["LOCK.ACQUIRE", &k, "v", &over_ms]).await,
+        refused(CAP + 1)
+    );
+    let token = c.cmd(&["LOCK.ACQUIRE", &k, "v", &cap_ms]).await;
+    assert!(token.starts_with("*[:"), "{token}");
+    assert_eq!(
+        c.cmd(&["LOCK.EXTEND", &k, "v", &over_ms]).await,
+        refused(CAP + 1)
+    );
+    // The extend answers its validity in ms.
+    let validity = c.cmd(&["LOCK.EXTEND", &k, "v", &cap_ms]).await;
+    assert!(validity.starts_with(":59"), "{validity}");
+    within_bound(k).await;
+}
