@@ -20,9 +20,9 @@
 //! Lease scripts ([`crate::lease_script`]: compare-then-`PEXPIRE`, `SET … PX ARGV[n]`) get the
 //! acquire's treatment: the TTL argument must not exceed `max_lock_ttl_ms`, is padded by drift
 //! on the masters, and a success is written only while `TTL − elapsed − drift > 0`. Past that,
-//! a positive integer success becomes `0` (every recognised library reads 0 as "not
-//! extended/not acquired") and any other reply becomes an error, which no convention reads as
-//! success.
+//! every reply becomes an error, which no convention reads as success (reply codes differ per
+//! library: python-redis-lock's extend answers `0` for extended and `1` for "not the owner",
+//! redis-py's reacquire the reverse, so no integer is safe for every script).
 //!
 //! Every script that may write is followed, on each master, by [`GUARD_SCRIPT`] in the same
 //! pipeline: it gives every key of the script a TTL within the lease bound, and a master that
@@ -359,18 +359,12 @@ async fn guarded_reply(
 /// lease script, the plain reply otherwise.
 fn settle(reply: Reply, deadline: Option<Instant>) -> Outcome {
     match deadline {
-        Some(deadline) if !reply.is_error() => {
-            let expired = match reply {
-                Reply::Integer(n) if n > 0 => Reply::Integer(0),
-                _ => ProxyError::LeaseExpired.into(),
-            };
-            Outcome::Lease(Lease {
-                deadline,
-                granted: Granted::Reply(reply),
-                expired,
-                rollback: None,
-            })
-        }
+        Some(deadline) if !reply.is_error() => Outcome::Lease(Lease {
+            deadline,
+            granted: Granted::Reply(reply),
+            expired: ProxyError::LeaseExpired.into(),
+            rollback: None,
+        }),
         _ => Outcome::Reply(reply),
     }
 }
@@ -418,5 +412,30 @@ pub fn script(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action
             Action::error(ProxyError::subcommand_arity("script", &sub))
         }
         _ => Action::error(ProxyError::unknown_subcommand(&request.args[1], "SCRIPT")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_script_past_its_validity_answers_an_error_whatever_its_reply() {
+        // python-redis-lock's extend: 0 extended, 1 not the owner; redis-py's reacquire: 1
+        // extended, 0 not the owner. No integer reads as "not extended" for both.
+        let deadline = Instant::now();
+        for reply in [
+            Reply::Integer(0),
+            Reply::Integer(1),
+            Reply::ok(),
+            Reply::Null,
+        ] {
+            let Outcome::Lease(lease) = settle(reply.clone(), Some(deadline)) else {
+                panic!("{reply:?} is not checked against the validity");
+            };
+            assert_eq!(lease.expired, ProxyError::LeaseExpired.into(), "{reply:?}");
+        }
+        let refused = Reply::error("ERR x");
+        assert!(matches!(settle(refused, Some(deadline)), Outcome::Reply(_)));
     }
 }
