@@ -184,7 +184,8 @@ pub struct ClientHandle {
     pub created: Instant,
     /// When its last command was read, in ms since `created`.
     last_active_ms: AtomicU64,
-    /// Row of the command table of its last command (`usize::MAX`: none yet).
+    /// Its last command, as `CLIENT LIST` shows it ([`crate::commands::shown_name`];
+    /// `usize::MAX`: none yet).
     last_command: AtomicUsize,
     names: Mutex<ClientNames>,
     /// Asked of its connection from outside: [`KILL`], [`STOP`].
@@ -200,7 +201,7 @@ const KILL: u8 = 1;
 const STOP: u8 = 2;
 
 impl ClientHandle {
-    /// Notes a command (row `slot` of the command table) read at `at`.
+    /// Notes a command (`slot`: see [`ClientHandle::last_command`]) read at `at`.
     pub fn touch(&self, slot: Option<usize>, at: Instant) {
         let ms = at.saturating_duration_since(self.created).as_millis() as u64;
         self.last_active_ms.store(ms, Ordering::Relaxed);
@@ -232,7 +233,7 @@ impl ClientHandle {
         self.names.lock().map(|n| n.clone()).unwrap_or_default()
     }
 
-    /// Seconds since its last command, and the table row of that command.
+    /// Seconds since its last command, and that command (for [`crate::commands::shown_name`]).
     pub fn idle_and_last(&self, now: Instant) -> (u64, Option<usize>) {
         let last =
             self.created + Duration::from_millis(self.last_active_ms.load(Ordering::Relaxed));

@@ -283,6 +283,12 @@ async fn info_stats_and_client_list_and_kill() {
         .find(|l| l.contains(" name=worker-1 "))
         .unwrap_or_else(|| panic!("{list}"));
     assert!(worker.contains(" cmd=ping "), "{worker}");
+    // Redis 7 names subcommands with `|`: the watcher's own line shows this very call.
+    let own = lines
+        .iter()
+        .find(|l| !l.contains(" name=worker-1 "))
+        .unwrap_or_else(|| panic!("{list}"));
+    assert!(own.contains(" cmd=client|list "), "{own}");
     let id = worker
         .strip_prefix("id=")
         .and_then(|l| l.split(' ').next())

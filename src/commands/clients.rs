@@ -2,7 +2,7 @@
 //! ([`crate::stats::Clients`]), in Redis' formats: one `field=value` line per client, and
 //! Redis' old (`CLIENT KILL ip:port`) and filter (`CLIENT KILL ID n | ADDR ip:port | …`) forms.
 
-use super::{Action, Ctx, Session, COMMANDS};
+use super::{Action, Ctx, Session};
 use crate::error::ProxyError;
 use crate::protocol::Reply;
 use crate::stats::ClientHandle;
@@ -21,7 +21,7 @@ fn line(client: &ClientHandle, now: Instant, out: &mut String) {
             .unwrap_or_default()
     };
     let (idle, last) = client.idle_and_last(now);
-    let cmd = last.map_or("NULL", |slot| COMMANDS[slot].name);
+    let cmd = last.map_or("NULL", super::shown_name);
     let _ = writeln!(
         out,
         "id={} addr={} laddr={} fd=0 name={} age={} idle={idle} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 watch=0 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={cmd} user={} redir=-1 resp={} lib-name={} lib-ver={}",

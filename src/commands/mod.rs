@@ -303,11 +303,60 @@ pub fn slot_of(name: &[u8]) -> Option<usize> {
         .position(|s| s.name.as_bytes().eq_ignore_ascii_case(name))
 }
 
+/// The subcommands served, as Redis 7 names them in `CLIENT LIST` (`cmd=client|list`).
+const SUBCOMMANDS: &[&str] = &[
+    "acl|whoami",
+    "client|getname",
+    "client|id",
+    "client|info",
+    "client|kill",
+    "client|list",
+    "client|setinfo",
+    "client|setname",
+    "command|count",
+    "command|docs",
+    "command|info",
+    "command|list",
+    "script|exists",
+    "script|flush",
+    "script|help",
+    "script|kill",
+    "script|load",
+];
+
+/// What `CLIENT LIST` shows as a request's command, for [`shown_name`]: the row of the table,
+/// or for a served subcommand its place in [`SUBCOMMANDS`] after the table.
+fn shown_command(slot: usize, args: &[Bytes]) -> usize {
+    let name = COMMANDS[slot].name;
+    if !matches!(name, "acl" | "client" | "command" | "script") {
+        return slot;
+    }
+    let served = |sub: &Bytes| {
+        SUBCOMMANDS.iter().position(|shown| {
+            shown.split_once('|').is_some_and(|(container, known)| {
+                container == name && known.as_bytes().eq_ignore_ascii_case(sub)
+            })
+        })
+    };
+    args.get(1)
+        .and_then(served)
+        .map_or(slot, |i| COMMANDS.len() + i)
+}
+
+/// The name `CLIENT LIST` shows for a [`shown_command`].
+pub fn shown_name(shown: usize) -> &'static str {
+    match COMMANDS.get(shown) {
+        Some(spec) => spec.name,
+        None => SUBCOMMANDS[shown - COMMANDS.len()],
+    }
+}
+
 /// Serves one request, counted per command and noted as the client's last.
 pub fn dispatch(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
     let slot = request.args.first().and_then(|name| slot_of(name));
     ctx.shared.stats.count_command(slot);
-    session.client.touch(slot, ctx.received_at);
+    let shown = slot.map(|slot| shown_command(slot, &request.args));
+    session.client.touch(shown, ctx.received_at);
     let Some(spec) = slot.map(|slot| &COMMANDS[slot]) else {
         return Action::error(ProxyError::unknown_command(&request.args));
     };
