@@ -376,8 +376,9 @@ async fn serve(
         listen = %addr,
         masters = %masters.join(","),
         quorum = config.backends.len() / 2 + 1,
-        "redlock-proxy listening on {addr} with {} masters",
-        config.backends.len()
+        "redlock-proxy listening on {addr} with {} master{}",
+        config.backends.len(),
+        if config.backends.len() == 1 { "" } else { "s" }
     );
     if let Some(acceptor) = listeners.tls_acceptor() {
         // The certificate files are re-read from the paths the proxy started with (a bad
