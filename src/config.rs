@@ -14,6 +14,17 @@ pub enum LogFormat {
     Json,
 }
 
+/// What an acquire answers when too few masters answered to decide it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum NoQuorumReply {
+    /// Null, as for a held lock: lock libraries' wait loops ride an outage out.
+    #[default]
+    Null,
+    /// `-NOQUORUM <n> of <N> masters usable, quorum <Q>`, which a client can tell from "held".
+    Error,
+}
+
 /// Everything the proxy needs to run. Its `Debug` shows no secret (masters' passwords print
 /// as `***`).
 #[derive(Debug, Clone, Deserialize)]
@@ -59,6 +70,8 @@ pub struct Config {
     /// Serve `SETNX` and `SET … NX` without expiry as plain fanned-out writes instead of
     /// refusing them. Off by default: such a lock can never be made safe.
     pub allow_locks_without_expiry: bool,
+    /// What an acquire answers without a quorum of masters (null by default).
+    pub no_quorum_reply: NoQuorumReply,
     /// How often each master's health (`INFO`) is checked.
     pub health_interval_ms: u64,
     /// Quarantine masters that restarted or lost data until every lease they may have held
@@ -163,6 +176,7 @@ impl Default for Config {
             max_inflight_per_client: 1024,
             maxclients: 10_000,
             allow_locks_without_expiry: false,
+            no_quorum_reply: NoQuorumReply::Null,
             health_interval_ms: 100,
             quarantine: true,
             token_clock: true,

@@ -123,6 +123,10 @@ pub enum ProxyError {
     /// No majority of masters agreed on a reply (docs/PROTOCOL.md, the quorum reply rule).
     #[error("NOQUORUM fewer than {quorum} of {masters} masters agreed")]
     NoQuorum { quorum: usize, masters: usize },
+    /// An acquire without a quorum of usable masters, with `no_quorum_reply = "error"`
+    /// (the text is [`crate::masters::Masters::usable_summary`]).
+    #[error("NOQUORUM {0}")]
+    AcquireNoQuorum(String),
     /// A script set a TTL above the cap; the guard capped the key.
     #[error("ERR script set a TTL above max_lock_ttl_ms ({0} ms) of redlock-proxy; the key's TTL was capped, do not rely on the longer lease")]
     ScriptTtlCapped(u64),

@@ -62,7 +62,7 @@ mod transport;
 #[cfg(test)]
 mod fake_master;
 
-pub use config::{Config, ConfigError, LogFormat, Secret};
+pub use config::{Config, ConfigError, LogFormat, NoQuorumReply, Secret};
 pub use dial::{Backend, BackendError, PASSWORD_ENV};
 pub use local::{LocalCluster, LocalError, LocalMaster};
 pub use masters::MAX_FANOUTS;

@@ -4,7 +4,8 @@
 
 use clap::Parser;
 use redlock_proxy::{
-    Backend, ClientCerts, Config, Listeners, LocalCluster, LogFormat, Reload, Reloader,
+    Backend, ClientCerts, Config, Listeners, LocalCluster, LogFormat, NoQuorumReply, Reload,
+    Reloader,
 };
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -79,6 +80,11 @@ struct Cli {
     /// quarantined this long plus drift. Use the same value on every proxy [default: 60000].
     #[arg(long, value_name = "MS")]
     max_lock_ttl_ms: Option<u64>,
+    /// What an acquire answers when fewer than a quorum of masters answer: null (as for a
+    /// held lock; lock libraries' wait loops ride it out) or the error `NOQUORUM <n> of <N>
+    /// masters usable, quorum <Q>` [default: null].
+    #[arg(long, value_enum)]
+    no_quorum_reply: Option<NoQuorumReply>,
     /// Log format [default: text].
     #[arg(long, value_enum)]
     log_format: Option<LogFormat>,
@@ -170,6 +176,9 @@ impl Cli {
         }
         if let Some(v) = self.max_lock_ttl_ms {
             config.max_lock_ttl_ms = v;
+        }
+        if let Some(v) = self.no_quorum_reply {
+            config.no_quorum_reply = v;
         }
         if let Some(v) = self.log_format {
             config.log_format = v;

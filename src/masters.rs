@@ -484,6 +484,21 @@ impl Masters {
         self.settings.health.quarantine
     }
 
+    /// How many masters may vote now.
+    pub fn usable(&self) -> usize {
+        self.voters.iter().filter(|v| v.eligible()).count()
+    }
+
+    /// `<n> of <N> masters usable, quorum <Q>` (`/readyz`, `NOQUORUM` of acquires, the log).
+    pub fn usable_summary(&self) -> String {
+        format!(
+            "{} of {} masters usable, quorum {}",
+            self.usable(),
+            self.voters.len(),
+            self.quorum()
+        )
+    }
+
     pub fn quorum(&self) -> usize {
         quorum(self.voters.len())
     }

@@ -6,7 +6,7 @@
 use crate::auth::Users;
 use crate::config::Config;
 use crate::health;
-use crate::lock::{Acquirer, LockStats};
+use crate::lock::{self, Acquirer, LockStats};
 use crate::masters::Masters;
 use crate::redlock::Policy;
 use crate::script_cache::ScriptCache;
@@ -83,7 +83,10 @@ impl Shared {
             acquirer: Acquirer::new(
                 masters.clone(),
                 policy,
-                config.token_clock,
+                lock::Options {
+                    token_clock: config.token_clock,
+                    no_quorum_reply: config.no_quorum_reply,
+                },
                 acquire_stats.clone(),
             ),
             masters,

@@ -612,3 +612,103 @@ async fn shards_on_their_own_threads_grant_one_holder_and_count_together() {
         .sum();
     assert_eq!(counted, attempts, "{stats}");
 }
+
+/// Polls `check` every 50 ms until it holds, at most `limit`; whether it held.
+async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Issue 23, items 9 and 10: without a quorum, `no_quorum_reply = "error"` answers an acquire
+/// `NOQUORUM <n> of <N> masters usable, quorum <Q>` (the default stays null), and the log says
+/// once that acquires are refused for lack of a quorum and once that they resume; each master
+/// restarted empty gets one line when its quarantine begins (naming the restart, with its end)
+/// and one when it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_quorum_reply_and_one_log_line_per_change() {
+    let mut masters = redlock_proxy::LocalCluster::start(5).unwrap();
+    // A 1 s cap: a master back empty is quarantined for 2 s (the lease bound).
+    let args = |extra: &[&str]| -> Vec<String> {
+        let mut args = vec!["--max-lock-ttl-ms".to_string(), "1000".into()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+    let erring = ProxyProcess::start(
+        Path::new(BIN),
+        &masters.addrs(),
+        &args(&["--no-quorum-reply", "error"]),
+    )
+    .unwrap();
+    let nulling = ProxyProcess::start(Path::new(BIN), &masters.addrs(), &args(&[])).unwrap();
+    let (mut e, mut n) = (
+        Client::connect(erring.port).await,
+        Client::connect(nulling.port).await,
+    );
+    for (c, name) in [(&mut e, "nq-before-e"), (&mut n, "nq-before-n")] {
+        redlock_testkit::launcher::wait_for_info(c, "state=up", 5).await;
+        assert_eq!(
+            c.cmd(&["SET", &key(name), "v", "NX", "PX", "1000"]).await,
+            "+OK"
+        );
+    }
+    for m in &mut masters.masters[..3] {
+        m.kill();
+    }
+    for c in [&mut e, &mut n] {
+        redlock_testkit::launcher::wait_for_info(c, "state=down", 3).await;
+    }
+    let k = key("nq");
+    for _ in 0..3 {
+        assert_eq!(
+            e.cmd(&["SET", &k, "v", "NX", "PX", "1000"]).await,
+            "-NOQUORUM 2 of 5 masters usable, quorum 3"
+        );
+        assert_eq!(n.cmd(&["SET", &k, "v", "NX", "PX", "1000"]).await, "$nil");
+    }
+    let refusing = ["acquires are refused for lack of a quorum: 2 of 5 masters usable, quorum 3"];
+    assert_eq!(
+        erring.logged(&refusing).len(),
+        1,
+        "{:?}",
+        erring.logged(&[])
+    );
+    assert_eq!(nulling.logged(&refusing).len(), 1);
+
+    // Back empty: quarantined 2 s, then the acquires resume.
+    for m in &mut masters.masters[..3] {
+        m.restart(&[]).unwrap();
+    }
+    let granted = eventually(Duration::from_secs(20), async || {
+        e.cmd(&["SET", &key("nq-after"), "v", "NX", "PX", "1000"])
+            .await
+            == "+OK"
+    })
+    .await;
+    assert!(granted, "{:?}", erring.logged(&[]));
+    let resumed = ["acquires resume: a quorum of masters answers again"];
+    assert_eq!(erring.logged(&resumed).len(), 1, "{:?}", erring.logged(&[]));
+    // Every restarted master: one line at the start of its quarantine, naming the restart and
+    // its end, and one when it ends (within 20 s: 2 s of quarantine and the polls).
+    let all_ended = eventually(Duration::from_secs(20), async || {
+        masters.masters[..3]
+            .iter()
+            .all(|m| erring.logged(&[&m.addr(), "out of quarantine"]).len() == 1)
+    })
+    .await;
+    assert!(all_ended, "{:?}", erring.logged(&["quarantine"]));
+    for m in &masters.masters[..3] {
+        let began = erring.logged(&[&m.addr(), "master quarantined until"]);
+        assert_eq!(began.len(), 1, "{began:?}");
+        assert!(began[0].contains("restarted"), "{began:?}");
+        let ended = erring.logged(&[&m.addr(), "out of quarantine"]);
+        assert_eq!(ended.len(), 1, "{ended:?}");
+    }
+}

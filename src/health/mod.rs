@@ -289,6 +289,10 @@ pub(crate) fn instance_name() -> String {
 /// Claim rounds a founding proxy waits, once a quorum carries its claim, for masters that did
 /// not answer yet (one health interval, plus up to a node timeout for the answers, each); and
 /// when each of them refused the proxy's credentials.
+/// The cause of a quarantine this proxy learnt from the marker only (another proxy saw the
+/// loss, or this one saw the master only after it).
+const SHARED_MARKER: &str = "quarantined by a proxy (shared marker)";
+
 const FOUNDING_PATIENCE: u32 = 10;
 const FOUNDING_PATIENCE_IF_REFUSED: u32 = 1;
 
@@ -511,17 +515,21 @@ impl Monitor {
             self.view.decide(Deployment::Live, "a master is armed");
         }
         if policy.quarantine {
-            if let Markers::Armed {
-                quarantine_left_ms: left @ 1..,
-            } = markers
-            {
-                let until = now + Duration::from_millis(left as u64);
-                health.quarantine(&link.addr, until, "quarantined by a proxy (shared marker)");
-            }
             if lost.is_none() && waited.is_some() {
                 lost = Some(
                     "loaded its data from disk recently (may have lost its last writes)".into(),
                 );
+            }
+            health.end_quarantine(&link.addr);
+            if let Markers::Armed {
+                quarantine_left_ms: left @ 1..,
+            } = markers
+            {
+                // The cause this proxy saw, if it saw one (another proxy may have written the
+                // marker first: the log and INFO then still name the restart).
+                let reason = lost.as_deref().unwrap_or(SHARED_MARKER);
+                let until = now + Duration::from_millis(left as u64);
+                health.quarantine(&link.addr, until, reason);
             }
         }
         let step = marker_step(&markers, health.seen_armed(), verdict, &self.view.tag, lost);

@@ -87,7 +87,7 @@ pub fn quarantine_cause(reason: &str) -> &'static str {
         "data_wiped"
     } else if starts("lock marker") {
         "marker_gone"
-    } else if starts("quarantined by a proxy") {
+    } else if reason == super::SHARED_MARKER {
         "shared_marker"
     } else if starts("loaded its data") {
         "loaded_from_disk"
@@ -201,22 +201,34 @@ impl MasterHealth {
         self.check_now.notify_one();
     }
 
-    /// Keeps the master out until `until` (a later end already set is kept).
+    /// Keeps the master out until `until` (a later end already set is kept). One log line when
+    /// a quarantine begins, with its cause and end; [`MasterHealth::end_quarantine`] logs its
+    /// end. Polls that find a running quarantine (the shared marker) only move its end.
     pub(super) fn quarantine(&self, addr: &str, until: Instant, reason: &str) {
         let Ok(mut h) = self.state.lock() else { return };
         if h.quarantined_until.is_some_and(|t| t >= until) {
             return;
         }
-        let left = until.saturating_duration_since(Instant::now());
-        if left >= Duration::from_millis(500) && h.quarantine_reason.as_deref() != Some(reason) {
-            tracing::warn!(master = %addr, %reason, wait_ms = left.as_millis() as u64, "master quarantined until every lease it may have held has expired");
-        }
         // A quarantine still running keeps its reason (the first cause seen); only its end moves.
-        if h.quarantined_until.is_none_or(|t| t <= Instant::now()) {
+        let now = Instant::now();
+        if h.quarantined_until.is_none_or(|t| t <= now) {
+            let left = until.saturating_duration_since(now);
+            let end = humantime::format_rfc3339_seconds(std::time::SystemTime::now() + left);
+            tracing::warn!(master = %addr, %reason, wait_ms = left.as_millis() as u64, "master quarantined until {end} ({reason}): every lease it may have held has expired by then");
             h.quarantine_reason = Some(reason.to_string());
             *h.quarantines.entry(quarantine_cause(reason)).or_default() += 1;
         }
         h.quarantined_until = Some(until);
+    }
+
+    /// Ends a quarantine whose time is up, with a log line (every poll asks).
+    pub(super) fn end_quarantine(&self, addr: &str) {
+        let Ok(mut h) = self.state.lock() else { return };
+        if h.quarantined_until.is_some_and(|t| t <= Instant::now()) {
+            h.quarantined_until = None;
+            let reason = h.quarantine_reason.take().unwrap_or_default();
+            tracing::info!(master = %addr, %reason, "master out of quarantine ({reason}): it votes again");
+        }
     }
 
     /// Records an `INFO` observation; returns the loss it shows, if any. `also_unsafe`: a

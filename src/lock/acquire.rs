@@ -3,6 +3,7 @@
 
 use super::rollback::{RollbackPlan, Undo};
 use super::{AcquireResult, Acquirer};
+use crate::config::NoQuorumReply;
 use crate::error::ProxyError;
 use crate::health::{instance_name, ARMED_KEY, QUARANTINE_KEY};
 use crate::lease::{Granted, Lease, Outcome};
@@ -267,8 +268,16 @@ pub(super) async fn decide(acquirer: &Acquirer, attempt: Attempt) -> Decided {
     }
     let token = acquirer.tokens.propose(&acquirer.masters, 0);
     let (decided, floor) = decide_once(acquirer, &attempt, token).await;
-    let decided = retry_above_floor(acquirer, &attempt, decided, floor).await;
+    let mut decided = retry_above_floor(acquirer, &attempt, decided, floor).await;
     acquirer.stats.record(decided.result, attempt.received_at);
+    acquirer
+        .stats
+        .note_quorum(decided.result, || masters.usable_summary());
+    if decided.result == AcquireResult::NoQuorum && acquirer.no_quorum_reply == NoQuorumReply::Error
+    {
+        let refusal = ProxyError::AcquireNoQuorum(masters.usable_summary());
+        decided.outcome = Outcome::Reply(refusal.into());
+    }
     decided
 }
 

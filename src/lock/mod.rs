@@ -15,12 +15,30 @@ pub use flights::Started;
 pub use rollback::{COMPARE_AND_DELETE, UNDO_SCRIPT};
 pub use stats::{latency_buckets, AcquireResult, LockStats};
 
+use crate::config::NoQuorumReply;
 use crate::masters::Masters;
 use crate::redlock::{Policy, TokenRules};
 use crate::transport::SharedScript;
 use acquire::Tokens;
 use flights::Flights;
 use std::sync::Arc;
+
+/// How acquires answer, from the configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Off only in the negative control of the tests (see [`TokenRules`]).
+    pub token_clock: bool,
+    pub no_quorum_reply: NoQuorumReply,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            token_clock: true,
+            no_quorum_reply: NoQuorumReply::Null,
+        }
+    }
+}
 
 /// The acquire service shared by every connection.
 pub struct Acquirer {
@@ -30,26 +48,27 @@ pub struct Acquirer {
     /// [`LOCK_SCRIPT`], as the links merge its calls.
     script: Arc<SharedScript>,
     flights: Flights,
+    no_quorum_reply: NoQuorumReply,
     /// Acquires by result, their duration, rollbacks (exported by [`crate::ops`]).
     pub stats: Arc<LockStats>,
 }
 
 impl Acquirer {
-    /// `token_clock` off only in the negative control of the tests (see [`TokenRules`]);
     /// `stats` may be common to several acquirers (one per shard: [`crate::shared::Shard`]).
     pub fn new(
         masters: Arc<Masters>,
         policy: Policy,
-        token_clock: bool,
+        options: Options,
         stats: Arc<LockStats>,
     ) -> Arc<Acquirer> {
         let rules = TokenRules::for_lease_bound(policy.lease_bound());
         Arc::new(Acquirer {
             masters,
             policy,
-            tokens: Tokens::new(rules, token_clock),
+            tokens: Tokens::new(rules, options.token_clock),
             script: lock_script(),
             flights: Flights::default(),
+            no_quorum_reply: options.no_quorum_reply,
             stats,
         })
     }
@@ -84,7 +103,7 @@ mod tests {
         let fakes: Vec<_> = (0..n).map(|_| FakeMaster::new()).collect();
         let masters = fake_master::masters(&fakes, NODE_TIMEOUT);
         until(LIMIT, || masters.voters().iter().all(|v| v.eligible())).await;
-        let acquirer = Acquirer::new(masters.clone(), POLICY, true, Arc::default());
+        let acquirer = Acquirer::new(masters.clone(), POLICY, Options::default(), Arc::default());
         (fakes, masters, acquirer)
     }
 
@@ -127,7 +146,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn tokens_of_successive_grants_increase_whichever_proxy_grants() {
         let (fakes, masters, first) = ready(3).await;
-        let second = Acquirer::new(masters.clone(), POLICY, true, Arc::default());
+        let second = Acquirer::new(masters.clone(), POLICY, Options::default(), Arc::default());
         let mut tokens = Vec::new();
         for round in 0..6 {
             let acquirer = if round % 2 == 0 { &first } else { &second };

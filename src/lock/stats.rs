@@ -4,6 +4,7 @@
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::time::Instant;
 
 /// How an acquire ended.
@@ -57,6 +58,8 @@ pub struct LockStats {
     pub rollbacks: Counter,
     /// Clean-ups sent again once a master that never answered is surely past the deadline.
     pub late_cleanups: Counter,
+    /// The last acquire decided at the masters found too few of them answering.
+    lacking_quorum: AtomicBool,
 }
 
 impl Default for LockStats {
@@ -66,6 +69,7 @@ impl Default for LockStats {
             acquire_duration: Histogram::new(latency_buckets()),
             rollbacks: Counter::default(),
             late_cleanups: Counter::default(),
+            lacking_quorum: AtomicBool::new(false),
         }
     }
 }
@@ -76,6 +80,25 @@ impl LockStats {
         self.acquires[result as usize].inc();
         self.acquire_duration
             .observe(received_at.elapsed().as_secs_f64());
+    }
+
+    /// Logs once when acquires start being refused for lack of a quorum, and once when a
+    /// majority answers them again (`summary`: the masters usable now).
+    pub fn note_quorum(&self, result: AcquireResult, summary: impl FnOnce() -> String) {
+        let lacking = result == AcquireResult::NoQuorum;
+        if self.lacking_quorum.swap(lacking, Ordering::Relaxed) == lacking {
+            return;
+        }
+        match lacking {
+            true => tracing::warn!(
+                "acquires are refused for lack of a quorum: {}; see INFO masters",
+                summary()
+            ),
+            false => tracing::info!(
+                "acquires resume: a quorum of masters answers again ({})",
+                summary()
+            ),
+        }
     }
 
     /// Counts an acquire refused by rule before it reached the masters.

@@ -18,13 +18,8 @@ use crate::shared::Shared;
 /// Whether a quorum of masters may vote now; otherwise why not (for `/readyz`).
 pub fn readiness(shared: &Shared) -> Result<String, String> {
     let masters = shared.masters();
-    let usable = masters.voters().iter().filter(|v| v.eligible()).count();
-    let summary = format!(
-        "{usable} of {} masters usable, quorum {}",
-        masters.voters().len(),
-        masters.quorum()
-    );
-    if usable >= masters.quorum() {
+    let summary = masters.usable_summary();
+    if masters.usable() >= masters.quorum() {
         return Ok(format!("ready: {summary}\n"));
     }
     let mut why = format!("not ready: {summary}\n");

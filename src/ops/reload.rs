@@ -97,7 +97,7 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         local, drift_factor, max_lock_ttl_ms, quarantine, token_clock, bind, port, threads,
         log_format, metrics, tls_port, tls_cert_file, tls_key_file, tls_ca_cert_file,
         tls_auth_clients, backend_tls_ca_cert_file, backend_tls_cert_file,
-        backend_tls_key_file, allow_locks_without_expiry,
+        backend_tls_key_file, allow_locks_without_expiry, no_quorum_reply,
     ));
     changed
 }

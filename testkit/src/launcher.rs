@@ -12,11 +12,12 @@ use crate::relay::Relay;
 use crate::resp::{Client, Reply};
 use redlock_proxy::on_master::COMPARE_AND_DELETE;
 use redlock_proxy::{Config, Listeners, LocalCluster, TlsAcceptorHandle};
+use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -217,7 +218,12 @@ pub struct ProxyProcess {
     pub port: u16,
     /// Lines the proxy logged at WARN or ERROR.
     pub warnings: Arc<AtomicUsize>,
+    /// The last [`LOG_KEPT`] lines it logged.
+    log: Arc<Mutex<VecDeque<String>>>,
 }
+
+/// How many of its last log lines a [`ProxyProcess`] keeps.
+const LOG_KEPT: usize = 5000;
 
 impl ProxyProcess {
     /// Starts `bin --bind 127.0.0.1 --port 0 --log-format json --backend …` plus `extra_args`,
@@ -243,14 +249,15 @@ impl ProxyProcess {
             ))
         })?;
         let warnings = Arc::new(AtomicUsize::new(0));
+        let log = Arc::new(Mutex::new(VecDeque::new()));
         let (port_tx, port_rx) = mpsc::channel();
         if let Some(out) = child.stdout.take() {
-            let (tx, warnings) = (port_tx.clone(), warnings.clone());
-            std::thread::spawn(move || drain_proxy_log(out, tx, warnings));
+            let (tx, warnings, log) = (port_tx.clone(), warnings.clone(), log.clone());
+            std::thread::spawn(move || drain_proxy_log(out, tx, warnings, log));
         }
         if let Some(err) = child.stderr.take() {
-            let warnings = warnings.clone();
-            std::thread::spawn(move || drain_proxy_log(err, port_tx, warnings));
+            let (warnings, log) = (warnings.clone(), log.clone());
+            std::thread::spawn(move || drain_proxy_log(err, port_tx, warnings, log));
         }
         let port = match port_rx.recv_timeout(Duration::from_secs(10)) {
             Ok(port) => port,
@@ -266,7 +273,17 @@ impl ProxyProcess {
             child,
             port,
             warnings,
+            log,
         })
+    }
+
+    /// The kept log lines that contain every one of `needles`.
+    pub fn logged(&self, needles: &[&str]) -> Vec<String> {
+        let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        log.iter()
+            .filter(|line| needles.iter().all(|n| line.contains(n)))
+            .cloned()
+            .collect()
     }
 
     pub fn pid(&self) -> u32 {
@@ -299,11 +316,22 @@ impl Drop for ProxyProcess {
 }
 
 /// Reads the proxy's log: sends the port of its "listening on ADDR" line, echoes WARN/ERROR
-/// lines (the first 20) to stderr and counts them.
-fn drain_proxy_log(pipe: impl Read, port_tx: mpsc::Sender<u16>, warnings: Arc<AtomicUsize>) {
+/// lines (the first 20) to stderr and counts them, and keeps the last [`LOG_KEPT`] lines.
+fn drain_proxy_log(
+    pipe: impl Read,
+    port_tx: mpsc::Sender<u16>,
+    warnings: Arc<AtomicUsize>,
+    log: Arc<Mutex<VecDeque<String>>>,
+) {
     let mut port_tx = Some(port_tx);
     for line in BufReader::new(pipe).lines() {
         let Ok(line) = line else { break };
+        if let Ok(mut log) = log.lock() {
+            if log.len() == LOG_KEPT {
+                log.pop_front();
+            }
+            log.push_back(line.clone());
+        }
         if let Some(tx) = &port_tx {
             if let Some(port) = listening_port(&line) {
                 let _ = tx.send(port);
