@@ -5,7 +5,8 @@
 // accepted token is newer.
 //
 //   ./scripts/run-local.sh &        # the proxy on 127.0.0.1:7379
-//   node examples/fencing.js        # PROXY_PORT=... to use another port; needs `redis` (npm)
+//   NODE_PATH=tests/clients/.deps/node/node_modules node examples/fencing.js
+//   (PROXY_PORT=... for another port; `redis` from npm: `bash tests/clients/install.sh`)
 'use strict';
 const { createClient } = require('redis');
 const { randomUUID } = require('crypto');

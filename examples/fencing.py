@@ -6,7 +6,8 @@ Meanwhile a second client takes the lock and writes. When the first holder wakes
 writes, the resource rejects it: its token is older than the last one the resource accepted.
 
     ./scripts/run-local.sh &                       # the proxy on 127.0.0.1:7379
-    python3 examples/fencing.py                    # PROXY_PORT=... to use another port
+    tests/clients/.deps/venv/bin/python examples/fencing.py   # PROXY_PORT=... for another port
+    (redis-py from `bash tests/clients/install.sh`, or any Python with redis installed)
 """
 import os
 import time
