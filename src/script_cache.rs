@@ -29,7 +29,8 @@ pub struct Script {
     pub lease: Option<LeaseShape>,
     /// How its replies merge: only a recognised compare-and-delete has a known meaning.
     pub merge: MergeRule,
-    /// It may write: followed by a guard on every master ([`crate::commands::scripts`]).
+    /// It may write: followed by a guard on every master ([`crate::commands::scripts`]), and
+    /// its checked body reports the leases it set (by effect, [`checked_body`]).
     pub may_write: bool,
     /// It could reach the real `redis` around the key checks ([`crate::script_keys`]): refused.
     pub reaches_globals: bool,
@@ -46,7 +47,8 @@ pub struct Script {
 impl Script {
     /// Analyses `body`.
     fn new(body: Bytes) -> Script {
-        let checked = checked_body(&body);
+        let may_write = may_write(&body);
+        let checked = checked_body(&body, may_write);
         Script {
             lease: recognise(&body),
             merge: if is_compare_and_delete(&body) {
@@ -54,7 +56,7 @@ impl Script {
             } else {
                 MergeRule::Strict
             },
-            may_write: may_write(&body),
+            may_write,
             reaches_globals: std::str::from_utf8(&body).map_or(true, reaches_globals),
             lock: known_lock_script(&body),
             checked_sha: Bytes::from(script_sha(&checked)),

@@ -218,7 +218,16 @@ pub const LATE: &str = "ERR this script reached the master past its write deadli
 /// entries, but no such name is a Redis command, so the real call then refuses it as unknown.
 ///
 /// - `ARGV`'s last entry is the number m of user patterns before it, or `-1` for every key;
-///   those m + 1 entries are removed before the body runs. Without patterns no glob is built.
+///   before them come the write deadline and the drift factor ([`access_args`]); those m + 3
+///   entries are removed before the body runs. Without patterns no glob is built.
+/// - Leases by effect: with a drift factor F > 0, a call that sets a declared key's expiry
+///   from a whole number (`PEXPIRE`, `EXPIRE`, `PSETEX`, `SETEX`, `SET`/`GETEX` with `PX`/`EX`)
+///   runs with that TTL padded as an acquire's (`ceil((ms + ceil(ms × F) + 2) / unit)`), and
+///   the shortest TTL (ms, as the client asked) of such calls that took effect is noted.
+///   However the script spells it (a local variable, one script for acquire and extend), the
+///   lease it sets is padded. `__done` then answers `{noted, reply}` (0: no lease), which
+///   [`checked_body`] wraps around the body of a script that may write, and the proxy
+///   unwraps; with F = 0 (read-only runs) it answers the reply alone.
 ///   Each pattern comes tagged ([`access_args`]): `=` a key, `^` a prefix, `*` a glob.
 /// - `glob` is Redis' `stringmatchlen`, the same as [`crate::auth::glob_match`].
 /// - The user's patterns are checked first, for every key of the call, as Redis checks ACLs
@@ -228,14 +237,47 @@ pub const LATE: &str = "ERR this script reached the master past its write deadli
 ///   neither string nor number makes the real call fail before running anything, so it is
 ///   left to it, like a missing command name.
 const PRELUDE_LINES: &str = r#"
-local redis = (function(real, keys, argv)
+local redis, __done = (function(real, keys, argv)
 local spec, reserved = '@SPEC@', @RESERVED@
-local byte, find, lower, gsub, sub, format, select = string.byte, string.find, string.lower, string.gsub, string.sub, string.format, select
+local byte, find, lower, gsub, sub, format, select, unpack, ceil = string.byte, string.find, string.lower, string.gsub, string.sub, string.format, select, unpack, math.ceil
 local rcall, rpcall = real.call, real.pcall
 local n = #argv
 local m = tonumber(argv[n])
-local due, late = tonumber(argv[n - math.max(m, 0) - 1]), false
+local base = n - math.max(m, 0) - 1
+local due, late, pad, noted = tonumber(argv[base]), false, tonumber(argv[base - 1]), 0
 if due > 0 then local t = rcall('time') late = t[1] * 1000 + t[2] / 1000 > due end
+local leasing = {pexpire = 1, psetex = 1, expire = 1000, setex = 1000, set = 0, getex = 0}
+local function lease(a, c, unit)
+  local at = unit > 0 and 3
+  if not at then
+    for i = c == 'set' and 4 or 3, #a - 1 do
+      local o = type(a[i]) == 'string' and lower(a[i])
+      if o == 'px' then at, unit = i + 1, 1 elseif o == 'ex' then at, unit = i + 1, 1000 elseif o == 'get' then return nil end
+    end
+    if not at then return nil end
+  end
+  local t = a[at]
+  if type(t) == 'string' and #t <= 12 and find(t, '^[1-9]%d*$') then t = tonumber(t)
+  elseif type(t) ~= 'number' or t < 1 or t > 1e12 or t % 1 ~= 0 then return nil end
+  local ms = t * unit
+  a[at] = format('%d', ceil((ms + ceil(ms * pad) + 2) / unit))
+  return ms
+end
+local function took(c, r)
+  if c == 'pexpire' or c == 'expire' then return r == 1 end
+  if c == 'getex' then return type(r) == 'string' end
+  return type(r) == 'table' and r.ok ~= nil
+end
+local function run(f, argc, name, ...)
+  local c = pad > 0 and type(name) == 'string' and lower(name)
+  local unit = c and leasing[c]
+  if not unit then return f(name, ...) end
+  local a = {name, ...}
+  local ms = lease(a, c, unit)
+  local r = f(unpack(a, 1, argc))
+  if ms and took(c, r) and (noted == 0 or ms < noted) then noted = ms end
+  return r
+end
 local declared = {}
 for i = 1, #keys do declared[keys[i]] = true end
 local allowed
@@ -286,7 +328,7 @@ if m >= 0 then
     return false
   end
 end
-for i = n - math.max(m, 0) - 1, n do argv[i] = nil end
+for i = base - 1, n do argv[i] = nil end
 local function denied(argc, name, ...)
   if type(name) == 'number' then name = format('%.17g', name) end
   if type(name) ~= 'string' then return nil end
@@ -318,9 +360,9 @@ local function denied(argc, name, ...)
   return nil
 end
 return setmetatable({
-  call = function(...) local err = late and @LATE@ or denied(select('#', ...), ...) if err then error({err = err}) end return rcall(...) end,
-  pcall = function(...) local err = late and @LATE@ or denied(select('#', ...), ...) if err then return {err = err} end return rpcall(...) end
-}, {__index = real, __metatable = false})
+  call = function(...) local err = late and @LATE@ or denied(select('#', ...), ...) if err then error({err = err}) end return run(rcall, select('#', ...), ...) end,
+  pcall = function(...) local err = late and @LATE@ or denied(select('#', ...), ...) if err then return {err = err} end return run(rpcall, select('#', ...), ...) end
+}, {__index = real, __metatable = false}), function(r) if pad > 0 then return {noted, r} end return r end
 end)(redis, KEYS, ARGV);
 "#;
 
@@ -369,7 +411,11 @@ fn lua_string(text: &str) -> String {
 /// `body` with the prelude before its first line, or after its `#!` line (Redis 7 reads
 /// flags there and keeps the line feed, so line numbers stay the body's own). A `#!` line
 /// without a line feed is sent as it is: Redis refuses it without running anything.
-pub fn checked_body(body: &[u8]) -> Bytes {
+///
+/// With `report_leases` (scripts that may write), the body runs as a function whose reply
+/// goes through the prelude's `__done`, which adds the leases it noted (see [`PRELUDE_LINES`]):
+/// the wrap opens on the prelude's line and closes on a line after the body's last.
+pub fn checked_body(body: &[u8], report_leases: bool) -> Bytes {
     let split = if body.starts_with(b"#!") {
         match body.iter().position(|&b| b == b'\n') {
             Some(nl) => nl + 1,
@@ -378,10 +424,16 @@ pub fn checked_body(body: &[u8]) -> Bytes {
     } else {
         0
     };
-    let mut out = BytesMut::with_capacity(body.len() + PRELUDE.len());
+    let (open, close): (&[u8], &[u8]) = match report_leases {
+        true => (b"return __done((function(...) ", b"\nend)(...))"),
+        false => (b"", b""),
+    };
+    let mut out = BytesMut::with_capacity(body.len() + PRELUDE.len() + open.len() + close.len());
     out.extend_from_slice(&body[..split]);
     out.extend_from_slice(PRELUDE.as_bytes());
+    out.extend_from_slice(open);
     out.extend_from_slice(&body[split..]);
+    out.extend_from_slice(close);
     out.freeze()
 }
 
@@ -393,14 +445,17 @@ pub fn checked_body(body: &[u8]) -> Bytes {
 ///
 /// Before them goes the write deadline, in the master's clock (ms since the epoch; `0`: none):
 /// a script that reaches the master past it (held up in a paused master's socket buffer, a
-/// slow link) runs no command, so it writes nothing ([`LATE`]).
-pub fn access_args(keys: &KeyPatterns, deadline_ms: u64) -> Vec<Bytes> {
+/// slow link) runs no command, so it writes nothing ([`LATE`]). First comes the drift factor
+/// leases are padded by (`0`: none, and no lease is reported; see [`PRELUDE_LINES`]).
+pub fn access_args(keys: &KeyPatterns, drift_factor: f64, deadline_ms: u64) -> Vec<Bytes> {
+    let pad = Bytes::from(drift_factor.to_string());
     let deadline = Bytes::from(deadline_ms.to_string());
     let KeyPatterns::Some(patterns) = keys else {
-        return vec![deadline, Bytes::from_static(b"-1")];
+        return vec![pad, deadline, Bytes::from_static(b"-1")];
     };
     let special = |b: &u8| matches!(b, b'*' | b'?' | b'[' | b'\\');
-    let mut args: Vec<Bytes> = std::iter::once(deadline)
+    let mut args: Vec<Bytes> = [pad, deadline]
+        .into_iter()
         .chain(patterns.iter().map(|p| {
             let (tag, rest): (&[u8], &[u8]) = match p.iter().position(special) {
                 None => (b"=", p),
@@ -473,21 +528,28 @@ mod tests {
             p.contains("|get:111|") && p.contains("|mset:1-2|") && p.contains("|publish:000|'")
         );
         assert!(!p.contains('@'), "every placeholder filled");
-        let plain = checked_body(b"return 1\nreturn 2");
+        let plain = checked_body(b"return 1\nreturn 2", false);
         assert_eq!(&plain[..], format!("{p}return 1\nreturn 2").as_bytes());
-        let flagged = checked_body(b"#!lua flags=no-writes\nreturn 1");
+        let flagged = checked_body(b"#!lua flags=no-writes\nreturn 1", false);
         assert_eq!(
             &flagged[..],
             format!("#!lua flags=no-writes\n{p}return 1").as_bytes()
         );
-        assert_eq!(&checked_body(b"#!lua")[..], b"#!lua");
+        assert_eq!(&checked_body(b"#!lua", false)[..], b"#!lua");
+        // Reporting leases: the body is a function on the prelude's line, closed after it.
+        let wrapped = checked_body(b"#!lua\nreturn 1\n-- end", true);
+        assert_eq!(
+            &wrapped[..],
+            format!("#!lua\n{p}return __done((function(...) return 1\n-- end\nend)(...))")
+                .as_bytes()
+        );
     }
 
     #[test]
     fn patterns_travel_as_trailing_argv() {
         assert_eq!(
-            access_args(&KeyPatterns::All, 0),
-            vec![Bytes::from("0"), Bytes::from("-1")]
+            access_args(&KeyPatterns::All, 0.01, 0),
+            vec![Bytes::from("0.01"), Bytes::from("0"), Bytes::from("-1")]
         );
         let some = KeyPatterns::Some(
             ["a:*", "b", "a*b", "a?", "*", "x\\*", "[ab]*", ""]
@@ -495,14 +557,14 @@ mod tests {
                 .to_vec(),
         );
         assert_eq!(
-            access_args(&some, 1234),
-            ["1234", "^a:", "=b", "*a*b", "*a?", "^", "*x\\*", "*[ab]*", "=", "8"]
+            access_args(&some, 0.0, 1234),
+            ["0", "1234", "^a:", "=b", "*a*b", "*a?", "^", "*x\\*", "*[ab]*", "=", "8"]
                 .map(Bytes::from)
                 .to_vec()
         );
         assert_eq!(
-            access_args(&KeyPatterns::Some(Vec::new()), 0),
-            vec![Bytes::from("0"), Bytes::from("0")]
+            access_args(&KeyPatterns::Some(Vec::new()), 0.0, 0),
+            vec![Bytes::from("0"), Bytes::from("0"), Bytes::from("0")]
         );
     }
 }

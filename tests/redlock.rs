@@ -323,14 +323,18 @@ async fn lease_scripts_are_padded_and_validity_checked() {
             .await,
         ":0"
     );
-    // redis-py's extend computes its TTL (PTTL + n): not recognised, runs unchanged.
+    // redis-py's extend passes its TTL through a local variable (and may add the current
+    // PTTL): the recogniser does not follow it, the lease it sets is padded by effect.
     let py_extend = script("python-redis-py-extend");
     assert_eq!(
-        c.cmd(&["EVAL", &py_extend, "1", &k, "tok", "10000", "1"])
+        c.cmd(&["EVAL", &py_extend, "1", &k, "tok", "20000", "1"])
             .await,
         ":1"
     );
-    assert!(pttls_all(k.clone(), |t| t <= 10_000).await, "not padded");
+    assert!(
+        pttls_all(k.clone(), |t| t > 20_000).await,
+        "padded by effect"
+    );
 
     // Masters slower than the new TTL: every master extends, but the validity has passed
     // by the time a majority answered, so the client is told an error, which no library
@@ -352,8 +356,17 @@ async fn lease_scripts_are_padded_and_validity_checked() {
         c.cmd(&["EVALSHA", &sha[1..], "1", &k2, "tok", "50"]).await,
         expired
     );
+    // Whatever a script answers once it set a lease too late: an error.
+    let k3 = key("lease3");
+    assert_eq!(
+        c.cmd(&["SET", &k3, "tok", "NX", "PX", "30000"]).await,
+        "+OK"
+    );
     let ok_script = "redis.call('pexpire', KEYS[1], ARGV[1]) return 'OK'";
-    assert_eq!(c.cmd(&["EVAL", ok_script, "1", &k2, "50"]).await, expired);
+    assert_eq!(c.cmd(&["EVAL", ok_script, "1", &k3, "50"]).await, expired);
+    // A lease script that set no lease (the key is gone by now) answers as it answered: its
+    // reply promises nothing.
+    assert_eq!(c.cmd(&["EVAL", ok_script, "1", &k2, "50"]).await, "$OK");
 }
 
 /// `cmdstat_set` calls on one master.
@@ -568,4 +581,73 @@ async fn the_ttl_cap_applies_to_the_clients_ttl_on_every_path() {
     let validity = c.cmd(&["LOCK.EXTEND", &k, "v", &cap_ms]).await;
     assert!(validity.starts_with(":59"), "{validity}");
     within_bound(k).await;
+}
+
+/// Issue 23, item 3: lease scripts written other ways than the recogniser reads (the TTL through
+/// a local variable, one script for acquire and extend, a `{1, pttl}` reply) are recognised by
+/// what they do on the masters: the lease they set is padded by drift, and a success that
+/// comes back after its validity is an error. A script that sets no lease answers as it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_scripts_are_recognised_by_effect_whatever_their_spelling() {
+    let (env, relays) = behind_relays(3, 1000).await;
+    let mut c = env.proxy.client().await;
+    let ports = env.ports();
+    let min_pttl = |k: String| {
+        let ports = ports.clone();
+        async move {
+            let mut least = i64::MAX;
+            for p in &ports {
+                let pttl: i64 = master_cmd(*p, &["PTTL", &k]).await[1..].parse().unwrap();
+                least = least.min(pttl);
+            }
+            least
+        }
+    };
+    let via_local = "local ttl = tonumber(ARGV[2]) if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('pexpire', KEYS[1], ttl) return 1 end return 0";
+    let acquire_or_extend = "local v = redis.call('get', KEYS[1]) if v == false or v == ARGV[1] then local px = ARGV[2] redis.call('set', KEYS[1], ARGV[1], 'PX', px) return 1 end return 0";
+    let with_pttl = "local ok = redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) if ok then return {1, redis.call('pttl', KEYS[1])} end return {0, redis.call('pttl', KEYS[1])}";
+
+    let k = key("by-effect");
+    // One script takes the lock and extends it; 20 s asked, 20.2 s + 2 ms kept by the masters.
+    assert_eq!(
+        c.cmd(&["EVAL", acquire_or_extend, "1", &k, "me", "20000"])
+            .await,
+        ":1"
+    );
+    assert!(min_pttl(k.clone()).await > 20_000);
+    assert_eq!(
+        c.cmd(&["EVAL", acquire_or_extend, "1", &k, "other", "20000"])
+            .await,
+        ":0"
+    );
+    assert_eq!(
+        c.cmd(&["EVAL", via_local, "1", &k, "me", "30000"]).await,
+        ":1"
+    );
+    assert!(min_pttl(k.clone()).await > 30_000);
+    // The `{1, pttl}` reply passes through; its PTTL is the padded one the master holds.
+    let k2 = key("by-effect-pttl");
+    let reply = c.cmd(&["EVAL", with_pttl, "1", &k2, "me", "10000"]).await;
+    assert!(reply.starts_with("*[:1,:101"), "{reply}");
+
+    // Masters slower than the lease: whatever the script answers, an error.
+    for r in &relays {
+        r.set_delay(Duration::from_millis(60));
+    }
+    let expired = "-ERR lease validity expired before a majority answered (redlock-proxy); the lock is not held";
+    assert_eq!(
+        c.cmd(&["EVAL", via_local, "1", &k, "me", "50"]).await,
+        expired
+    );
+    let k3 = key("by-effect-late");
+    assert_eq!(
+        c.cmd(&["EVAL", with_pttl, "1", &k3, "me", "50"]).await,
+        expired
+    );
+    // Refused (another holder): no lease set, the refusal as it is.
+    assert_eq!(
+        c.cmd(&["EVAL", acquire_or_extend, "1", &k2, "other", "50"])
+            .await,
+        ":0"
+    );
 }

@@ -440,7 +440,7 @@ async fn the_key_table_is_redis_own() {
 async fn the_prelude_matches_keys_as_redis_acl_does() {
     let redis = LocalMaster::start(None, &[]).unwrap();
     let mut c = Client::connect(redis.port).await;
-    let probe = checked_body(b"return {#ARGV, redis.pcall('get', ARGV[1])['err']}");
+    let probe = checked_body(b"return {#ARGV, redis.pcall('get', ARGV[1])['err']}", false);
     let probe = std::str::from_utf8(&probe).unwrap();
     let cases: &[(&str, &str)] = &[
         ("app:*", "app:lock"),
@@ -481,10 +481,12 @@ async fn the_prelude_matches_keys_as_redis_acl_does() {
         ];
         assert_eq!(c.cmd(&acl).await, "+OK");
         let redis_allows = c.cmd(&["ACL", "DRYRUN", &user, "GET", key]).await == "+OK";
-        // ARGV: the key, then no write deadline, the pattern (tagged as a glob) and its count,
-        // which the prelude removes.
+        // ARGV: the key, then no padding, no write deadline, the pattern (tagged as a glob)
+        // and its count, which the prelude removes.
         let glob = format!("*{pattern}");
-        let reply = c.cmd(&["EVAL", probe, "0", key, "0", &glob, "1"]).await;
+        let reply = c
+            .cmd(&["EVAL", probe, "0", key, "0", "0", &glob, "1"])
+            .await;
         let expected = if redis_allows {
             format!("*[:1,${}]", &undeclared(key)[1..])
         } else {
@@ -502,7 +504,9 @@ async fn the_prelude_matches_keys_as_redis_acl_does() {
         ("^app:", "ap", false),
         ("^", "anything", true),
     ] {
-        let reply = c.cmd(&["EVAL", probe, "0", key, "0", tagged, "1"]).await;
+        let reply = c
+            .cmd(&["EVAL", probe, "0", key, "0", "0", tagged, "1"])
+            .await;
         assert_eq!(
             reply.contains("not in the script's KEYS"),
             allowed,
@@ -511,11 +515,11 @@ async fn the_prelude_matches_keys_as_redis_acl_does() {
     }
     // No pattern at all: no key; -1: every key.
     assert_eq!(
-        c.cmd(&["EVAL", probe, "0", "k", "0", "0"]).await,
+        c.cmd(&["EVAL", probe, "0", "k", "0", "0", "0"]).await,
         format!("*[:1,${SCRIPT_NOPERM}]")
     );
     assert_eq!(
-        c.cmd(&["EVAL", probe, "0", "k", "0", "-1"]).await,
+        c.cmd(&["EVAL", probe, "0", "k", "0", "0", "-1"]).await,
         format!("*[:1,${}]", &undeclared("k")[1..])
     );
 }

@@ -40,9 +40,7 @@ use crate::lease_script::KnownLock;
 use crate::lock::Attempt;
 use crate::masters::{Ask, Masters};
 use crate::protocol::{encode_command, Reply, Request};
-use crate::redlock::{
-    backend_ttl_ms, merge, no_quorum, validity_window, MergeRule, MissingReason, Vote,
-};
+use crate::redlock::{merge, no_quorum, quorum, validity_window, MergeRule, MissingReason, Vote};
 use crate::script_cache::{script_sha, Script};
 use crate::script_keys::access_args;
 use bytes::Bytes;
@@ -100,13 +98,12 @@ pub fn evalsha(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action
     }
 }
 
-/// A lease script's TTL argument: its position in the request and its value in ms.
-fn lease_ttl(script: &Script, args: &[Bytes], numkeys: usize) -> Option<(usize, u64, u64)> {
+/// A lease script's TTL argument, in ms, where the recogniser found one.
+fn lease_ttl(script: &Script, args: &[Bytes], numkeys: usize) -> Option<u64> {
     let shape = script.lease?;
-    let at = 3 + numkeys + shape.argv - 1;
-    let ttl = super::parse_int(args.get(at)?).ok()?;
+    let ttl = super::parse_int(args.get(3 + numkeys + shape.argv - 1)?).ok()?;
     let ttl_ms = u64::try_from(ttl).ok()?.checked_mul(shape.unit_ms)?;
-    (ttl_ms > 0).then_some((at, ttl_ms, shape.unit_ms))
+    (ttl_ms > 0).then_some(ttl_ms)
 }
 
 /// The script's `KEYS` were checked by [`super::dispatch`] (reserved keys, the user's key
@@ -131,29 +128,27 @@ fn run(
     let patterns = session.user.as_ref().map_or(&no_keys, |user| &user.keys);
     let masters = ctx.masters();
     let policy = ctx.shared.policy;
-    let lease = lease_ttl(&script, &request.args, numkeys);
-    let mut args = request.args;
-    let mut deadline = None;
-    if let Some((at, ttl_ms, unit_ms)) = lease {
-        if let Err(err) = policy.check_ttl(ttl_ms) {
-            return Action::error(err);
-        }
-        // Pad the masters' TTL by drift (rounded up to the script's unit).
-        let padded = backend_ttl_ms(ttl_ms, policy.drift_factor).div_ceil(unit_ms);
-        args[at] = Bytes::from(padded.to_string());
-        let window = validity_window(ttl_ms, policy.drift_factor).unwrap_or(Duration::ZERO);
-        deadline = Some(ctx.received_at + window);
+    // A TTL argument the recogniser understood is refused above the cap before anything runs
+    // (the guard would cap it afterwards, and answer an error then).
+    if let Some(Err(err)) =
+        lease_ttl(&script, &request.args, numkeys).map(|ms| policy.check_ttl(ms))
+    {
+        return Action::error(err);
     }
+    let mut args = request.args;
     // The masters get the checked body whole (`EVAL`) on its first call, then by its SHA1
     // (`EVALSHA`), and whole again where one answers `NOSCRIPT`: the prelude makes every body
     // some 5 KB, which would cost each master more to read and hash on every call than the
     // script costs to run.
     let checked = script.checked.clone();
     args[1] = checked.clone();
-    // The write deadline's place among the prelude's arguments, set per master below.
-    let due_at = args.len();
-    args.extend(access_args(patterns, 0));
     let guarded = script.may_write && !read_only;
+    // The prelude pads the leases a script sets, and reports them, only where it may write.
+    let pad = if guarded { policy.drift_factor } else { 0.0 };
+    // The write deadline's place among the prelude's arguments (after the drift factor), set
+    // per master below.
+    let due_at = args.len() + 1;
+    args.extend(access_args(patterns, pad, 0));
     let mut guard = Vec::new();
     if guarded {
         // EVAL <guard> (2 + numkeys) <armed> <quarantine> <the script's keys…> <bound>
@@ -200,8 +195,9 @@ fn run(
     };
     let rule = script.merge;
     let stats = ctx.shared.stats.clone();
+    let received_at = ctx.received_at;
     Action::Defer(Box::pin(async move {
-        let reply = if guarded {
+        let (reply, lease_ms) = if guarded {
             // A script that may write carries a deadline in each master's clock, as an
             // acquire does: the latest the master's clock can show when the node timeout runs
             // out (from its last reading; a master that may not vote is not asked).
@@ -215,9 +211,15 @@ fn run(
             guarded_reply(&masters, ask, rule, policy.max_lock_ttl_ms).await
         } else {
             let ask = request(0);
-            masters.quorum_reply_each(|_| Some(ask.clone()), rule).await
+            let reply = masters.quorum_reply_each(|_| Some(ask.clone()), rule).await;
+            (reply, None)
         };
         stats.count_if_release(rule, &reply);
+        // A lease a majority of masters took is promised only within its validity, as an
+        // acquire's: `TTL − elapsed − drift > 0` when the reply is written.
+        let deadline = lease_ms.map(|ms| {
+            received_at + validity_window(ms, policy.drift_factor).unwrap_or(Duration::ZERO)
+        });
         settle(clients_sha(reply, &ran, &script.body), deadline)
     }))
 }
@@ -307,16 +309,30 @@ fn counted(action: Action) -> Action {
     }
 }
 
-/// The script's vote of one master from its `[script reply, guard reply]` pair: counted only if
-/// the guard vouched for the master (`-1`: unarmed or quarantined, no vote).
-fn script_vote(vote: &Vote) -> Vote {
-    match vote {
-        Vote::Replied(Reply::Array(pair)) => match pair.as_slice() {
-            [reply, Reply::Integer(n)] if *n >= 0 => Vote::Replied(reply.clone()),
-            _ => Vote::Missing(MissingReason::NotEligible),
+/// The script's vote of one master from its `[script reply, guard reply]` pair, and the
+/// shortest lease the script set there (the client's TTL in ms, 0: none). The script reply is
+/// the prelude's `{noted, reply}` when the script returned ([`crate::script_keys`]; an error it
+/// raised comes alone). Counted only if the guard vouched for the master (`-1`: unarmed or
+/// quarantined, no vote).
+fn script_vote(vote: &Vote) -> (Vote, u64) {
+    let not_eligible = || (Vote::Missing(MissingReason::NotEligible), 0);
+    let Vote::Replied(answer) = vote else {
+        return (vote.clone(), 0);
+    };
+    let Reply::Array(pair) = answer else {
+        return not_eligible();
+    };
+    match pair.as_slice() {
+        [Reply::Array(reported), Reply::Integer(n)] if *n >= 0 => match reported.as_slice() {
+            // A script's nil reply ends the Lua table: `{noted}` alone.
+            [Reply::Integer(noted), reply @ ..] if reply.len() <= 1 => {
+                let reply = reply.first().cloned().unwrap_or(Reply::Null);
+                (Vote::Replied(reply), u64::try_from(*noted).unwrap_or(0))
+            }
+            _ => (Vote::Replied(pair[0].clone()), 0),
         },
-        Vote::Replied(_) => Vote::Missing(MissingReason::NotEligible),
-        other => other.clone(),
+        [reply, Reply::Integer(n)] if *n >= 0 => (Vote::Replied(reply.clone()), 0),
+        _ => not_eligible(),
     }
 }
 
@@ -324,14 +340,16 @@ fn script_vote(vote: &Vote) -> Vote {
 /// script's replies, counting a master only if its guard vouched for it. A master whose guard
 /// found it unarmed or quarantined is re-checked by its health monitor at once; a guard that
 /// had to cap a key makes the reply an error (a key left without expiry first: the stronger
-/// surprise).
+/// surprise). Also the lease the script set, if a majority of the masters counted took one:
+/// the shortest client TTL they noted (ms).
 async fn guarded_reply(
     masters: &Masters,
     ask: impl Fn(usize) -> Option<Ask>,
     rule: MergeRule,
     cap_ms: u64,
-) -> Reply {
-    let script_votes = |votes: &[Vote]| votes.iter().map(script_vote).collect::<Vec<_>>();
+) -> (Reply, Option<u64>) {
+    let script_votes =
+        |votes: &[Vote]| -> Vec<Vote> { votes.iter().map(|v| script_vote(v).0).collect() };
     let (votes, _late) = masters
         .fan_out_each(ask, 2, |v| merge(&script_votes(v), rule).is_some())
         .await;
@@ -346,13 +364,23 @@ async fn guarded_reply(
         }
     }
     if capped & CAPPED_NO_EXPIRY != 0 {
-        return ProxyError::ScriptNoExpiry(cap_ms).into();
+        return (ProxyError::ScriptNoExpiry(cap_ms).into(), None);
     }
     if capped & CAPPED_TTL != 0 {
-        return ProxyError::ScriptTtlCapped(cap_ms).into();
+        return (ProxyError::ScriptTtlCapped(cap_ms).into(), None);
     }
+    let leases: Vec<u64> = votes
+        .iter()
+        .map(script_vote)
+        .filter(|(vote, noted)| matches!(vote, Vote::Replied(_)) && *noted > 0)
+        .map(|(_, noted)| noted)
+        .collect();
+    let lease = (leases.len() >= quorum(votes.len()))
+        .then(|| leases.iter().min().copied())
+        .flatten();
     let votes = script_votes(&votes);
-    merge(&votes, rule).unwrap_or_else(|| no_quorum(votes.len()))
+    let reply = merge(&votes, rule).unwrap_or_else(|| no_quorum(votes.len()));
+    (reply, lease)
 }
 
 /// The outcome of a script: a lease reply (checked against its deadline at write time) for a
