@@ -1,17 +1,17 @@
 //! Recognises lock scripts that set a lease from an argument (compare-then-`PEXPIRE`,
-//! compare-then-`SET … PX`, redlock's `EXISTS`-then-`SET … PX`), so that they get the
-//! acquire's treatment: the TTL argument is padded by drift on the masters and a success is
-//! only reported while `TTL − elapsed − drift > 0`.
+//! compare-then-`SET … PX`, redlock's `EXISTS`-then-`SET … PX`), so that a TTL argument above
+//! the cap is refused before anything runs. (Padding and the validity check no longer depend
+//! on this: they follow what a script does on the masters, [`crate::script_keys`].)
 //!
 //! Pure text analysis, no Lua execution: the body is split into Lua 5.1 tokens (comments
 //! dropped, strings kept as strings, a leading `#!` line skipped as Redis does), and calls
 //! are read from those tokens, so a `redis.call(…)` inside a comment or a string is not a call.
 //!
-//! Padding rewrites `ARGV[n]`, so it is safe only if `ARGV[n]` means nothing to the script but
-//! a TTL: replacing it by a larger TTL must change nothing else. [`recognise`] therefore finds a
+//! Refusing on `ARGV[n]` is right only if `ARGV[n]` means nothing to the script but a TTL (a
+//! value above the cap elsewhere must not be refused). [`recognise`] therefore finds a
 //! shape only when **every** use of some `ARGV[n]` is the TTL of a `pexpire`/`expire` call or the
 //! value after a `"PX"`/`"EX"` option of a `set` call (possibly wrapped in `tonumber(…)`), all
-//! those uses agree on the unit, and it refuses (no padding, plain script) as soon as any use
+//! those uses agree on the unit, and it finds none (no early refusal) as soon as any use
 //! could read `ARGV[n]` in a way it does not understand:
 //! - `ARGV` not directly indexed by a decimal literal without leading zeros (`ipairs(ARGV)`,
 //!   `unpack(ARGV)`, `#ARGV`, `local a = ARGV`, `ARGV[i]`, `ARGV[1+1]`, `ARGV[02]`);
@@ -577,7 +577,7 @@ mod tests {
             // a Redis 7 shebang line is skipped; harmless redis members are allowed
             ("#!lua\nreturn redis.call('pexpire', KEYS[1], ARGV[1])", Some((1, MS))),
             ("redis.log(redis.LOG_WARNING, 'extending') return redis.call('pexpire', KEYS[1], ARGV[2])", Some((2, MS))),
-            // ARGV[2] also used for something else: padding it would change the script
+            // ARGV[2] also used for something else: refusing on it could refuse another use
             ("redis.call('pexpire', KEYS[1], ARGV[2]); return redis.call('get', ARGV[2])", None),
             ("ARGV[2] = ARGV[2] redis.call('pexpire', KEYS[1], ARGV[2])", None),
             // units disagree
@@ -589,7 +589,7 @@ mod tests {
             ("return 1", None),
             // ARGV[0] is always nil and has no place to pad
             ("return redis.call('pexpire', KEYS[1], ARGV[0])", None),
-            // ARGV reached indirectly: padding ARGV[2] could change what the script reads
+            // ARGV reached indirectly: ARGV[2] may be read as something else
             ("for i, a in ipairs(ARGV) do end return redis.call('pexpire', KEYS[1], ARGV[2])", None),
             ("local t = {unpack(ARGV)} return redis.call('pexpire', KEYS[1], ARGV[2])", None),
             ("local t = {table.unpack(ARGV)} return redis.call('pexpire', KEYS[1], ARGV[2])", None),

@@ -17,12 +17,14 @@
 //! Replies merge by the quorum rule; only the recognised compare-and-delete may use the
 //! integer rule, any other script needs Q identical replies ([`MergeRule`]).
 //!
-//! Lease scripts ([`crate::lease_script`]: compare-then-`PEXPIRE`, `SET … PX ARGV[n]`) get the
-//! acquire's treatment: the TTL argument must not exceed `max_lock_ttl_ms`, is padded by drift
-//! on the masters, and a success is written only while `TTL − elapsed − drift > 0`. Past that,
-//! every reply becomes an error, which no convention reads as success (reply codes differ per
-//! library: python-redis-lock's extend answers `0` for extended and `1` for "not the owner",
-//! redis-py's reacquire the reverse, so no integer is safe for every script).
+//! Lease scripts, by effect: the prelude ([`crate::script_keys`]) pads every lease a script
+//! that may write sets on its keys, however it spells the TTL, and reports the shortest one
+//! it took on each master. When a majority took one, a success is only reported while
+//! `TTL − elapsed − drift > 0`; past that every reply becomes an error, which no convention
+//! reads as success (reply codes differ per library: python-redis-lock's extend answers `0`
+//! for extended and `1` for "not the owner", redis-py's reacquire the reverse, so no integer is
+//! safe for every script). A TTL argument the text recogniser ([`crate::lease_script`]) finds
+//! is refused above `max_lock_ttl_ms` before anything runs.
 //!
 //! Every script that may write is followed, on each master, by [`GUARD_SCRIPT`] in the same
 //! pipeline: it gives every key of the script a TTL within the lease bound, and a master that
