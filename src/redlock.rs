@@ -327,7 +327,9 @@ pub fn merge(votes: &[Vote], rule: MergeRule) -> Option<Reply> {
                 integers().filter(|i| i >= v).count() >= q
                     && integers().filter(|i| i <= v).count() >= q
             })
-            .map_or_else(|| no_quorum(n), Reply::Integer);
+            .map(Reply::Integer)
+            .or_else(|| merge_arrays(&replies, n))
+            .unwrap_or_else(|| no_quorum(n));
         return Some(reply);
     }
     if rule == MergeRule::Release {
@@ -355,6 +357,36 @@ pub fn merge(votes: &[Vote], rule: MergeRule) -> Option<Reply> {
         }
     }
     Some(no_quorum(n))
+}
+
+/// [`MergeRule::Strict`] for arrays of one length that at least Q masters answered (`{1, pttl}`
+/// from redlock-universal's extend): element by element, each by the strict rule over those
+/// masters (so a PTTL a few ms apart is their median), or none if some element has no answer.
+fn merge_arrays(replies: &[&Reply], n: usize) -> Option<Reply> {
+    let length = |r: &Reply| match r {
+        Reply::Array(items) => Some(items.len()),
+        _ => None,
+    };
+    let len = replies
+        .iter()
+        .filter_map(|r| length(r))
+        .find(|len| replies.iter().filter(|r| length(r) == Some(*len)).count() >= quorum(n))?;
+    let mut merged = Vec::with_capacity(len);
+    for i in 0..len {
+        let mut votes: Vec<Vote> = replies
+            .iter()
+            .map(|r| match r {
+                Reply::Array(items) if items.len() == len => Vote::Replied(items[i].clone()),
+                _ => Vote::Missing(MissingReason::NotEligible),
+            })
+            .collect();
+        votes.resize(n, Vote::Missing(MissingReason::NotEligible));
+        match merge(&votes, MergeRule::Strict)? {
+            refused if refused == no_quorum(n) => return None,
+            element => merged.push(element),
+        }
+    }
+    Some(Reply::Array(merged))
 }
 
 /// The refusal when no majority of `n` masters agreed.
@@ -393,6 +425,12 @@ mod tests {
     }
     fn null() -> Vote {
         Vote::Replied(Reply::Null)
+    }
+    fn arr_reply(items: &[i64]) -> Reply {
+        Reply::Array(items.iter().map(|i| Reply::Integer(*i)).collect())
+    }
+    fn arr(items: &[i64]) -> Vote {
+        Vote::Replied(arr_reply(items))
     }
     fn int(i: i64) -> Vote {
         Vote::Replied(Reply::Integer(i))
@@ -665,7 +703,51 @@ mod tests {
             (vec![int(5), int(4), int(3), int(1), M], noq.clone()),
             // Redisson: one null (taken) among PTTLs (held) is no answer either way
             (vec![null(), int(9), int(8), int(7), M], noq.clone()),
-            (vec![null(), null(), int(8), int(7), int(6)], noq),
+            (vec![null(), null(), int(8), int(7), int(6)], noq.clone()),
+            // `{1, pttl}` (redlock-universal's extend): element by element
+            (
+                vec![
+                    arr(&[1, 29_990]),
+                    arr(&[1, 29_996]),
+                    arr(&[1, 29_993]),
+                    arr(&[1, 29_991]),
+                    arr(&[1, 29_995]),
+                ],
+                Some(arr_reply(&[1, 29_993])),
+            ),
+            (
+                vec![
+                    arr(&[1, 29_990]),
+                    arr(&[0, 29_996]),
+                    arr(&[1, 29_993]),
+                    arr(&[1, 29_993]),
+                    M,
+                ],
+                Some(arr_reply(&[1, 29_993])),
+            ),
+            // three of five PTTLs a few ms apart: no majority at or below the middle one
+            (
+                vec![
+                    arr(&[1, 29_990]),
+                    arr(&[1, 29_996]),
+                    arr(&[1, 29_993]),
+                    M,
+                    M,
+                ],
+                noq.clone(),
+            ),
+            (
+                vec![arr(&[1, 29_990]), arr(&[1, 29_996]), M, M, M],
+                noq.clone(),
+            ),
+            (
+                vec![arr(&[1, 5]), arr(&[1, 6]), arr(&[1]), null(), M],
+                noq.clone(),
+            ),
+            (
+                vec![arr(&[1, 5]), arr(&[2, 6]), arr(&[3, 7]), arr(&[4, 8]), M],
+                noq,
+            ),
         ];
         for (votes, expected) in cases {
             assert_eq!(merge(&votes, MergeRule::Strict), expected, "{votes:?}");
