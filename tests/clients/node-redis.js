@@ -29,7 +29,7 @@ if (!["redis4", "redis5", "redis"].includes(MOD)) {
 const VERSION = C.depVersion(MOD);
 const MAJOR = Number(VERSION.split(".")[0]);
 const CLIENT = `node-redis${MAJOR}`;
-const E = C.env(CLIENT);
+const E = C.env(CLIENT, VERSION);
 const { createClient, defineScript } = C.requireDep(MOD);
 const { check, fail, note } = C;
 

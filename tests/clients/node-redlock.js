@@ -27,7 +27,7 @@ if (!["ioredis", "ioredis6"].includes(MOD)) {
 const IOVER = C.depVersion(MOD);
 const RLVER = C.depVersion("redlock");
 const CLIENT = `node-redlock+ioredis${IOVER.split(".")[0]}`;
-const E = C.env(CLIENT);
+const E = C.env(CLIENT, `${RLVER} (ioredis ${IOVER})`);
 const Redis = C.requireDep(MOD);
 const RedlockMod = C.requireDep("redlock");
 const Redlock = RedlockMod.default;
