@@ -64,21 +64,16 @@ def protocol_of(r):
         pool.release(conn)
 
 
-class Pottery:
-    """pottery's Redlock over a single "master", the proxy (pottery's quorum is then 1 of 1;
-    the proxy makes the majority over the real masters)."""
-    api = "Redlock: acquire(blocking=False), locked(), extend(), release(), with-block, acquire(timeout)"
-    extend_ms = TTL_MS   # extend() sets the TTL back to auto_release_time
+class Library:
+    """What the contract drives; the defaults fit all three libraries: acquire(blocking=False)
+    answers True or False, release() raises if the lock was not held."""
+    prefix = ""          # what the library puts before the key
+    extend_ms = TTL_MS   # the PTTL extend() sets
 
     def __init__(self, key):
-        from pottery import Redlock
-        self.Redlock = Redlock
         self.r = client()
-        self.lock_key = "redlock:" + key
         self.key = key
-
-    def new(self, **kw):
-        return self.Redlock(key=self.key, masters={self.r}, auto_release_time=TTL_MS / 1000, **kw)
+        self.lock_key = self.prefix + key
 
     def acquire(self, lock):
         C.check(lock.acquire(blocking=False) is True, "acquire(blocking=False): expected True")
@@ -87,11 +82,26 @@ class Pottery:
     def try_acquire(self, lock):
         return lock.acquire(blocking=False)
 
-    def extend(self, lock):
-        lock.extend()   # raises ExtendUnlockedLock if a majority did not extend
-
     def release(self, lock):
         lock.release()
+
+
+class Pottery(Library):
+    """pottery's Redlock over a single "master", the proxy (pottery's quorum is then 1 of 1;
+    the proxy makes the majority over the real masters)."""
+    api = "Redlock: acquire(blocking=False), locked(), extend(), release(), with-block, acquire(timeout)"
+    prefix = "redlock:"   # extend() sets the TTL back to auto_release_time: extend_ms = TTL_MS
+
+    def __init__(self, key):
+        from pottery import Redlock
+        self.Redlock = Redlock
+        super().__init__(key)
+
+    def new(self, **kw):
+        return self.Redlock(key=self.key, masters={self.r}, auto_release_time=TTL_MS / 1000, **kw)
+
+    def extend(self, lock):
+        lock.extend()   # raises ExtendUnlockedLock if a majority did not extend
 
     def blocking_acquire(self, lock):
         return lock.acquire(timeout=WAIT_S)
@@ -99,7 +109,7 @@ class Pottery:
     def extras(self, key):
         C.step("locked() while held")
         lock = self.new()
-        token = self.acquire(lock)
+        self.acquire(lock)
         left = lock.locked()
         C.check(7 < left <= TTL_MS / 1000,
                 "locked() while held: expected the seconds left (~10), got %r" % (left,))
@@ -109,38 +119,26 @@ class Pottery:
         lock.release()
         C.check_absent(key, "after release()")
         C.check(lock.locked() == 0, "locked() after release(): expected 0")
-        del token
 
 
-class PythonRedisLock:
+class PythonRedisLock(Library):
     """python-redis-lock's Lock: SET NX EX to acquire, scripts to extend and release (the release
     script also pushes to a signal list that blocked acquirers wait on with BLPOP)."""
     api = "Lock: acquire(blocking=False), extend(60), release(), auto_renewal=True, with-block, acquire(timeout)"
     extend_ms = 60000   # extend(expire=60): the proxy's default max_lock_ttl_ms, exactly
+    prefix = "lock:"
 
     def __init__(self, key):
         import redis_lock
         self.mod = redis_lock
-        self.r = client()
-        self.lock_key = "lock:" + key
-        self.key = key
+        super().__init__(key)
 
     def new(self, **kw):
         kw.setdefault("expire", TTL_MS // 1000)
         return self.mod.Lock(self.r, self.key, **kw)
 
-    def acquire(self, lock):
-        C.check(lock.acquire(blocking=False) is True, "acquire(blocking=False): expected True")
-        return token_of(lock)
-
-    def try_acquire(self, lock):
-        return lock.acquire(blocking=False)
-
     def extend(self, lock):
         lock.extend(expire=self.extend_ms // 1000)
-
-    def release(self, lock):
-        lock.release()
 
     def blocking_acquire(self, lock):
         return lock.acquire(blocking=True, timeout=WAIT_S)
@@ -158,35 +156,23 @@ class PythonRedisLock:
         C.check_absent(key, "after release() of the auto-renewed lock")
 
 
-class Sherlock:
+class Sherlock(Library):
     """sherlock's RedisLock: acquires with a SETNX-then-EXPIRE script, renews with an EXPIRE
     script, releases with compare-and-delete."""
     api = "RedisLock: acquire(blocking=False), renew(), locked(), release(), with-block, acquire()"
-    extend_ms = TTL_MS   # renew() sets the TTL back to `expire`
+    # renew() sets the TTL back to `expire`: extend_ms = TTL_MS
 
     def __init__(self, key):
         import sherlock
         self.mod = sherlock
-        self.r = client()
-        self.lock_key = key
-        self.key = key
+        super().__init__(key)
 
     def new(self, **kw):
         return self.mod.RedisLock(self.key, client=self.r, expire=TTL_MS // 1000, timeout=WAIT_S,
                                   retry_interval=0.1, **kw)
 
-    def acquire(self, lock):
-        C.check(lock.acquire(blocking=False) is True, "acquire(blocking=False): expected True")
-        return token_of(lock)
-
-    def try_acquire(self, lock):
-        return lock.acquire(blocking=False)
-
     def extend(self, lock):
         C.check(lock.renew() is True, "renew(): expected True")
-
-    def release(self, lock):
-        lock.release()
 
     def blocking_acquire(self, lock):
         return lock.acquire()   # blocking, up to `timeout`
