@@ -147,6 +147,6 @@ async function main() {
   await masters.close();
   tap.close();
   note(`wire: ${JSON.stringify(tap.conns.map((c) => c.commands.map((x) => x.slice(0, 2).join(" ").slice(0, 60))))}`);
-  C.result(CLIENT, VERSION, protocol);
+  C.result(CLIENT, VERSION, protocol, { api: "SET NX PX, EVAL extend and release, defineScript() (EVALSHA, NOSCRIPT -> EVAL)" });
 }
 main().catch((e) => fail(`unexpected ${e && e.constructor ? e.constructor.name : ""}: ${e && e.stack ? e.stack : e}`));

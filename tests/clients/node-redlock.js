@@ -156,6 +156,6 @@ async function main() {
   await masters.close();
   tap.close();
   note(`wire: ${JSON.stringify(tap.conns.map((c) => c.commands.map((x) => x.slice(0, 2).join(" ").slice(0, 60))))}`);
-  C.result(CLIENT, `${RLVER} (ioredis ${IOVER})`, protocol);
+  C.result(CLIENT, `${RLVER} (ioredis ${IOVER})`, protocol, { api: "Redlock: acquire(), extend(), release(), using() auto-extension" });
 }
 main().catch((e) => fail(`unexpected ${e && e.constructor ? e.constructor.name : ""}: ${e && e.stack ? e.stack : e}`));

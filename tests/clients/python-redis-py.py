@@ -157,7 +157,8 @@ async def main():
     for c in (r, r2):
         await C(c.aclose() if MODE == "asyncio" else c.close())
     CM.set_protocol("RESP%d" % proto)
-    CM.result()
+    CM.result(api="Lock: acquire(), blocking_timeout, extend(), extend(replace_ttl), reacquire(), release(), "
+                  "with-block, expiry")
 
 
 CM.run(lambda: asyncio.run(main()))
