@@ -45,7 +45,7 @@ struct Run {
     output: String,
 }
 
-async fn run_suite(label: &'static str, proxy_port: u16, masters: &[u16]) -> Run {
+async fn run_suite(label: &'static str, proxy_port: u16, masters: Vec<u16>) -> Run {
     let ports: Vec<String> = masters.iter().map(u16::to_string).collect();
     let run = tokio::process::Command::new("bash")
         .arg("tests/clients/run-all.sh")
@@ -129,9 +129,9 @@ async fn real_clients_work_through_the_proxy_as_on_one_redis() {
     let three = Env::start(3).await;
     let five = Env::start(5).await;
     let (baseline, over3, over5) = tokio::join!(
-        run_suite("plain redis-server", plain_port, &[plain_port]),
-        run_suite("proxy over 3 masters", three.proxy.port, &three.ports()),
-        run_suite("proxy over 5 masters", five.proxy.port, &five.ports()),
+        run_suite("plain redis-server", plain_port, vec![plain_port]),
+        run_suite("proxy over 3 masters", three.proxy.port, three.ports()),
+        run_suite("proxy over 5 masters", five.proxy.port, five.ports()),
     );
     let runs = [baseline, over3, over5];
 

@@ -89,7 +89,8 @@ async function autoExtension(H, tap, ttl, hold) {
     const v = token || (await H.masters.majorityValue(H.key, "auto-extension: start"));
     await H.held(v, ttl - 1000, "auto-extension: start", ttl);
     await sleep(ttl + 1000);
-    check(!aborted(), "auto-extension: the library reports the lock lost");
+    const lost = aborted();
+    check(!lost, () => `auto-extension: the library reports the lock lost${lost && lost.message ? `: ${lost.constructor.name}: ${lost.message}` : ""}`);
     await H.held(v, 0, `auto-extension: ${Date.now() - t0} ms after acquire (TTL ${ttl} ms)`);
     inside = v;
   });
@@ -121,7 +122,7 @@ async function redlockUniversal(tap, E, kind) {
       // extends when 80 % of the TTL is used, if at least 10 % is left: 500 ms of margin
       const ttl = 5000;
       const lock = RU.createLock({ adapter, key: E.key, ttl, retryAttempts: 0 });
-      await autoExtension(H, tap, ttl, (routine) => lock.using((signal) => routine(null, () => signal.aborted)));
+      await autoExtension(H, tap, ttl, (routine) => lock.using((signal) => routine(null, () => signal.aborted && (signal.error || true))));
     },
   };
 }
@@ -210,7 +211,7 @@ async function sesamecare(tap, E) {
       // extends 1000 ms before expiry (automaticExtensionThreshold)
       const ttl = 2000;
       await autoExtension(H, tap, ttl, (routine) =>
-        redlock.using([E.key], ttl, { automaticExtensionThreshold: 1000 }, (signal) => routine(null, () => signal.aborted)));
+        redlock.using([E.key], ttl, { automaticExtensionThreshold: 1000 }, (signal) => routine(null, () => signal.aborted && (signal.error || true))));
     },
   };
 }
