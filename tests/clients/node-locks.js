@@ -43,8 +43,8 @@ if (!LIBS[NAME]) {
   process.exit(2);
 }
 const SPEC = LIBS[NAME];
-const VERSION = `${C.depVersion(SPEC.pkg)} (${SPEC.client} ${C.depVersion(SPEC.client)})`;
-const E = C.env(NAME, VERSION);
+const VERSION = `${C.depVersion(SPEC.pkg)} (${SPEC.client === "redis" ? "node-redis" : SPEC.client} ${C.depVersion(SPEC.client)})`;
+const E = C.env(SPEC.pkg, VERSION);
 
 // A client of the proxy (through the tap), connected.
 async function connect(kind, tap) {
@@ -315,6 +315,6 @@ async function main() {
   for (const conn of lib.conns) await conn.close();
   await masters.close();
   tap.close();
-  C.result(NAME, VERSION, protocol, { api: lib.api });
+  C.result(SPEC.pkg, VERSION, protocol, { api: lib.api });
 }
 main().catch((e) => fail(`unexpected ${e && e.constructor ? e.constructor.name : ""}: ${e && e.stack ? e.stack : e}`));
