@@ -90,7 +90,8 @@ async function autoExtension(H, tap, ttl, hold) {
     await H.held(v, ttl - 1000, "auto-extension: start", ttl);
     await sleep(ttl + 1000);
     const lost = aborted();
-    check(!lost, () => `auto-extension: the library reports the lock lost${lost && lost.message ? `: ${lost.constructor.name}: ${lost.message}` : ""}`);
+    check(!lost, () => `auto-extension: the library reports the lock lost${lost && lost.message ? `: ${lost.constructor.name}: ${lost.message}` : ""}`
+                       + ` (error replies on the wire: ${JSON.stringify(tap.conns.flatMap((c) => c.errors))})`);
     await H.held(v, 0, `auto-extension: ${Date.now() - t0} ms after acquire (TTL ${ttl} ms)`);
     inside = v;
   });
@@ -144,6 +145,7 @@ async function redisSemaphore(tap, E, kind) {
     extendMs: 20000,
     conns: [conn],
     // a semaphore's holders are members of a sorted set, not the key's value
+    releaseBy: semaphore ? "ZREM" : null,
     held: semaphore ? (m, tok, min, label, max) => m.checkMemberMajority(key, tok, min, label, max) : null,
     gone: semaphore ? (m, tok, label) => m.checkMemberAbsent(key, tok, label) : null,
     async setup(masters) {
@@ -272,7 +274,7 @@ async function contract(lib, masters) {
   const grown = Object.keys(after).filter((p) => before[p] !== undefined && after[p] > before[p] + 400);
   check(grown.length >= masters.quorum, `extend: PTTL did not move up on a majority: ${JSON.stringify(before)} -> ${JSON.stringify(after)}`);
 
-  stage("A releases");
+  stage(`A releases${lib.releaseBy ? ` (${lib.releaseBy})` : ""}`);
   await lib.release(a);
   await H.gone(token, "after A releases");
 

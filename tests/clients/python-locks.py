@@ -69,6 +69,7 @@ class Library:
     answers True or False, release() raises if the lock was not held."""
     prefix = ""          # what the library puts before the key
     extend_ms = TTL_MS   # the PTTL extend() sets
+    waits_by = "polling"  # how its blocking acquire waits (named in the waiter's step)
 
     def __init__(self, key):
         self.r = client()
@@ -127,6 +128,7 @@ class PythonRedisLock(Library):
     api = "Lock: acquire(blocking=False), extend(60), release(), auto_renewal=True, with-block, acquire(timeout)"
     extend_ms = 60000   # extend(expire=60): the proxy's default max_lock_ttl_ms, exactly
     prefix = "lock:"
+    waits_by = "BLPOP on the signal list"
 
     def __init__(self, key):
         import redis_lock
@@ -228,7 +230,7 @@ def contract(lib):
         C.check_majority(key, token_of(held), TTL_MS - 1000, "inside the with-block", TTL_MS)
     C.check_absent(key, "after the with-block")
 
-    C.step("W waits while A holds the lock")
+    C.step("W waits (%s) while A holds the lock" % lib.waits_by)
     a = lib.new()
     token = lib.acquire(a)
     w = lib.new()
