@@ -9,9 +9,12 @@
 #
 # What it installs (only Debian packages, PyPI and the npm registry are used):
 #   apt:  php-cli php-redis redis-tools (redis-cli)       [+ python3-venv, nodejs/npm if missing]
-#   pip:  redis==8.1.0 in a venv at  $CLIENT_DEPS_DIR/venv        (deps/requirements.txt)
+#   pip:  redis 8.1.0, pottery 3.0.1, python-redis-lock 4.0.1, sherlock 0.4.1 in a venv at
+#         $CLIENT_DEPS_DIR/venv                           (pip install -r deps/requirements.txt)
 #   npm:  ioredis 5.9.2, ioredis6 = ioredis@6.0.0, redis 6.3.1, redis4 = redis@4.7.0,
-#         redis5 = redis@5.9.0, redlock 5.0.0-beta.2 at $CLIENT_DEPS_DIR/node/node_modules
+#         redis5 = redis@5.9.0, redlock 5.0.0-beta.2, redlock-universal 0.8.5,
+#         redis-semaphore 5.8.0, @sesamecare-oss/redlock 1.4.0, @microfleet/ioredis-lock 6.0.1
+#         at $CLIENT_DEPS_DIR/node/node_modules
 #         (npm ci from deps/package.json + deps/package-lock.json)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -42,11 +45,12 @@ else
   log "php-cli, php-redis, redis-tools: already installed"
 fi
 
-# 2. redis-py in a virtual environment.
+# 2. redis-py and the Python lock libraries in a virtual environment; a copy of the
+#    requirements installed last marks the venv as up to date.
 PY="$DEPS_DIR/venv/bin/python"
-want_py=$(sed -n 's/^redis==//p' "$HERE/deps/requirements.txt")
-if [ -x "$PY" ] && [ "$("$PY" -c 'import redis; print(redis.__version__)' 2>/dev/null || true)" = "$want_py" ]; then
-  log "venv: redis==$want_py already installed"
+STAMP="$DEPS_DIR/venv/installed-requirements.txt"
+if [ -x "$PY" ] && cmp -s "$HERE/deps/requirements.txt" "$STAMP"; then
+  log "venv: deps/requirements.txt already installed"
 else
   mkdir -p "$DEPS_DIR"
   if [ ! -x "$PY" ]; then
@@ -59,7 +63,8 @@ else
   fi
   log "pip install -r deps/requirements.txt"
   "$PY" -m pip install -q --disable-pip-version-check -r "$HERE/deps/requirements.txt"
-  "$PY" -c 'import redis; print("install.sh: redis-py", redis.__version__)' >&2
+  "$PY" -c 'import redis, pottery, redis_lock, sherlock; print("install.sh: redis-py", redis.__version__)' >&2
+  cp "$HERE/deps/requirements.txt" "$STAMP"
 fi
 
 # 3. Node.js client libraries, exact versions from the committed lock file.

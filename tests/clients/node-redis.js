@@ -29,7 +29,7 @@ if (!["redis4", "redis5", "redis"].includes(MOD)) {
 const VERSION = C.depVersion(MOD);
 const MAJOR = Number(VERSION.split(".")[0]);
 const CLIENT = `node-redis${MAJOR}`;
-const E = C.env(CLIENT);
+const E = C.env(CLIENT, VERSION);
 const { createClient, defineScript } = C.requireDep(MOD);
 const { check, fail, note } = C;
 
@@ -147,6 +147,6 @@ async function main() {
   await masters.close();
   tap.close();
   note(`wire: ${JSON.stringify(tap.conns.map((c) => c.commands.map((x) => x.slice(0, 2).join(" ").slice(0, 60))))}`);
-  C.result(CLIENT, VERSION, protocol);
+  C.result(CLIENT, VERSION, protocol, { api: "SET NX PX, EVAL extend and release, defineScript() (EVALSHA, NOSCRIPT -> EVAL)" });
 }
 main().catch((e) => fail(`unexpected ${e && e.constructor ? e.constructor.name : ""}: ${e && e.stack ? e.stack : e}`));

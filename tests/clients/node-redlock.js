@@ -27,7 +27,7 @@ if (!["ioredis", "ioredis6"].includes(MOD)) {
 const IOVER = C.depVersion(MOD);
 const RLVER = C.depVersion("redlock");
 const CLIENT = `node-redlock+ioredis${IOVER.split(".")[0]}`;
-const E = C.env(CLIENT);
+const E = C.env(CLIENT, `${RLVER} (ioredis ${IOVER})`);
 const Redis = C.requireDep(MOD);
 const RedlockMod = C.requireDep("redlock");
 const Redlock = RedlockMod.default;
@@ -156,6 +156,6 @@ async function main() {
   await masters.close();
   tap.close();
   note(`wire: ${JSON.stringify(tap.conns.map((c) => c.commands.map((x) => x.slice(0, 2).join(" ").slice(0, 60))))}`);
-  C.result(CLIENT, `${RLVER} (ioredis ${IOVER})`, protocol);
+  C.result(CLIENT, `${RLVER} (ioredis ${IOVER})`, protocol, { api: "Redlock: acquire(), extend(), release(), using() auto-extension" });
 }
 main().catch((e) => fail(`unexpected ${e && e.constructor ? e.constructor.name : ""}: ${e && e.stack ? e.stack : e}`));

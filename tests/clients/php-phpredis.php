@@ -196,4 +196,4 @@ $r = $b->delLock($v2);
 check($r === 1, "B delLock(): expected int 1, got " . show($r));
 checkAbsent($KEY, "after B delLock()");
 
-echo 'RESULT {"client":"php-phpredis","version":"' . phpversion("redis") . '","protocol":"RESP2","status":"pass","checks":' . $CHECKS . "}\n";
+echo 'RESULT {"client":"php-phpredis","version":"' . phpversion("redis") . '","protocol":"RESP2","status":"pass","checks":' . $CHECKS . ',"api":"the seed\'s Lock class: setLock() (SET EX NX, polled), delLock() (EVAL); no extend"}' . "\n";

@@ -19,22 +19,17 @@ line on stdout on success; non-zero with a `FAIL ...` message otherwise.
 """
 import asyncio
 import inspect
-import json
 import os
-import signal
 import sys
 import time
 import uuid
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-try:
-    import redis
-    import redis.asyncio as aredis
-    from redis.exceptions import LockError, LockNotOwnedError
-except ImportError:
-    sys.stderr.write("FAIL [redis-py]: cannot import redis; run tests/clients/install.sh and use "
-                     "tests/clients/.deps/venv/bin/python\n")
-    sys.exit(1)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import common as CM  # noqa: E402  (fail/check/note, the master checks, RESULT lines)
+from common import check, check_absent, check_majority, fail, note  # noqa: E402
+import redis  # noqa: E402
+import redis.asyncio as aredis  # noqa: E402
+from redis.exceptions import LockError, LockNotOwnedError  # noqa: E402
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "sync"
 PROTO = sys.argv[2] if len(sys.argv) > 2 else "resp3"
@@ -42,120 +37,10 @@ if MODE not in ("sync", "asyncio") or PROTO not in ("resp3", "resp2"):
     sys.stderr.write("usage: python-redis-py.py sync|asyncio resp3|resp2\n")
     sys.exit(2)
 CLIENT = "redis-py" if MODE == "sync" else "redis-py-asyncio"
-HOST = "127.0.0.1"
-try:
-    PROXY_PORT = int(os.environ["PROXY_PORT"])
-    MASTER_PORTS = [int(p) for p in os.environ["MASTER_PORTS"].split(",") if p.strip()]
-except (KeyError, ValueError):
-    sys.stderr.write("set PROXY_PORT and MASTER_PORTS (comma-separated ports on 127.0.0.1)\n")
-    sys.exit(2)
-KEY = os.environ.get("KEY") or "rlp-test:%s-%s:%d:%s" % (CLIENT, PROTO, os.getpid(), uuid.uuid4().hex[:8])
-N = len(MASTER_PORTS)
-QUORUM = N // 2 + 1
+KEY = CM.setup(CLIENT, redis.__version__, PROTO.upper(), timeout_s=120)
 KW = {} if PROTO == "resp3" else {"protocol": 2}
-CONN = dict(host=HOST, port=PROXY_PORT, socket_timeout=10, socket_connect_timeout=5, **KW)
-CHECKS = 0
-# Upper PTTL bounds allow a proxy to pad the TTL it sends to the masters (e.g. by its
-# clock-drift allowance): limit = expected + TTL_SLACK * expected + 50 ms.
-TTL_SLACK = float(os.environ.get("TTL_SLACK", "0.05"))
-# A proxy may reply once a quorum agreed and finish the other masters a moment
-# later: "gone" / "no foreign value" get up to MASTER_SETTLE_MS to become true.
-SETTLE = int(os.environ.get("MASTER_SETTLE_MS", "1000")) / 1000.0
-
-
-def fail(msg, detail=""):
-    sys.stderr.write("FAIL [%s %s key=%s]: %s\n%s" % (CLIENT, PROTO, KEY, msg, detail))
-    sys.stderr.flush()
-    os._exit(1)
-
-
-def check(cond, msg):
-    global CHECKS
-    if not cond:
-        fail(msg)
-    CHECKS += 1
-
-
-def CHECKS_ADD(n):
-    global CHECKS
-    CHECKS += n
-
-
-def note(msg):
-    if os.environ.get("VERBOSE"):
-        sys.stderr.write("  [%s %s] %s\n" % (CLIENT, PROTO, msg))
-
-
-# Bound the whole run: 120 s.
-signal.signal(signal.SIGALRM, lambda *_: fail("timed out after 120 s"))
-signal.alarm(120)
-
-# Plain RESP2 connections to each master, for the checks.
-masters = {}
-for p in MASTER_PORTS:
-    m = redis.Redis(host=HOST, port=p, protocol=2, socket_timeout=5, socket_connect_timeout=5)
-    try:
-        check(m.ping() is True, "master %d: PING failed" % p)
-    except redis.RedisError as e:
-        fail("master %d: %s: %s" % (p, type(e).__name__, e))
-    masters[p] = m
-
-
-def master_values(key):
-    return {p: m.get(key) for p, m in masters.items()}
-
-
-def warn(msg):
-    sys.stderr.write("WARN [%s %s key=%s]: %s\n" % (CLIENT, PROTO, KEY, msg))
-
-
-def check_majority(key, token, min_pttl, label, max_pttl=None):
-    """No master holds another value than `token` (a proxy gets MASTER_SETTLE_MS to
-    finish a rollback); >= QUORUM hold `token` with min_pttl < PTTL <= max_pttl (+slack).
-    A minority holding it with a PTTL out of range is only a WARN (Redlock is per majority)."""
-    token = token if isinstance(token, bytes) else token.encode()
-    lim = max_pttl + int(max_pttl * TTL_SLACK) + 50 if max_pttl is not None else float("inf")
-    deadline = time.monotonic() + SETTLE
-    while True:
-        pttls, foreign = {}, {}
-        for p, m in masters.items():
-            v = m.get(key)
-            if v == token:
-                pttls[p] = m.pttl(key)
-            elif v is not None:
-                foreign[p] = v
-        if not foreign:
-            break
-        if time.monotonic() > deadline:
-            fail("%s: foreign value(s) under %s (expected %r or nothing): %r" % (label, key, token, foreign))
-        time.sleep(0.05)
-    CHECKS_ADD(len(masters))
-    good = [p for p, t in pttls.items() if min_pttl < t <= lim]
-    check(len(good) >= QUORUM, "%s: token with %d < PTTL <= %s on %d of %d masters (quorum %d); holders' PTTL: %r"
-          % (label, min_pttl, lim, len(good), N, QUORUM, pttls))
-    bad = {p: t for p, t in pttls.items() if p not in good}
-    if bad:
-        warn("%s: a minority holds the token with PTTL outside (%d, %s]: %r" % (label, min_pttl, lim, bad))
-    note("%s: token on %d/%d masters, pttl %s" % (label, len(pttls), N, pttls))
-    return {p: pttls[p] for p in good}
-
-
-def check_absent(key, label):
-    """The key must be on no master (within MASTER_SETTLE_MS)."""
-    deadline = time.monotonic() + SETTLE
-    while True:
-        left = {p: m.get(key) for p, m in masters.items() if m.exists(key)}
-        if not left:
-            break
-        if time.monotonic() > deadline:
-            fail("%s: key %s still on master(s) after %d ms: %r" % (label, key, SETTLE * 1000, left))
-        time.sleep(0.05)
-    CHECKS_ADD(len(masters))
-
-
-def flush_master_scripts():
-    for p, m in masters.items():
-        check(m.script_flush() is True, "master %d: SCRIPT FLUSH failed" % p)
+CONN = dict(host=CM.HOST, port=CM.PROXY_PORT, socket_timeout=10, socket_connect_timeout=5, **KW)
+QUORUM = CM.QUORUM
 
 
 async def C(x):
@@ -232,7 +117,7 @@ async def main():
     check_majority(KEY, token, 59000, "after extend(60, replace_ttl=True)", max_pttl=60000)
 
     # the masters forget every script: the next EVALSHA must still work
-    flush_master_scripts()
+    CM.flush_master_scripts()
 
     # ---- reacquire: back to the lock timeout (30 s) ----
     check(await C(lock.reacquire()) is True, "A reacquire(): expected True")
@@ -263,28 +148,17 @@ async def main():
     short = r.lock(KEY, timeout=1.0, blocking_timeout=0.5)   # PX 1000
     check(await C(short.acquire()) is True, "short lock acquire(): expected True")
     check_majority(KEY, short.local.token, 0, "after short-TTL acquire", max_pttl=1000)
-    deadline = time.monotonic() + 5.0
-    while any(m.exists(KEY) for m in masters.values()):
-        if time.monotonic() > deadline:
-            fail("short-TTL (1000 ms) lock still present on a master 5 s later: %r" % master_values(KEY))
-        await asyncio.sleep(0.05)
-    check(True, "")
+    CM.wait_until(lambda: not any(m.exists(KEY) for m in CM.masters.values()), 5.0,
+                  "short-TTL (1000 ms) lock gone from every master")
     await expect_raises(LockNotOwnedError, lambda: short.extend(5), "extend() after expiry")
     await expect_raises(LockNotOwnedError, lambda: short.release(), "release() after expiry")
     check_absent(KEY, "at the end")
 
     for c in (r, r2):
         await C(c.aclose() if MODE == "asyncio" else c.close())
-    print("RESULT " + json.dumps({"client": CLIENT, "version": redis.__version__,
-                                  "protocol": "RESP%d" % proto, "status": "pass", "checks": CHECKS},
-                                 separators=(",", ":")))
-    sys.stdout.flush()
+    CM.set_protocol("RESP%d" % proto)
+    CM.result(api="Lock: acquire(), blocking_timeout, extend(), extend(replace_ttl), reacquire(), release(), "
+                  "with-block, expiry")
 
 
-try:
-    asyncio.run(main())
-except SystemExit:
-    raise
-except BaseException as e:  # noqa: BLE001
-    import traceback
-    fail("unexpected %s: %s" % (type(e).__name__, e), traceback.format_exc())
+CM.run(lambda: asyncio.run(main()))

@@ -213,5 +213,9 @@ case "$MODE" in
   *) run_oneshot ;;
 esac
 
-printf 'RESULT {"client":"%s","version":"%s","protocol":"%s","status":"pass","checks":%d}\n' \
-  "$CLIENT" "$VERSION" "$PROTOCOL" "$CHECKS"
+case "$MODE" in
+  interactive) API="one session: SET NX PX, GET, EVAL extend and release" ;;
+  *) API="SET NX PX, EVAL extend and release, SCRIPT LOAD + EVALSHA, NOSCRIPT" ;;
+esac
+printf 'RESULT {"client":"%s","version":"%s","protocol":"%s","status":"pass","checks":%d,"api":"%s"}\n' \
+  "$CLIENT" "$VERSION" "$PROTOCOL" "$CHECKS" "$API"

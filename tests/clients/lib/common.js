@@ -29,12 +29,19 @@ const TTL_SLACK = Number(process.env.TTL_SLACK || "0.05");
 // A proxy may reply once a quorum agreed and finish the other masters a moment later:
 // "gone" / "no foreign value" get up to MASTER_SETTLE_MS to become true.
 const SETTLE_MS = Number(process.env.MASTER_SETTLE_MS || "1000");
-let LAST_CLIENT_ERROR = null;   // last "error" event of a lock client, shown on failure
+let LAST_CLIENT_ERROR = null;
+let STAGE = "start";            // the step under way, named in a failure   // last "error" event of a lock client, shown on failure
 
+let VERSION = "";
 function setClient(name) { CLIENT = name; }
+// the version of the library under test, for the RESULT line of a failure
+function setVersion(v) { VERSION = v; }
 function fail(msg) {
-  process.stderr.write(`FAIL [${CLIENT} key=${KEY}]: ${msg}\n`);
+  process.stderr.write(`FAIL [${CLIENT} key=${KEY}] during ${STAGE}: ${msg}\n`);
   if (LAST_CLIENT_ERROR) process.stderr.write(`  (last client error event: ${LAST_CLIENT_ERROR})\n`);
+  // run-all.sh and the README table show the step that failed
+  process.stdout.write("RESULT " + JSON.stringify({ client: CLIENT, version: VERSION, protocol: "?", status: "fail",
+                                                    step: STAGE, checks: CHECKS }) + "\n");
   process.exit(1);
 }
 function check(cond, msg) {
@@ -68,6 +75,19 @@ function requireDep(name) {
     fail(`cannot load module '${name}' from ${NODE_DEPS}/node_modules (run tests/clients/install.sh): ${e.message}`);
   }
 }
+// an ESM-only package (no require() in Node 20): import() of the file it resolves to
+async function importDep(name) {
+  const { pathToFileURL } = require("url");
+  const pkgDir = path.join(NODE_DEPS, "node_modules", name);
+  try {
+    const pkg = JSON.parse(fs.readFileSync(path.join(pkgDir, "package.json"), "utf8"));
+    const exp = pkg.exports && pkg.exports["."];
+    const entry = (exp && (exp.import || exp.default)) || pkg.module || pkg.main;
+    return await import(pathToFileURL(path.join(pkgDir, entry)).href);
+  } catch (e) {
+    fail(`cannot import module '${name}' from ${NODE_DEPS}/node_modules (run tests/clients/install.sh): ${e.message}`);
+  }
+}
 // read <module>/package.json directly (some packages don't export it)
 function depVersion(name) {
   const f = path.join(NODE_DEPS, "node_modules", name, "package.json");
@@ -78,8 +98,9 @@ function depVersion(name) {
   }
 }
 
-function env(clientName) {
+function env(clientName, version = "") {
   setClient(clientName);
+  setVersion(version);
   const proxyPort = Number(process.env.PROXY_PORT);
   const masterPorts = (process.env.MASTER_PORTS || "").split(",").filter((s) => s.trim() !== "").map(Number);
   if (!proxyPort || masterPorts.length === 0 || masterPorts.some((p) => !p)) {
@@ -91,8 +112,7 @@ function env(clientName) {
 }
 
 // Bound the whole run; the timer does not keep the process alive.
-let STAGE = "start";
-function stage(s) { STAGE = s; }
+function stage(s) { STAGE = s; note(`step: ${s}`); }
 function watchdog(ms) {
   setTimeout(() => fail(`timed out after ${ms / 1000} s, during: ${STAGE}`), ms).unref();
 }
@@ -119,7 +139,6 @@ class Masters {
   // rollback); >= quorum hold `token` with minPttl < PTTL <= maxPttl (+slack). A minority
   // holding it with a PTTL out of range is only a WARN (Redlock is per majority).
   async checkMajority(key, token, minPttl, label, maxPttl) {
-    const lim = maxPttl === undefined ? Infinity : maxPttl + Math.floor(maxPttl * TTL_SLACK) + 50;
     const deadline = Date.now() + SETTLE_MS;
     let pttls;
     for (;;) {
@@ -134,12 +153,26 @@ class Masters {
       if (Date.now() > deadline) fail(`${label}: foreign value(s) under ${key} (expected ${JSON.stringify(token)} or nothing): ${JSON.stringify(foreign)}`);
       await sleep(50);
     }
+    return this.judge(pttls, minPttl, maxPttl, label, "token");
+  }
+  // For sorted-set semaphores: >= quorum masters have `member` in the set under `key`, with
+  // minPttl < PTTL(key) <= maxPttl (+slack).
+  async checkMemberMajority(key, member, minPttl, label, maxPttl) {
+    const pttls = {};
+    for (const { port, c } of this.conns) {
+      if ((await c.zscore(key, member)) !== null) pttls[port] = await c.pttl(key);
+    }
+    return this.judge(pttls, minPttl, maxPttl, label, `member ${member}`);
+  }
+  // {port: PTTL} of the holders -> the good ones; fails unless a quorum is good
+  judge(pttls, minPttl, maxPttl, label, what) {
+    const lim = maxPttl === undefined ? Infinity : maxPttl + Math.floor(maxPttl * TTL_SLACK) + 50;
     CHECKS += this.N;
     const good = Object.keys(pttls).filter((p) => pttls[p] > minPttl && pttls[p] <= lim);
-    check(good.length >= this.quorum, `${label}: token with ${minPttl} < PTTL <= ${lim} on ${good.length} of ${this.N} masters (quorum ${this.quorum}); holders' PTTL: ${JSON.stringify(pttls)}`);
+    check(good.length >= this.quorum, `${label}: ${what} with ${minPttl} < PTTL <= ${lim} on ${good.length} of ${this.N} masters (quorum ${this.quorum}); holders' PTTL: ${JSON.stringify(pttls)}`);
     const bad = Object.keys(pttls).filter((p) => !good.includes(p)).map((p) => `${p}:pttl=${pttls[p]}`);
-    if (bad.length) warn(`${label}: a minority holds the token with PTTL outside (${minPttl}, ${lim}]: ${bad.join(" ")}`);
-    note(`${label}: token on ${Object.keys(pttls).length}/${this.N} masters, pttl ${JSON.stringify(pttls)}`);
+    if (bad.length) warn(`${label}: a minority holds ${what} with PTTL outside (${minPttl}, ${lim}]: ${bad.join(" ")}`);
+    note(`${label}: ${what} on ${Object.keys(pttls).length}/${this.N} masters, pttl ${JSON.stringify(pttls)}`);
     return Object.fromEntries(good.map((p) => [p, pttls[p]]));
   }
   // the value held by a majority (for locks whose value the library does not expose)
@@ -155,12 +188,28 @@ class Masters {
   }
   // the key must be on no master (within SETTLE_MS)
   async checkAbsent(key, label) {
+    await this.waitNone(async (c) => ((await c.exists(key)) !== 0 ? (await c.type(key)) === "string" ? await c.get(key) : await c.type(key) : null),
+                        `${label}: key ${key}`);
+  }
+  // `token` is under `key` on no master (the key may hold another value)
+  async checkNotHolding(key, token, label) {
+    await this.waitNone(async (c) => ((await c.get(key)) === token ? token : null), `${label}: ${token} under ${key}`);
+  }
+  // `member` is in the sorted set under `key` on no master
+  async checkMemberAbsent(key, member, label) {
+    await this.waitNone(async (c) => ((await c.zscore(key, member)) !== null ? "member" : null), `${label}: member ${member} of ${key}`);
+  }
+  // waits up to SETTLE_MS until probe(master) is null on every master
+  async waitNone(probe, what) {
     const deadline = Date.now() + SETTLE_MS;
     for (;;) {
       const left = {};
-      for (const { port, c } of this.conns) if ((await c.exists(key)) !== 0) left[port] = await c.get(key);
+      for (const { port, c } of this.conns) {
+        const v = await probe(c);
+        if (v !== null) left[port] = v;
+      }
       if (Object.keys(left).length === 0) break;
-      if (Date.now() > deadline) fail(`${label}: key ${key} still on master(s) after ${SETTLE_MS} ms: ${JSON.stringify(left)}`);
+      if (Date.now() > deadline) fail(`${what} still on master(s) after ${SETTLE_MS} ms: ${JSON.stringify(left)}`);
       await sleep(50);
     }
     CHECKS += this.N;
@@ -267,11 +316,12 @@ function parseCommands(buf, rec) {
 
 function sha1(s) { return crypto.createHash("sha1").update(s).digest("hex"); }
 
-function result(client, version, protocol) {
-  process.stdout.write("RESULT " + JSON.stringify({ client, version, protocol, status: "pass", checks: CHECKS }) + "\n");
+// the one RESULT line of a passing scenario; `extra` adds fields (api: what was exercised)
+function result(client, version, protocol, extra = {}) {
+  process.stdout.write("RESULT " + JSON.stringify({ client, version, protocol, status: "pass", checks: CHECKS, ...extra }) + "\n");
 }
 
 module.exports = {
-  HOST, requireDep, depVersion, env, watchdog, Masters, startTap, check, fail, note, sleep, sha1, result,
-  clientError, deadline, stage,
+  HOST, requireDep, importDep, depVersion, env, watchdog, Masters, startTap, check, fail, note, sleep, sha1, result,
+  clientError, deadline, stage, setVersion,
 };
