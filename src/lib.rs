@@ -68,7 +68,7 @@ pub use local::{LocalCluster, LocalError, LocalMaster};
 pub use masters::MAX_FANOUTS;
 pub use ops::metrics::METRIC_NAMES;
 pub use ops::reload::{Reload, ReloadHook, Reloader};
-pub use redlock::{backend_ttl_ms, drift_ms, lease_bound_ms};
+pub use redlock::{backend_ttl_ms, drift_ms};
 pub use server::{run, run_with, ListenError, Listeners};
 pub use tls::{ClientCerts, MasterTlsFiles, ServerTlsFiles, TlsAcceptorHandle, TlsError};
 

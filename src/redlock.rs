@@ -30,13 +30,13 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// `B`: the longest any key the proxy sets or extends can live on a master
-    /// ([`lease_bound_ms`]). Every TTL the proxy forwards is checked against the cap
+    /// `B`: the longest any key the proxy sets or extends can live on a master, the TTL cap
+    /// plus drift. Every TTL the proxy forwards is checked against the cap
     /// ([`Policy::check_ttl`]), and scripts that may set expiries are capped at `B` after they
     /// run; so a master that lost its data at time L held no lease that outlives L + B, which
     /// is how long it is quarantined ([`crate::health`]).
     pub fn lease_bound(&self) -> Duration {
-        Duration::from_millis(lease_bound_ms(self.max_lock_ttl_ms, self.drift_factor))
+        Duration::from_millis(backend_ttl_ms(self.max_lock_ttl_ms, self.drift_factor))
     }
 
     /// Refuses a TTL above the cap: a longer lease could outlive a quarantine.
@@ -64,21 +64,6 @@ pub fn drift_ms(ttl_ms: u64, drift_factor: f64) -> u64 {
 /// The `PX` each master is asked for: `TTL + drift` (docs/SAFETY.md, "Why it holds").
 pub fn backend_ttl_ms(ttl_ms: u64, drift_factor: f64) -> u64 {
     ttl_ms.saturating_add(drift_ms(ttl_ms, drift_factor))
-}
-
-/// `B` for a TTL cap: the longest padded lease a client may ask for, the cap plus drift, or
-/// the longest lease in whole seconds within the cap padded in its unit (`EXPIRE`, `EX`: the
-/// padding is rounded up to a second), whichever is longer. python-redis-lock's `extend(60)`
-/// under the default 60 s cap is written as 61 s.
-pub fn lease_bound_ms(max_lock_ttl_ms: u64, drift_factor: f64) -> u64 {
-    let whole_seconds = max_lock_ttl_ms / 1000 * 1000;
-    let in_seconds = match whole_seconds {
-        0 => 0,
-        ms => backend_ttl_ms(ms, drift_factor)
-            .div_ceil(1000)
-            .saturating_mul(1000),
-    };
-    backend_ttl_ms(max_lock_ttl_ms, drift_factor).max(in_seconds)
 }
 
 /// How long after the request was read the client may still be told `OK`:
@@ -502,25 +487,6 @@ mod tests {
     fn quorum_sizes() {
         for (n, q) in [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (7, 4)] {
             assert_eq!(quorum(n), q, "n={n}");
-        }
-    }
-
-    #[test]
-    fn the_lease_bound_fits_a_padded_lease_in_seconds_at_the_cap() {
-        let cases = [
-            (60_000, 61_000),
-            (1_000, 2_000),
-            (1_500, 2_000),
-            (59_999, 60_601),
-            // No lease in whole seconds fits: the padded cap.
-            (500, 507),
-            (0, 2),
-        ];
-        for (cap, bound) in cases {
-            assert_eq!(lease_bound_ms(cap, 0.01), bound, "cap {cap}");
-            let seconds = cap / 1000 * 1000;
-            assert!(backend_ttl_ms(seconds, 0.01).div_ceil(1000) * 1000 <= bound || seconds == 0);
-            assert!(backend_ttl_ms(cap, 0.01) <= bound);
         }
     }
 

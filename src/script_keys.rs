@@ -222,7 +222,9 @@ pub const LATE: &str = "ERR this script reached the master past its write deadli
 ///   entries are removed before the body runs. Without patterns no glob is built.
 /// - Leases by effect: with a drift factor F > 0, a call that sets a declared key's expiry
 ///   from a whole number (`PEXPIRE`, `EXPIRE`, `PSETEX`, `SETEX`, `SET`/`GETEX` with `PX`/`EX`)
-///   runs with that TTL padded as an acquire's (`ceil((ms + ceil(ms × F) + 2) / unit)`), and
+///   runs with that TTL padded as an acquire's (`ms + ceil(ms × F) + 2`), in milliseconds (the
+///   seconds forms run as their ms twins, which answer the same: padding in whole seconds
+///   would add up to a second), and
 ///   the shortest TTL (ms, as the client asked) of such calls that took effect is noted.
 ///   However the script spells it (a local variable, one script for acquire and extend), the
 ///   lease it sets is padded. `__done` then answers `{noted, reply}` (0: no lease), which
@@ -247,12 +249,13 @@ local base = n - math.max(m, 0) - 1
 local due, late, pad, noted = tonumber(argv[base]), false, tonumber(argv[base - 1]), 0
 if due > 0 then local t = rcall('time') late = t[1] * 1000 + t[2] / 1000 > due end
 local leasing = {pexpire = 1, psetex = 1, expire = 1000, setex = 1000, set = 0, getex = 0}
+local in_ms = {expire = 'pexpire', setex = 'psetex', ex = 'px'}
 local function lease(a, c, unit)
-  local at = unit > 0 and 3
+  local at, unit_at = unit > 0 and 3, 1
   if not at then
     for i = c == 'set' and 4 or 3, #a - 1 do
       local o = type(a[i]) == 'string' and lower(a[i])
-      if o == 'px' then at, unit = i + 1, 1 elseif o == 'ex' then at, unit = i + 1, 1000 elseif o == 'get' then return nil end
+      if o == 'px' then at, unit, unit_at = i + 1, 1, i elseif o == 'ex' then at, unit, unit_at = i + 1, 1000, i elseif o == 'get' then return nil end
     end
     if not at then return nil end
   end
@@ -260,7 +263,8 @@ local function lease(a, c, unit)
   if type(t) == 'string' and #t <= 12 and find(t, '^[1-9]%d*$') then t = tonumber(t)
   elseif type(t) ~= 'number' or t < 1 or t > 1e12 or t % 1 ~= 0 then return nil end
   local ms = t * unit
-  a[at] = format('%d', ceil((ms + ceil(ms * pad) + 2) / unit))
+  a[at] = format('%d', ms + ceil(ms * pad) + 2)
+  if unit > 1 then a[unit_at] = in_ms[lower(a[unit_at])] end
   return ms
 end
 local function took(c, r)

@@ -270,7 +270,7 @@ async fn every_ttl_is_capped_whatever_sets_it() {
         reply.starts_with("-ERR script set a TTL above max_lock_ttl_ms"),
         "{reply}"
     );
-    let bound = redlock_proxy::lease_bound_ms(60_000, 0.01) as i64;
+    let bound = redlock_proxy::backend_ttl_ms(60_000, 0.01) as i64;
     for m in &env.masters.masters {
         let pttl = master_cmd(m.port, &["PTTL", &k]).await;
         let pttl: i64 = pttl[1..].parse().unwrap();

@@ -23,7 +23,7 @@
 //! - `kleppmann_*`: the crash-restart (and `FLUSHALL`, and new-proxy) scenario scripted on 3
 //!   masters, with and without quarantine (the negative controls: restart and `FLUSHALL`).
 //! - `default_config_*`, `proxy_restarts_*`: the default configuration (the 60 s TTL cap, so a
-//!   master that lost data is out ~61 s and a run may lose at most 2 of 5 once), a mixed
+//!   master that lost data is out ~60.6 s and a run may lose at most 2 of 5 once), a mixed
 //!   workload (node-redlock's acquire script, redis-cli's extend, redis-py's same-token
 //!   retries); a restart-empty and a `FLUSHALL` of a master right after grants sat on exactly a
 //!   majority including it; proxies stopped and fresh ones started mid-run, the first right
@@ -447,7 +447,7 @@ fn rolling_restarts_releases_by_holders_tell_the_truth() {
 /// Issue 22, item 6: masters that persist with `appendonly yes` and `appendfsync always` are
 /// killed (SIGKILL) and restarted from their AOF one after the other while grants flow. None
 /// loses an acknowledged write, so none is quarantined: with the default cap a quarantine
-/// (61 s) would outlast the run, yet every master votes at its end; 0 overlaps.
+/// (60.6 s) would outlast the run, yet every master votes at its end; 0 overlaps.
 #[test]
 fn rolling_restarts_of_fsync_always_masters_keep_every_master_voting() {
     run(async {
@@ -1000,7 +1000,7 @@ fn kleppmann_restart_seen_only_by_a_new_proxy_refuses() {
 // stops reading
 
 /// The proxy configuration of these scenarios: the defaults (no `max_lock_ttl_ms`, so the 60 s
-/// cap applies and a master that lost data is quarantined ~61 s) but the node timeout.
+/// cap applies and a master that lost data is quarantined ~60.6 s) but the node timeout.
 fn default_config(c: &mut Config) {
     c.node_timeout_ms = NODE_TIMEOUT_MS;
 }
@@ -1028,7 +1028,7 @@ fn assert_mixed(name: &str, h: &History) {
 
 /// The default configuration (no TTL cap given) under a mixed workload, TTL 500 ms: 30 % of the
 /// acquires by node-redlock's script, 30 % of the holders extend, 50 % of the refusals retried
-/// with the same token. A master that lost data stays out ~61 s, so the whole run may lose
+/// with the same token. A master that lost data stays out ~60.6 s, so the whole run may lose
 /// only 2 of 5 masters (m_a, m_c), each right after grants sat on exactly a majority including
 /// it (Kleppmann's crash-restart, then its `FLUSHALL` form):
 /// 1. m_b and m_c paused past the TTL (grants land on exactly m_a, m_d, m_e), resumed; m_a
@@ -1061,7 +1061,7 @@ fn default_config_mixed_workload_under_amnesia() {
         pause_past_ttl(nem, a, b);
         nem.flush(c);
         nem.note(format!(
-            "(budget spent: m{a} and m{c} quarantined ~61 s by the default cap; no more faults)"
+            "(budget spent: m{a} and m{c} quarantined ~60.6 s by the default cap; no more faults)"
         ));
     }
     run(async {

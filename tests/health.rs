@@ -110,7 +110,7 @@ fn aof_dir(name: &str) -> String {
 
 /// Issue 22, item 6: quarantine only where the lock could be gone. Master 0 persists with
 /// `appendonly yes` and `appendfsync always` (the Redlock page's advice): killed with SIGKILL
-/// and restarted, it has the lock from its AOF and votes again at once (before: 61 s out).
+/// and restarted, it has the lock from its AOF and votes again at once (before: 60.6 s out).
 /// The same with `appendfsync everysec` (the last second of writes may be lost) is quarantined.
 /// A `FLUSHDB` of another database keeps database 0's marker and locks: no quarantine; a
 /// `FLUSHDB` of database 0 takes the marker with the locks: quarantined.

@@ -501,15 +501,15 @@ async fn script_integers_that_differ_per_master_answer_their_median() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ttl_cap_applies_to_the_clients_ttl_on_every_path() {
     // Default cap, 60 s. At the cap every path grants (python-redis-lock's `extend(60)` asks
-    // for 60 s, padded in seconds that is 61 s: within the lease bound, so not "capped"); one
-    // above it every path refuses before anything reaches a master.
+    // for 60 s: padded, 60 602 ms, within the lease bound, so not "capped"); one above it
+    // every path refuses before anything reaches a master.
     const CAP: u64 = 60_000;
     let env = Env::start(3).await;
     let mut c = env.proxy.client().await;
     let refused = |ttl_ms: u64| {
         format!("-ERR lock TTL {ttl_ms} ms is refused by redlock-proxy: above max_lock_ttl_ms ({CAP} ms)")
     };
-    let bound = redlock_proxy::lease_bound_ms(CAP, 0.01) as i64;
+    let bound = redlock_proxy::backend_ttl_ms(CAP, 0.01) as i64;
     let ports = env.ports();
     let within_bound = |k: String| {
         let ports = ports.clone();
@@ -625,6 +625,24 @@ async fn lease_scripts_are_recognised_by_effect_whatever_their_spelling() {
         ":1"
     );
     assert!(min_pttl(k.clone()).await > 30_000);
+    // A lease in seconds (python-redis-lock's extend: `EXPIRE key ARGV[2]`) is padded in
+    // milliseconds, not by a whole second.
+    let prl_extend = script("python-redis-lock-extend");
+    assert_eq!(
+        c.cmd(&["EVAL", &prl_extend, "1", &k, "me", "10"]).await,
+        ":0"
+    );
+    let pttls: Vec<i64> = {
+        let mut out = Vec::new();
+        for p in &ports {
+            out.push(master_cmd(*p, &["PTTL", &k]).await[1..].parse().unwrap());
+        }
+        out
+    };
+    assert!(
+        pttls.iter().all(|t| (10_000..=10_102).contains(t)),
+        "{pttls:?}"
+    );
     // The `{1, pttl}` reply passes through; its PTTL is the padded one the master holds.
     let k2 = key("by-effect-pttl");
     let reply = c.cmd(&["EVAL", with_pttl, "1", &k2, "me", "10000"]).await;

@@ -7,7 +7,7 @@
 use redlock_proxy::on_master::{
     checked_body, script_sha, ARMED_KEY, QUARANTINE_KEY, SCRIPT_COMMANDS, SCRIPT_NOPERM,
 };
-use redlock_proxy::{lease_bound_ms, Config, LocalMaster};
+use redlock_proxy::{backend_ttl_ms, Config, LocalMaster};
 use redlock_testkit::key;
 use redlock_testkit::launcher::Env;
 use redlock_testkit::masters::master_cmd;
@@ -15,9 +15,9 @@ use redlock_testkit::resp::{Client, Reply};
 use redlock_testkit::workload::wait_grantable;
 use std::time::Duration;
 
-/// The lease bound of the default configuration (60 s + drift, in whole seconds).
+/// The lease bound of the default configuration (60 s + drift).
 fn bound() -> i64 {
-    lease_bound_ms(60_000, 0.01) as i64
+    backend_ttl_ms(60_000, 0.01) as i64
 }
 
 const RESERVED: &str = "-ERR keys starting with 'redlock-proxy:' are refused by redlock-proxy: they hold its own state on the masters";

@@ -284,10 +284,10 @@ impl Nemesis {
     }
 }
 
-/// How long a master that lost data must stay out for a `ttl_ms` cap (the lease bound), with
-/// a margin for detection.
+/// How long a master that lost data must stay out for `ttl_ms` leases (TTL + drift), with a
+/// margin for detection.
 pub fn quarantine_ms(ttl_ms: u64) -> u64 {
-    redlock_proxy::lease_bound_ms(ttl_ms, 0.01) + 150
+    redlock_proxy::backend_ttl_ms(ttl_ms, 0.01) + 150
 }
 
 // Fault steps (see the module documentation); `TTL_MS` is the lease of the workloads they run
