@@ -13,6 +13,13 @@ pub const NODE_REDLOCK_RELEASE: &str = include_str!("../../tests/scripts/node-re
 /// redis-cli's extend (compare-then-`PEXPIRE`): `EVAL body 1 key token ttl`; `:1` extended.
 pub const REDIS_CLI_EXTEND: &str = include_str!("../../tests/scripts/redis-cli-extend.lua");
 
+/// redis-semaphore's `Semaphore` acquire (5.7.0, `src/semaphore/acquire/lua.ts`):
+/// `EVAL body 1 key limit identifier timeout_ms now_ms`; `:1` admitted (the identifier is a
+/// member of the key's sorted set, scored `now_ms`), `:0` full. Released with `ZREM key
+/// identifier`.
+pub const REDIS_SEMAPHORE_ACQUIRE: &str =
+    include_str!("../../tests/scripts/redis-semaphore-acquire.lua");
+
 /// The folder of the scripts.
 pub fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/scripts")
