@@ -78,7 +78,7 @@ use redlock_testkit::rig::{
     faults_before_violations, late_holds, logged_at, render, run, scaled, scenario, verdict,
     with_quarantine, Expect, Rig, STARTING,
 };
-use redlock_testkit::scripts::REDIS_SEMAPHORE_ACQUIRE;
+use redlock_testkit::scripts::semaphore_acquire;
 use redlock_testkit::workload::{
     extend_granted, now_ns, seed, wait_grantable, History, PortTable, Workload,
 };
@@ -1577,23 +1577,10 @@ fn semaphore_of_two_admits_three_when_each_acquire_misses_a_master() {
         let mut client = Client::connect(port).await;
         let mut info = Client::connect(port).await;
         wait_for_info(&mut info, "state=up", 3).await;
-        let ttl = ttl_ms.to_string();
         for (id, paused) in [("A", 2), ("B", 0), ("C", 1)] {
             tokio::task::block_in_place(|| rig.nemesis.pause(paused));
-            let now_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis())
-                .to_string();
-            let acquire = [
-                "EVAL",
-                REDIS_SEMAPHORE_ACQUIRE,
-                "1",
-                &key,
-                "2",
-                id,
-                &ttl,
-                &now_ms,
-            ];
+            let words = semaphore_acquire(&key, 2, id, ttl_ms);
+            let acquire: Vec<&str> = words.iter().map(String::as_str).collect();
             let reply = client.cmd(&acquire).await;
             // Past the node timeout and the write deadline: the paused master runs nothing of it.
             tokio::time::sleep(Duration::from_millis(4 * NODE_TIMEOUT_MS)).await;

@@ -15,7 +15,7 @@
 use crate::checker::{Hold, Report};
 use crate::resp::Client;
 use crate::scripts::{
-    NODE_REDLOCK_ACQUIRE, NODE_REDLOCK_RELEASE, REDIS_CLI_EXTEND, REDIS_SEMAPHORE_ACQUIRE,
+    semaphore_acquire, NODE_REDLOCK_ACQUIRE, NODE_REDLOCK_RELEASE, REDIS_CLI_EXTEND,
 };
 use redlock_proxy::drift_ms;
 use redlock_proxy::on_master::COMPARE_AND_DELETE;
@@ -193,11 +193,10 @@ impl Workload {
     /// Every key a semaphore of `limit` permits, as redis-semaphore's `Semaphore` keeps one:
     /// acquired with its script (`:1` admitted, `:0` full; a refused attempt is followed by a
     /// `ZREM` of its identifier with `script_refusal_release_chance`), released with `ZREM`.
-    /// The script's `now` is the wall clock in ms with µs decimals, read after `t_send`, so a
-    /// member's score is never earlier than its hold's start and the filter of later acquires
-    /// drops it no earlier than the hold's lease end (redis-semaphore rounds down to the ms,
-    /// which could drop a member up to 1 ms early). Not combined with the other acquire or
-    /// extend options.
+    /// The script's `now` is read after `t_send` ([`semaphore_acquire`]), so a member's score
+    /// is never earlier than its hold's start and the filter of later acquires drops it no
+    /// earlier than the hold's lease end. Not combined with the other acquire or extend
+    /// options.
     pub fn semaphore(mut self, limit: usize) -> Workload {
         self.semaphore = Some(limit);
         self
@@ -416,13 +415,6 @@ async fn pause(rng: &mut Rng, (lo, hi): (u64, u64)) {
     }
 }
 
-/// The wall clock in ms since the Unix epoch, with its sub-ms part (a semaphore member's score).
-fn wall_ms() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
-}
-
 /// A holder's release: `ZREM key token` from a semaphore, else the compare-and-delete.
 fn release<'a>(cfg: &Workload, key: &'a str, token: &'a str) -> Vec<&'a str> {
     match cfg.semaphore {
@@ -477,22 +469,9 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
         let t_send = now_ns();
         let reply = if let Some(limit) = cfg.semaphore {
             h.script_acquires += 1;
-            let now_ms = format!("{:.3}", wall_ms());
-            let limit = limit.to_string();
-            c.try_cmd(
-                &[
-                    "EVAL",
-                    REDIS_SEMAPHORE_ACQUIRE,
-                    "1",
-                    key,
-                    &limit,
-                    &token,
-                    &ttl,
-                    &now_ms,
-                ],
-                cfg.reply_timeout,
-            )
-            .await
+            let words = semaphore_acquire(key, limit, &token, cfg.ttl_ms);
+            let words: Vec<&str> = words.iter().map(String::as_str).collect();
+            c.try_cmd(&words, cfg.reply_timeout).await
         } else if via_script {
             h.script_acquires += 1;
             c.try_cmd(
