@@ -303,14 +303,31 @@ fn minority_scenario(
     fault_secs: f64,
     step: fn(&mut Nemesis),
 ) {
+    let expect = Expect::new(300, 10);
+    minority_scenario_of(name, relays, proxies, fault_secs, step, |w| w, expect);
+}
+
+/// [`minority_scenario`] with the workload shaped by `shape` and the verdict's `expect`; the
+/// report.
+fn minority_scenario_of(
+    name: &str,
+    relays: bool,
+    proxies: usize,
+    fault_secs: f64,
+    step: fn(&mut Nemesis),
+    shape: fn(Workload) -> Workload,
+    expect: Expect,
+) -> Report {
+    let mut report = None;
     run(async {
         let seed = seed();
         let mut rig = Rig::start(5, relays, proxies, seed, with_quarantine(TTL_MS)).await;
-        let mut w = Workload::new(rig.ports(), name, seed);
+        let mut w = shape(Workload::new(rig.ports(), name, seed));
         w.duration = scaled(fault_secs + 2.0);
-        let expect = Expect::new(300, 10);
-        scenario(name, &mut rig, seed, w, scaled(fault_secs), step, expect).await;
+        let step_for = scaled(fault_secs);
+        report = Some(scenario(name, &mut rig, seed, w, step_for, step, expect).await);
     });
+    report.expect("the scenario ran")
 }
 
 #[test]
@@ -1515,24 +1532,10 @@ fn lock_extend_under_pauses() {
 /// not refused; they give no hold window.
 #[test]
 fn semaphore_of_one_under_mixed_faults() {
-    run(async {
-        let seed = seed();
-        let mut rig = Rig::start(5, true, 1, seed, with_quarantine(TTL_MS)).await;
-        let mut w = Workload::new(rig.ports(), "semaphore-1", seed).semaphore(1);
-        w.duration = scaled(22.0);
-        let expect = Expect::new(300, 10).late_oks(usize::MAX);
-        let r = scenario(
-            "semaphore-1",
-            &mut rig,
-            seed,
-            w,
-            scaled(20.0),
-            step_mixed,
-            expect,
-        )
-        .await;
-        assert_eq!(r.max_holders, 1, "{r}");
-    });
+    let expect = Expect::new(300, 10).late_oks(usize::MAX);
+    let shape = |w: Workload| w.semaphore(1);
+    let r = minority_scenario_of("semaphore-1", true, 1, 20.0, step_mixed, shape, expect);
+    assert_eq!(r.max_holders, 1, "{r}");
 }
 
 /// A semaphore of two permits over 5 masters, two proxies, every kind of minority fault but
@@ -1542,24 +1545,19 @@ fn semaphore_of_one_under_mixed_faults() {
 /// held at once is printed.
 #[test]
 fn semaphore_of_two_stays_within_the_quorum_bound() {
-    run(async {
-        let seed = seed();
-        let mut rig = Rig::start(5, true, 2, seed, with_quarantine(TTL_MS)).await;
-        let mut w = Workload::new(rig.ports(), "semaphore-2", seed)
-            .semaphore(2)
-            .allowing(3);
+    let expect = Expect::new(300, 10).late_oks(usize::MAX);
+    let shape = |mut w: Workload| {
         w.workers = 10;
-        w.duration = scaled(20.0);
-        let expect = Expect::new(300, 10).late_oks(usize::MAX);
-        let step = step_mixed_no_flush;
-        let r = scenario("semaphore-2", &mut rig, seed, w, scaled(18.0), step, expect).await;
-        let beyond_two = checker::crowds(&r.holds, 2).len();
-        println!(
-            "[semaphore-2] most holders at once {}; holds that started while 2 were held: {beyond_two}",
-            r.max_holders
-        );
-        assert!(r.max_holders >= 2, "the semaphore never had 2 holders: {r}");
-    });
+        w.semaphore(2).allowing(3)
+    };
+    let step = step_mixed_no_flush;
+    let r = minority_scenario_of("semaphore-2", true, 2, 18.0, step, shape, expect);
+    let beyond_two = checker::crowds(&r.holds, 2).len();
+    println!(
+        "[semaphore-2] most holders at once {}; holds that started while 2 were held: {beyond_two}",
+        r.max_holders
+    );
+    assert!(r.max_holders >= 2, "the semaphore never had 2 holders: {r}");
 }
 
 /// Why the proxy does not promise L for L ≥ 2 (docs/SAFETY.md): three acquires of a semaphore
