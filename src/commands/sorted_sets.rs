@@ -46,7 +46,7 @@ pub fn zadd(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
     let both = both.freeze();
     Action::Defer(Box::pin(async move {
         let ask = |_| Some(Ask::Commands(both.clone()));
-        let (reply, _capped) = guarded(&masters, ask, MergeRule::Known).await;
+        let reply = guarded(&masters, ask, MergeRule::Known).await.reply;
         Outcome::Reply(shape(reply))
     }))
 }
