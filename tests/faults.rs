@@ -38,6 +38,10 @@
 //! - `proxy_start_stop_storm`: proxies replaced again and again, masters restarted empty while
 //!   one is down; each fresh proxy's first acquire is `OK` or the start-up error, never null.
 //! - `lock_extend_under_pauses`: holders extend with `LOCK.EXTEND` while a minority is paused.
+//! - `semaphore_*`: redis-semaphore's `Semaphore` (its acquire script over a sorted set, `ZREM`)
+//!   under minority faults: one permit never has two holders, two permits never more than
+//!   ⌊N·L/Q⌋ = 3; three acquires each missing a master admit three holders of two permits (why
+//!   L itself is not promised); the negative control (quarantine off) shows two holders of one.
 //!
 //! Every fault is checked to have taken effect (`redlock_testkit::nemesis`), and every verdict
 //! demands a minimum number of them besides a minimum of grants (`redlock_testkit::rig::Expect`).
@@ -74,6 +78,7 @@ use redlock_testkit::rig::{
     faults_before_violations, late_holds, logged_at, render, run, scaled, scenario, verdict,
     with_quarantine, Expect, Rig, STARTING,
 };
+use redlock_testkit::scripts::semaphore_acquire;
 use redlock_testkit::workload::{
     extend_granted, now_ns, seed, wait_grantable, History, PortTable, Workload,
 };
@@ -298,14 +303,31 @@ fn minority_scenario(
     fault_secs: f64,
     step: fn(&mut Nemesis),
 ) {
+    let expect = Expect::new(300, 10);
+    minority_scenario_of(name, relays, proxies, fault_secs, step, |w| w, expect);
+}
+
+/// [`minority_scenario`] with the workload shaped by `shape` and the verdict's `expect`; the
+/// report.
+fn minority_scenario_of(
+    name: &str,
+    relays: bool,
+    proxies: usize,
+    fault_secs: f64,
+    step: fn(&mut Nemesis),
+    shape: fn(Workload) -> Workload,
+    expect: Expect,
+) -> Report {
+    let mut report = None;
     run(async {
         let seed = seed();
         let mut rig = Rig::start(5, relays, proxies, seed, with_quarantine(TTL_MS)).await;
-        let mut w = Workload::new(rig.ports(), name, seed);
+        let mut w = shape(Workload::new(rig.ports(), name, seed));
         w.duration = scaled(fault_secs + 2.0);
-        let expect = Expect::new(300, 10);
-        scenario(name, &mut rig, seed, w, scaled(fault_secs), step, expect).await;
+        let step_for = scaled(fault_secs);
+        report = Some(scenario(name, &mut rig, seed, w, step_for, step, expect).await);
     });
+    report.expect("the scenario ran")
 }
 
 #[test]
@@ -347,7 +369,12 @@ fn amnesia_churn_minority_restarts_empty() {
 /// workload while `step` loses data on one master of a majority holding locks, for
 /// `fault_secs`: the checker must see overlaps (proof that it bites, and that the fault really
 /// lost held locks). Its faults are checked to have taken effect like everywhere else.
-fn without_quarantine_shows_overlaps(name: &str, fault_secs: f64, step: fn(&mut Nemesis)) {
+fn without_quarantine_shows_overlaps(
+    name: &str,
+    fault_secs: f64,
+    step: fn(&mut Nemesis),
+    shape: fn(Workload) -> Workload,
+) {
     run(async {
         let seed = seed();
         let mut rig = Rig::start(5, true, 1, seed, |c| {
@@ -355,7 +382,7 @@ fn without_quarantine_shows_overlaps(name: &str, fault_secs: f64, step: fn(&mut 
             c.quarantine = false;
         })
         .await;
-        let mut w = Workload::new(rig.ports(), name, seed);
+        let mut w = shape(Workload::new(rig.ports(), name, seed));
         w.duration = scaled(fault_secs + 2.0);
         let started = Instant::now();
         rig.wait_ready(w.ttl_ms, Duration::from_secs(5)).await;
@@ -386,14 +413,24 @@ fn without_quarantine_shows_overlaps(name: &str, fault_secs: f64, step: fn(&mut 
 /// must produce overlapping holds.
 #[test]
 fn amnesia_churn_without_quarantine_shows_overlaps() {
-    without_quarantine_shows_overlaps("amnesia-NO-quarantine", 13.0, step_partition_then_restart);
+    without_quarantine_shows_overlaps(
+        "amnesia-NO-quarantine",
+        13.0,
+        step_partition_then_restart,
+        |w| w,
+    );
 }
 
 /// Negative control for `flush_churn_minority_loses_data`: Kleppmann's step with `FLUSHALL` as
 /// the data loss, quarantine off, must produce overlapping holds.
 #[test]
 fn flush_churn_without_quarantine_shows_overlaps() {
-    without_quarantine_shows_overlaps("flush-NO-quarantine", 13.0, step_partition_then_flush);
+    without_quarantine_shows_overlaps(
+        "flush-NO-quarantine",
+        13.0,
+        step_partition_then_flush,
+        |w| w,
+    );
 }
 
 /// Rolling restarts: one master after the other is killed and restarted empty (the next one
@@ -1484,6 +1521,92 @@ fn lock_extend_under_pauses() {
             r.extended
         );
     });
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. Semaphores over sorted sets (docs/SAFETY.md, "Semaphores over sorted sets")
+
+/// redis-semaphore's `Semaphore` of one permit (its acquire script, `ZREM` to release) under
+/// every kind of minority fault, `FLUSHALL` included: never two holders of a key, and no late
+/// `OK` (its `PEXPIRE` is a lease by effect: padded, and validity-checked like an acquire).
+#[test]
+fn semaphore_of_one_under_mixed_faults() {
+    let expect = Expect::new(300, 10);
+    let shape = |w: Workload| w.semaphore(1);
+    let r = minority_scenario_of("semaphore-1", true, 1, 20.0, step_mixed, shape, expect);
+    assert_eq!(r.max_holders, 1, "{r}");
+}
+
+/// A semaphore of two permits over 5 masters, two proxies, every kind of minority fault but
+/// `FLUSHALL`: never more than ⌊N·L/Q⌋ = ⌊5·2/3⌋ = 3 holders of a key at once, the bound the
+/// proxy promises (L itself is not promised: see
+/// `semaphore_of_two_admits_three_when_each_acquire_misses_a_master`). How often more than 2
+/// held at once is printed.
+#[test]
+fn semaphore_of_two_stays_within_the_quorum_bound() {
+    let expect = Expect::new(300, 10);
+    let shape = |mut w: Workload| {
+        w.workers = 10;
+        w.semaphore(2).allowing(3)
+    };
+    let step = step_mixed_no_flush;
+    let r = minority_scenario_of("semaphore-2", true, 2, 18.0, step, shape, expect);
+    let beyond_two = checker::crowds(&r.holds, 2).len();
+    println!(
+        "[semaphore-2] most holders at once {}; holds that started while 2 were held: {beyond_two}",
+        r.max_holders
+    );
+    assert!(r.max_holders >= 2, "the semaphore never had 2 holders: {r}");
+}
+
+/// Why the proxy does not promise L for L ≥ 2 (docs/SAFETY.md): three acquires of a semaphore
+/// of two over 3 masters, each while another master is paused past the node timeout, are each
+/// granted by the two others (A by m0 and m1, B by m1 and m2, C by m0 and m2): every master
+/// holds two members, and three clients hold the semaphore.
+#[test]
+fn semaphore_of_two_admits_three_when_each_acquire_misses_a_master() {
+    run(async {
+        let seed = seed();
+        let ttl_ms = 20_000;
+        let mut rig = Rig::start(3, false, 1, seed, with_quarantine(ttl_ms)).await;
+        let port = rig.ports()[0];
+        let key = key("semaphore-of-two");
+        let mut client = Client::connect(port).await;
+        let mut info = Client::connect(port).await;
+        wait_for_info(&mut info, "state=up", 3).await;
+        for (id, paused) in [("A", 2), ("B", 0), ("C", 1)] {
+            tokio::task::block_in_place(|| rig.nemesis.pause(paused));
+            let words = semaphore_acquire(&key, 2, id, ttl_ms);
+            let acquire: Vec<&str> = words.iter().map(String::as_str).collect();
+            let reply = client.cmd(&acquire).await;
+            // Past the node timeout and the write deadline: the paused master runs nothing of it.
+            tokio::time::sleep(Duration::from_millis(4 * NODE_TIMEOUT_MS)).await;
+            tokio::task::block_in_place(|| rig.nemesis.resume(paused));
+            assert_eq!(reply, ":1", "{id} is admitted while m{paused} is paused");
+            wait_for_info(&mut info, "state=up", 3).await;
+        }
+        let mut members = Vec::new();
+        for port in rig.nemesis.masters.masters.iter().map(|m| m.port) {
+            members.push(master_cmd(port, &["ZRANGE", &key, "0", "-1"]).await);
+        }
+        assert_eq!(
+            members,
+            ["*[$A,$C]", "*[$A,$B]", "*[$B,$C]"],
+            "each master admitted two of the three holders"
+        );
+    });
+}
+
+/// Negative control for the semaphore checker: a semaphore of one permit, quarantine off,
+/// Kleppmann's restart-empty step: two holders at once (the amnesiac master admits a second).
+#[test]
+fn semaphore_without_quarantine_admits_two() {
+    without_quarantine_shows_overlaps(
+        "semaphore-NO-quarantine",
+        13.0,
+        step_partition_then_restart,
+        |w| w.semaphore(1),
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -197,10 +197,12 @@ fn summary(spec: &super::Spec) -> &'static str {
                 "Run a script on every master; reply by quorum"
             }
             "script" => "Manage the script cache of the proxy and the masters",
-            "get" | "exists" | "pttl" | "ttl" | "type" | "strlen" => {
-                "Read from every master; reply by quorum"
+            "get" | "exists" | "pttl" | "ttl" | "type" | "strlen" | "zcard" | "zscore"
+            | "zrank" | "zrange" => "Read from every master; reply by quorum",
+            "del" | "unlink" | "pexpire" | "expire" | "zrem" | "zremrangebyscore" => {
+                "Write to every master; reply by quorum"
             }
-            "del" | "unlink" | "pexpire" | "expire" => "Write to every master; reply by quorum",
+            "zadd" => "Write to every master, the key capped at the lease bound; reply by quorum",
             "lock.acquire" => {
                 "Acquire a lock by Redlock majority; reply [fencing token, validity ms] or null"
             }

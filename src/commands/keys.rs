@@ -16,7 +16,7 @@ pub fn forward(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Actio
 }
 
 /// The bytes to send the masters: the request as it was received, or re-encoded (inline).
-fn payload(request: Request) -> Bytes {
+pub(super) fn payload(request: Request) -> Bytes {
     request.raw.unwrap_or_else(|| encode_command(&request.args))
 }
 

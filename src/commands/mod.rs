@@ -3,7 +3,8 @@
 //! errors and refusals come from this one place, with Redis' own wording.
 //!
 //! Families: [`lock`] (`SET`, the acquire), [`scripts`] (`EVAL`, `EVALSHA`, `SCRIPT`), [`keys`]
-//! (plain key commands under the quorum reply rule), [`handshake`] (connection commands
+//! (plain key commands under the quorum reply rule), [`sorted_sets`] (`ZADD`, `ZREM`, … for
+//! semaphores over sorted sets), [`handshake`] (connection commands
 //! answered by the proxy itself), [`introspection`] (`INFO`, `COMMAND`).
 
 pub mod clients;
@@ -13,6 +14,7 @@ pub mod introspection;
 pub mod keys;
 pub mod lock;
 pub mod scripts;
+pub mod sorted_sets;
 
 use crate::auth::{KeyPatterns, User};
 use crate::error::ProxyError;
@@ -193,6 +195,19 @@ pub static COMMANDS: &[Spec] = &[
     spec("expire", -3, &["write", "fast"], ONE_KEY, keys::expire),
     spec("type", 2, READ, ONE_KEY, keys::forward),
     spec("strlen", 2, READ, ONE_KEY, keys::forward),
+    spec(
+        "zadd",
+        -4,
+        &["write", "denyoom", "fast"],
+        ONE_KEY,
+        sorted_sets::zadd,
+    ),
+    spec("zrem", -3, &["write", "fast"], ONE_KEY, keys::forward),
+    spec("zremrangebyscore", 4, WRITE, ONE_KEY, keys::forward),
+    spec("zcard", 2, READ, ONE_KEY, keys::forward),
+    spec("zscore", 3, READ, ONE_KEY, sorted_sets::zscore),
+    spec("zrank", 3, READ, ONE_KEY, keys::forward),
+    spec("zrange", -4, &["readonly"], ONE_KEY, sorted_sets::zrange),
     script("eval", scripts::eval),
     script("eval_ro", scripts::eval),
     script("evalsha", scripts::evalsha),

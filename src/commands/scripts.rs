@@ -42,7 +42,9 @@ use crate::lease_script::KnownLock;
 use crate::lock::Attempt;
 use crate::masters::{Ask, Masters};
 use crate::protocol::{encode_command, Reply, Request};
-use crate::redlock::{merge, no_quorum, quorum, validity_window, MergeRule, MissingReason, Vote};
+use crate::redlock::{
+    merge, no_quorum, quorum, validity_window, MergeRule, MissingReason, Policy, Vote,
+};
 use crate::script_cache::{script_sha, Script};
 use crate::script_keys::access_args;
 use bytes::Bytes;
@@ -151,22 +153,10 @@ fn run(
     // per master below.
     let due_at = args.len() + 1;
     args.extend(access_args(patterns, pad, 0));
-    let mut guard = Vec::new();
-    if guarded {
-        // EVAL <guard> (2 + numkeys) <armed> <quarantine> <the script's keys…> <bound>
-        let count = (numkeys + 2).to_string();
-        let bound = policy.lease_bound().as_millis().to_string();
-        let mut parts: Vec<&[u8]> = vec![
-            b"EVAL",
-            GUARD_SCRIPT.as_bytes(),
-            count.as_bytes(),
-            ARMED_KEY.as_bytes(),
-            QUARANTINE_KEY.as_bytes(),
-        ];
-        parts.extend(args[3..3 + numkeys].iter().map(|k| k.as_ref()));
-        parts.push(bound.as_bytes());
-        guard = encode_command(&parts).to_vec();
-    }
+    let guard = match guarded {
+        true => guard_command(&args[3..3 + numkeys], &policy),
+        false => Bytes::new(),
+    };
     let (by_sha, by_body) = match read_only {
         true => (b"EVALSHA_RO".as_ref(), b"EVAL_RO".as_ref()),
         false => (b"EVALSHA".as_ref(), b"EVAL".as_ref()),
@@ -338,18 +328,41 @@ fn script_vote(vote: &Vote) -> (Vote, u64) {
     }
 }
 
-/// Runs a script followed by its guard on every master (two replies each) and merges the
-/// script's replies, counting a master only if its guard vouched for it. A master whose guard
-/// found it unarmed or quarantined is re-checked by its health monitor at once; a guard that
-/// had to cap a key makes the reply an error (a key left without expiry first: the stronger
-/// surprise). Also the lease the script set, if a majority of the masters counted took one:
-/// the shortest client TTL they noted (ms).
-async fn guarded_reply(
+/// The guard over `keys` (`EVAL <guard> (2 + keys) <armed> <quarantine> <keys…> <bound>`), to
+/// send on each master right after a command that may have written them.
+pub(crate) fn guard_command(keys: &[Bytes], policy: &Policy) -> Bytes {
+    let count = (keys.len() + 2).to_string();
+    let bound = policy.lease_bound().as_millis().to_string();
+    let mut parts: Vec<&[u8]> = vec![
+        b"EVAL",
+        GUARD_SCRIPT.as_bytes(),
+        count.as_bytes(),
+        ARMED_KEY.as_bytes(),
+        QUARANTINE_KEY.as_bytes(),
+    ];
+    parts.extend(keys.iter().map(|k| k.as_ref()));
+    parts.push(bound.as_bytes());
+    encode_command(&parts)
+}
+
+/// What [`guarded`] found: the merged reply, what the guards capped ([`CAPPED_TTL`] and
+/// [`CAPPED_NO_EXPIRY`] or-ed over the masters that answered), and the lease a script set if a
+/// majority of the masters counted took one: the shortest client TTL they noted (ms).
+pub(crate) struct Guarded {
+    pub reply: Reply,
+    pub capped: i64,
+    pub lease: Option<u64>,
+}
+
+/// Runs a command followed by its guard ([`guard_command`]) on every master (two replies each)
+/// and merges the command's replies, counting a master only if its guard vouched for it. A
+/// master whose guard found it unarmed or quarantined is re-checked by its health monitor at
+/// once.
+pub(crate) async fn guarded(
     masters: &Masters,
     ask: impl Fn(usize) -> Option<Ask>,
     rule: MergeRule,
-    cap_ms: u64,
-) -> (Reply, Option<u64>) {
+) -> Guarded {
     let script_votes =
         |votes: &[Vote]| -> Vec<Vote> { votes.iter().map(|v| script_vote(v).0).collect() };
     let (votes, _late) = masters
@@ -365,12 +378,6 @@ async fn guarded_reply(
             }
         }
     }
-    if capped & CAPPED_NO_EXPIRY != 0 {
-        return (ProxyError::ScriptNoExpiry(cap_ms).into(), None);
-    }
-    if capped & CAPPED_TTL != 0 {
-        return (ProxyError::ScriptTtlCapped(cap_ms).into(), None);
-    }
     let leases: Vec<u64> = votes
         .iter()
         .map(script_vote)
@@ -382,6 +389,32 @@ async fn guarded_reply(
         .flatten();
     let votes = script_votes(&votes);
     let reply = merge(&votes, rule).unwrap_or_else(|| no_quorum(votes.len()));
+    Guarded {
+        reply,
+        capped,
+        lease,
+    }
+}
+
+/// [`guarded`] for a script: a guard that had to cap a key makes the reply an error (a key
+/// left without expiry first: the stronger surprise); with the lease the script set.
+async fn guarded_reply(
+    masters: &Masters,
+    ask: impl Fn(usize) -> Option<Ask>,
+    rule: MergeRule,
+    cap_ms: u64,
+) -> (Reply, Option<u64>) {
+    let Guarded {
+        reply,
+        capped,
+        lease,
+    } = guarded(masters, ask, rule).await;
+    if capped & CAPPED_NO_EXPIRY != 0 {
+        return (ProxyError::ScriptNoExpiry(cap_ms).into(), None);
+    }
+    if capped & CAPPED_TTL != 0 {
+        return (ProxyError::ScriptTtlCapped(cap_ms).into(), None);
+    }
     (reply, lease)
 }
 

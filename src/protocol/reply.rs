@@ -29,6 +29,9 @@ pub enum Reply {
     Map(Vec<(Reply, Reply)>),
     /// RESP3 verbatim text (`=txt:`), as Redis 7 answers `INFO`; RESP2 gets a bulk string.
     Verbatim(Bytes),
+    /// RESP3 double (`,1.5`), as Redis 7 answers a sorted set's scores; RESP2 gets a bulk
+    /// string of the same text (the text a master answered in RESP2).
+    Double(Bytes),
 }
 
 impl Reply {
@@ -94,6 +97,10 @@ impl Reply {
                     v.encode(protocol, out);
                 }
             }
+            Reply::Double(text) => match protocol {
+                Protocol::Resp2 => bulk(out, b'$', text),
+                Protocol::Resp3 => line(out, b',', text),
+            },
             Reply::Verbatim(text) => match protocol {
                 Protocol::Resp2 => bulk(out, b'$', text),
                 Protocol::Resp3 => {
@@ -183,6 +190,11 @@ mod tests {
                 Reply::Verbatim(Bytes::from_static(b"a:1")),
                 "$3\r\na:1\r\n",
                 "=7\r\ntxt:a:1\r\n",
+            ),
+            (
+                Reply::Double(Bytes::from_static(b"1.5")),
+                "$3\r\n1.5\r\n",
+                ",1.5\r\n",
             ),
         ];
         for (reply, two, three) in cases {

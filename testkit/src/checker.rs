@@ -1,4 +1,5 @@
-//! Mutual-exclusion checker over a lock history recorded by clients of the proxy.
+//! Mutual-exclusion checker over a lock history recorded by clients of the proxy, and its
+//! generalisation to semaphores: at most L holders of one key at once ([`crowds`]).
 //!
 //! Every time is nanoseconds on one process-wide monotonic clock ([`crate::workload::now_ns`]).
 //! A client that received `OK` may act on the resource from the moment the reply arrived until it
@@ -95,15 +96,47 @@ pub struct Overlap {
     pub overlap_ns: u64,
 }
 
-/// Every pair of holds of the same key whose windows overlap (touching ends do not overlap).
+/// Every pair of holds of the same key whose windows overlap (touching ends do not overlap):
+/// [`crowds`] with a limit of 1, the lock's mutual exclusion.
 pub fn overlaps(holds: &[Hold]) -> Vec<Overlap> {
+    crowds(holds, 1)
+}
+
+/// Where more than `limit` holds of one key were open at once (a semaphore of `limit` permits;
+/// touching ends do not overlap): each window that starts while `limit` or more windows of its
+/// key are open is reported with each of them (`first` the open one, `second` the new one).
+pub fn crowds(holds: &[Hold], limit: usize) -> Vec<Overlap> {
+    let mut out = Vec::new();
+    sweep(holds, |open, i, (start, end)| {
+        if open.len() >= limit {
+            for &(j, e) in open {
+                out.push(Overlap {
+                    first: j,
+                    second: i,
+                    overlap_ns: e.min(end) - start,
+                });
+            }
+        }
+    });
+    out
+}
+
+/// The most holds of one key that were open at once (0 without a usable hold).
+pub fn max_holders(holds: &[Hold]) -> usize {
+    let mut most = 0;
+    sweep(holds, |open, _, _| most = most.max(open.len() + 1));
+    most
+}
+
+/// Visits every usable window, key by key in start order, with the windows of its key still
+/// open when it starts (index, end), before it joins them.
+fn sweep(holds: &[Hold], mut visit: impl FnMut(&[(usize, u64)], usize, (u64, u64))) {
     let mut by_key: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for (i, h) in holds.iter().enumerate() {
         if h.usable() {
             by_key.entry(h.key.as_str()).or_default().push(i);
         }
     }
-    let mut out = Vec::new();
     for (_, mut idx) in by_key {
         idx.sort_by_key(|&i| holds[i].window());
         // Windows still open at the start of the current one.
@@ -111,17 +144,10 @@ pub fn overlaps(holds: &[Hold]) -> Vec<Overlap> {
         for i in idx {
             let (start, end) = holds[i].window();
             open.retain(|&(_, e)| e > start);
-            for &(j, e) in &open {
-                out.push(Overlap {
-                    first: j,
-                    second: i,
-                    overlap_ns: e.min(end) - start,
-                });
-            }
+            visit(&open, i, (start, end));
             open.push((i, end));
         }
     }
-    out
 }
 
 /// Grants of one key with the same token whose leases (`[t_send, lease end)`) overlap: the
@@ -211,6 +237,12 @@ pub struct Report {
     /// Grants taken with a fencing token, and the pairs whose tokens went backwards.
     pub fenced: usize,
     pub token_regressions: Vec<(Hold, Hold)>,
+    /// How many holds of one key may be open at once: 1 for a lock, L for a semaphore of L
+    /// permits ([`Report::for_limit`]).
+    pub limit: usize,
+    /// The most holds of one key open at once.
+    pub max_holders: usize,
+    /// Holds open beyond the limit ([`crowds`]); for a lock, every overlapping pair.
     pub violations: Vec<Overlap>,
     /// The holds involved, for the report.
     pub holds: Vec<Hold>,
@@ -243,10 +275,22 @@ impl Report {
             duplicate_tokens: duplicate_tokens(&holds),
             fenced: holds.iter().filter(|h| h.fence.is_some()).count(),
             token_regressions: token_regressions(&holds),
+            limit: 1,
+            max_holders: max_holders(&holds),
             violations,
             holds,
             max_reply_ms,
             max_grant_ms,
+        }
+    }
+
+    /// The verdict for a semaphore of `limit` permits: violations are the moments more than
+    /// `limit` holds of one key were open.
+    pub fn for_limit(self, limit: usize) -> Report {
+        Report {
+            violations: crowds(&self.holds, limit),
+            limit,
+            ..self
         }
     }
 
@@ -265,8 +309,8 @@ impl fmt::Display for Report {
         write!(
             f,
             "grants={} (late OKs {}, OKs past validity {}, extended {}) refusals={} errors={} \
-             timeouts={} violations={} duplicate_tokens={} fenced={} token_regressions={} \
-             max_reply={:.1}ms max_grant={:.1}ms",
+             timeouts={} max_holders={} (limit {}) violations={} duplicate_tokens={} fenced={} \
+             token_regressions={} max_reply={:.1}ms max_grant={:.1}ms",
             self.grants,
             self.late_oks,
             self.oks_past_validity,
@@ -274,6 +318,8 @@ impl fmt::Display for Report {
             self.refusals,
             self.error_count(),
             self.timeouts,
+            self.max_holders,
+            self.limit,
             self.violations.len(),
             self.duplicate_tokens,
             self.fenced,

@@ -13,6 +13,41 @@ pub const NODE_REDLOCK_RELEASE: &str = include_str!("../../tests/scripts/node-re
 /// redis-cli's extend (compare-then-`PEXPIRE`): `EVAL body 1 key token ttl`; `:1` extended.
 pub const REDIS_CLI_EXTEND: &str = include_str!("../../tests/scripts/redis-cli-extend.lua");
 
+/// redis-semaphore's `Semaphore` acquire (5.7.0, `src/semaphore/acquire/lua.ts`):
+/// `EVAL body 1 key limit identifier timeout_ms now_ms`; `:1` admitted (the identifier is a
+/// member of the key's sorted set, scored `now_ms`), `:0` full. Released with `ZREM key
+/// identifier`.
+pub const REDIS_SEMAPHORE_ACQUIRE: &str =
+    include_str!("../../tests/scripts/redis-semaphore-acquire.lua");
+
+/// The words of a redis-semaphore acquire of `key` (`limit` permits) for `identifier`, held for
+/// `timeout_ms`: `EVAL <script> 1 key limit identifier timeout_ms now_ms`. `now_ms` is the wall
+/// clock read now, in ms with µs decimals (redis-semaphore sends `Date.now()`, whole ms: a
+/// member scored up to 1 ms early could be dropped up to 1 ms before its holder's lease ends,
+/// which the fault suite's checker would count against the proxy).
+pub fn semaphore_acquire(
+    key: &str,
+    limit: usize,
+    identifier: &str,
+    timeout_ms: u64,
+) -> Vec<String> {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+    [
+        "EVAL",
+        REDIS_SEMAPHORE_ACQUIRE,
+        "1",
+        key,
+        &limit.to_string(),
+        identifier,
+        &timeout_ms.to_string(),
+        &format!("{now_ms:.3}"),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// The folder of the scripts.
 pub fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/scripts")

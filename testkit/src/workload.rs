@@ -7,10 +7,16 @@
 //! `SET NX PX`; extend mid-hold with redis-cli's compare-then-`PEXPIRE` script or with
 //! `LOCK.EXTEND`; retry a refused acquire with the *same* token (like redis-py); follow proxy
 //! ports that change during the run (a proxy restarted on a new port).
+//!
+//! Or, with [`Workload::semaphore`], the same loop over semaphores of L permits: acquire with
+//! redis-semaphore's script over a sorted set, release with `ZREM`; the checker then allows L
+//! holders of a key at once.
 
 use crate::checker::{Hold, Report};
 use crate::resp::Client;
-use crate::scripts::{NODE_REDLOCK_ACQUIRE, NODE_REDLOCK_RELEASE, REDIS_CLI_EXTEND};
+use crate::scripts::{
+    semaphore_acquire, NODE_REDLOCK_ACQUIRE, NODE_REDLOCK_RELEASE, REDIS_CLI_EXTEND,
+};
 use redlock_proxy::drift_ms;
 use redlock_proxy::on_master::COMPARE_AND_DELETE;
 use std::collections::BTreeMap;
@@ -143,6 +149,11 @@ pub struct Workload {
     /// When set, overrides `ports`: read at every (re)connect, so workers follow a proxy that
     /// restarted on a new port.
     pub live_ports: Option<PortTable>,
+    /// Semaphores of this many permits instead of locks ([`Workload::semaphore`]).
+    pub semaphore: Option<usize>,
+    /// How many holders of one key at once the checker allows, if not the permits (a lock's
+    /// 1, a semaphore's L): [`Workload::allowing`].
+    pub holders_allowed: Option<usize>,
 }
 
 impl Workload {
@@ -174,7 +185,28 @@ impl Workload {
             same_token_retry_chance: 0.0,
             lock_acquire_chance: 0.0,
             live_ports: None,
+            semaphore: None,
+            holders_allowed: None,
         }
+    }
+
+    /// Every key a semaphore of `limit` permits, as redis-semaphore's `Semaphore` keeps one:
+    /// acquired with its script (`:1` admitted, `:0` full; a refused attempt is followed by a
+    /// `ZREM` of its identifier with `script_refusal_release_chance`), released with `ZREM`.
+    /// The script's `now` is read after `t_send` ([`semaphore_acquire`]), so a member's score
+    /// is never earlier than its hold's start and the filter of later acquires drops it no
+    /// earlier than the hold's lease end. Not combined with the other acquire or extend
+    /// options.
+    pub fn semaphore(mut self, limit: usize) -> Workload {
+        self.semaphore = Some(limit);
+        self
+    }
+
+    /// The checker allows `holders` holders of one key at once (a bound the proxy promises
+    /// above a semaphore's permits: docs/SAFETY.md, "Semaphores over sorted sets").
+    pub fn allowing(mut self, holders: usize) -> Workload {
+        self.holders_allowed = Some(holders);
+        self
     }
 
     /// The port worker `proxy` connects to now.
@@ -276,10 +308,13 @@ pub struct History {
     /// Acquires answered (or given up) more than [`SLOW_REPLY`] after they were sent:
     /// (send time ns, reply time µs, what was sent → what came back), for the report.
     pub slow_replies: Vec<(u64, u64, String)>,
+    /// How many holders of one key the workload allows: 1 for locks, L for semaphores.
+    pub limit: usize,
 }
 
 impl History {
     pub fn merge(&mut self, other: History) {
+        self.limit = self.limit.max(other.limit);
         self.holds.extend(other.holds);
         self.attempts += other.attempts;
         self.refusals += other.refusals;
@@ -369,6 +404,7 @@ impl History {
             self.timeouts,
             self.max_reply_ms(),
         )
+        .for_limit(self.limit.max(1))
     }
 }
 
@@ -376,6 +412,14 @@ async fn pause(rng: &mut Rng, (lo, hi): (u64, u64)) {
     let ms = rng.range(lo, hi);
     if ms > 0 {
         tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+}
+
+/// A holder's release: `ZREM key token` from a semaphore, else the compare-and-delete.
+fn release<'a>(cfg: &Workload, key: &'a str, token: &'a str) -> Vec<&'a str> {
+    match cfg.semaphore {
+        Some(_) => vec!["ZREM", key, token],
+        None => vec!["EVAL", COMPARE_AND_DELETE, "1", key, token],
     }
 }
 
@@ -389,7 +433,10 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
     let ttl = cfg.ttl_ms.to_string();
     // What the proxy promises: the lease is valid for TTL − drift after the request was sent.
     let validity_ns = cfg.ttl_ms.saturating_sub(drift_ms(cfg.ttl_ms, 0.01)) * 1_000_000;
-    let mut h = History::default();
+    let mut h = History {
+        limit: cfg.holders_allowed.or(cfg.semaphore).unwrap_or(1),
+        ..History::default()
+    };
     let mut conn: Option<Client> = None;
     // The key and token of a refused attempt to send again (a same-token retry).
     let mut retry: Option<(String, String)> = None;
@@ -415,12 +462,17 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
             ),
         };
         let key = &key;
-        let via_script = rng.chance(cfg.acquire_via_script_chance);
+        let via_script = cfg.semaphore.is_some() || rng.chance(cfg.acquire_via_script_chance);
         // Drawn only when used, so runs without tokens keep their random sequences.
         let via_lock =
             !via_script && cfg.lock_acquire_chance > 0.0 && rng.chance(cfg.lock_acquire_chance);
         let t_send = now_ns();
-        let reply = if via_script {
+        let reply = if let Some(limit) = cfg.semaphore {
+            h.script_acquires += 1;
+            let words = semaphore_acquire(key, limit, &token, cfg.ttl_ms);
+            let words: Vec<&str> = words.iter().map(String::as_str).collect();
+            c.try_cmd(&words, cfg.reply_timeout).await
+        } else if via_script {
             h.script_acquires += 1;
             c.try_cmd(
                 &["EVAL", NODE_REDLOCK_ACQUIRE, "1", key, &token, &ttl],
@@ -547,10 +599,7 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
             h.holds.push(hold);
             let in_validity = t_release - lease_start < validity_ns;
             let released = c
-                .try_cmd(
-                    &["EVAL", COMPARE_AND_DELETE, "1", key, &token],
-                    cfg.reply_timeout,
-                )
+                .try_cmd(&release(&cfg, key, &token), cfg.reply_timeout)
                 .await;
             let text = released.unwrap_or_else(|| {
                 conn = None;
@@ -562,11 +611,12 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
             *h.releases.entry(text).or_default() += 1;
         } else {
             if via_script && reply.is_some() && rng.chance(cfg.script_refusal_release_chance) {
+                let undo = match cfg.semaphore {
+                    Some(_) => release(&cfg, key, &token),
+                    None => vec!["EVAL", NODE_REDLOCK_RELEASE, "1", key, &token],
+                };
                 let text = c
-                    .try_cmd(
-                        &["EVAL", NODE_REDLOCK_RELEASE, "1", key, &token],
-                        cfg.reply_timeout,
-                    )
+                    .try_cmd(&undo, cfg.reply_timeout)
                     .await
                     .map_or("timeout".to_string(), |t| t.chars().take(80).collect());
                 if text == "timeout" {

@@ -1,0 +1,138 @@
+//! Sorted sets: `ZADD`, `ZREM`, `ZCARD`, `ZRANGE`, `ZRANK`, `ZSCORE`, `ZREMRANGEBYSCORE`, the
+//! plain commands that semaphores over sorted sets send besides their acquire script
+//! (redis-semaphore's `Semaphore` releases with `ZREM`; docs/SAFETY.md, "Semaphores over sorted
+//! sets", says what such a semaphore gets through the proxy).
+//!
+//! Each is sent unchanged to every master and answered by the quorum reply rule
+//! ([`MergeRule::Known`]), as the plain key commands of [`super::keys`]: the reply Q masters
+//! agree on, else the Q-th largest count, else null for a mix of one value and null, else
+//! `NOQUORUM`. Arguments are checked by the masters, so every error is Redis' own text.
+//!
+//! `ZADD` is the one that can create a key, and a key it creates has no expiry: it is followed
+//! on every master, in the same pipeline, by the script guard over its key
+//! ([`super::scripts::guard_command`]), so no key written through the proxy outlives the lease
+//! bound (a key without expiry, or with a longer one, gets the bound; a shorter TTL is kept),
+//! and a master the guard finds unarmed or quarantined does not vote. Unlike a script's, the
+//! reply is `ZADD`'s own even where the guard gave the key its TTL: `ZADD` cannot carry an
+//! expiry, and recipes set theirs with `PEXPIRE` next. The other commands only read or remove
+//! members (a key emptied is deleted), so they need no guard.
+//!
+//! The masters are spoken to in RESP2; a RESP3 client gets Redis 7's RESP3 shapes back: scores
+//! as doubles (`ZSCORE`, `ZADD … INCR`) and `ZRANGE … WITHSCORES` as `[member, score]` pairs.
+
+use super::keys::{forward_request, payload};
+use super::scripts::{guard_command, guarded};
+use super::{Action, Ctx, Session};
+use crate::lease::Outcome;
+use crate::masters::Ask;
+use crate::protocol::{Protocol, Reply, Request};
+use crate::redlock::MergeRule;
+use bytes::BytesMut;
+
+/// How a reply read in RESP2 becomes Redis 7's reply to a RESP3 client.
+type Shape = fn(Reply) -> Reply;
+
+/// `ZADD key [NX|XX] [GT|LT] [CH] [INCR] score member …`: fanned out with the guard after it.
+pub fn zadd(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
+    let incr = request.args[2..]
+        .iter()
+        .take_while(|a| is_any(a, &[b"nx", b"xx", b"gt", b"lt", b"ch", b"incr"]))
+        .any(|a| a.eq_ignore_ascii_case(b"incr"));
+    let shape = resp3(session, incr, as_double);
+    let masters = ctx.masters();
+    let guard = guard_command(&request.args[1..2], &ctx.shared.policy);
+    let mut both = BytesMut::from(payload(request).as_ref());
+    both.extend_from_slice(&guard);
+    let both = both.freeze();
+    Action::Defer(Box::pin(async move {
+        let ask = |_| Some(Ask::Commands(both.clone()));
+        let reply = guarded(&masters, ask, MergeRule::Known).await.reply;
+        Outcome::Reply(shape(reply))
+    }))
+}
+
+/// `ZSCORE key member`.
+pub fn zscore(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
+    let shape = resp3(session, true, as_double);
+    shaped(ctx, request, shape)
+}
+
+/// `ZRANGE key start stop [BYSCORE|BYLEX] [REV] [LIMIT offset count] [WITHSCORES]`.
+pub fn zrange(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
+    let scores = request.args[4..]
+        .iter()
+        .any(|a| a.eq_ignore_ascii_case(b"withscores"));
+    let shape = resp3(session, scores, score_pairs);
+    shaped(ctx, request, shape)
+}
+
+fn is_any(arg: &[u8], words: &[&[u8]]) -> bool {
+    words.iter().any(|w| arg.eq_ignore_ascii_case(w))
+}
+
+/// `shape` for a RESP3 session when `applies`, else the reply as the masters gave it.
+fn resp3(session: &Session, applies: bool, shape: Shape) -> Shape {
+    match (session.protocol, applies) {
+        (Protocol::Resp3, true) => shape,
+        _ => |reply| reply,
+    }
+}
+
+/// Fans `request` out under the quorum rule and shapes the merged reply.
+fn shaped(ctx: &Ctx<'_>, request: Request, shape: Shape) -> Action {
+    match forward_request(ctx.masters(), request) {
+        Action::Defer(reply) => Action::Defer(Box::pin(async move {
+            match reply.await {
+                Outcome::Reply(reply) => Outcome::Reply(shape(reply)),
+                other => other,
+            }
+        })),
+        other => other,
+    }
+}
+
+/// A score: Redis' RESP2 bulk string, as a RESP3 double (same text).
+fn as_double(reply: Reply) -> Reply {
+    match reply {
+        Reply::Bulk(text) => Reply::Double(text),
+        other => other,
+    }
+}
+
+/// `member, score, …` as RESP3's `[member, score]` pairs.
+fn score_pairs(reply: Reply) -> Reply {
+    match reply {
+        Reply::Array(flat) if flat.len() % 2 == 0 => {
+            let mut pairs = Vec::with_capacity(flat.len() / 2);
+            let mut items = flat.into_iter();
+            while let (Some(member), Some(score)) = (items.next(), items.next()) {
+                pairs.push(Reply::Array(vec![member, as_double(score)]));
+            }
+            Reply::Array(pairs)
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    #[test]
+    fn resp3_shapes() {
+        let b = |s: &'static str| Reply::Bulk(Bytes::from_static(s.as_bytes()));
+        let d = |s: &'static str| Reply::Double(Bytes::from_static(s.as_bytes()));
+        assert_eq!(as_double(b("1.5")), d("1.5"));
+        assert_eq!(as_double(Reply::Null), Reply::Null);
+        assert_eq!(
+            score_pairs(Reply::Array(vec![b("a"), b("1"), b("b"), b("inf")])),
+            Reply::Array(vec![
+                Reply::Array(vec![b("a"), d("1")]),
+                Reply::Array(vec![b("b"), d("inf")]),
+            ])
+        );
+        let err = Reply::error("ERR syntax error");
+        assert_eq!(score_pairs(err.clone()), err);
+    }
+}
