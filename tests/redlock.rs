@@ -506,81 +506,57 @@ async fn the_ttl_cap_applies_to_the_clients_ttl_on_every_path() {
     const CAP: u64 = 60_000;
     let env = Env::start(3).await;
     let mut c = env.proxy.client().await;
-    let refused = |ttl_ms: u64| {
-        format!("-ERR lock TTL {ttl_ms} ms is refused by redlock-proxy: above max_lock_ttl_ms ({CAP} ms)")
-    };
     let bound = redlock_proxy::backend_ttl_ms(CAP, 0.01) as i64;
     let ports = env.ports();
-    let within_bound = |k: String| {
-        let ports = ports.clone();
-        async move {
-            for p in ports {
-                let pttl: i64 = master_cmd(p, &["PTTL", &k]).await[1..].parse().unwrap();
-                assert!(pttl <= bound, "{k}: PTTL {pttl} above the bound {bound}");
-            }
+    let (prl_extend, reacquire) = (
+        script("python-redis-lock-extend"),
+        script("python-redis-py-reacquire"),
+    );
+    let (k_px, k_ex, k_lock) = (key("cap-set-px"), key("cap-set-ex"), key("cap-lock"));
+    // (the call with `{ttl}` for its TTL, the TTL's unit in ms, what it answers at the cap:
+    // a prefix). Lease scripts: python-redis-lock's extend (seconds; `0` extended) and
+    // redis-py's reacquire (milliseconds; `1` extended). `LOCK.ACQUIRE` answers its token and
+    // validity, `LOCK.EXTEND` its validity.
+    let paths: Vec<(Vec<&str>, u64, &str)> = vec![
+        (vec!["SET", &k_px, "v", "NX", "PX", "{ttl}"], 1, "+OK"),
+        (vec!["PEXPIRE", &k_px, "{ttl}"], 1, ":1"),
+        (vec!["EXPIRE", &k_px, "{ttl}"], 1000, ":1"),
+        (vec!["SET", &k_ex, "v", "NX", "EX", "{ttl}"], 1000, "+OK"),
+        (
+            vec!["EVAL", &prl_extend, "1", &k_ex, "v", "{ttl}"],
+            1000,
+            ":0",
+        ),
+        (vec!["EVAL", &reacquire, "1", &k_ex, "v", "{ttl}"], 1, ":1"),
+        (vec!["LOCK.ACQUIRE", &k_lock, "v", "{ttl}"], 1, "*[:"),
+        (vec!["LOCK.EXTEND", &k_lock, "v", "{ttl}"], 1, ":59"),
+    ];
+    for (call, unit, granted) in paths {
+        let with = |ttl: u64| -> Vec<String> {
+            call.iter()
+                .map(|a| a.replace("{ttl}", &ttl.to_string()))
+                .collect()
+        };
+        let refused = format!(
+            "-ERR lock TTL {} ms is refused by redlock-proxy: above max_lock_ttl_ms ({CAP} ms)",
+            CAP + unit
+        );
+        let args = with(CAP / unit + 1);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert_eq!(c.cmd(&args).await, refused, "{call:?}");
+        let args = with(CAP / unit);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let reply = c.cmd(&args).await;
+        assert!(reply.starts_with(granted), "{call:?}: {reply}");
+        let k = call.iter().find(|a| a.starts_with("test:")).unwrap();
+        for p in &ports {
+            let pttl: i64 = master_cmd(*p, &["PTTL", k]).await[1..].parse().unwrap();
+            assert!(
+                pttl <= bound,
+                "{call:?}: PTTL {pttl} above the bound {bound}"
+            );
         }
-    };
-    let (cap_ms, cap_s) = (CAP.to_string(), (CAP / 1000).to_string());
-    let (over_ms, over_s) = ((CAP + 1).to_string(), (CAP / 1000 + 1).to_string());
-
-    let k = key("cap-set-px");
-    assert_eq!(
-        c.cmd(&["SET", &k, "v", "NX", "PX", &over_ms]).await,
-        refused(CAP + 1)
-    );
-    assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", &cap_ms]).await, "+OK");
-    within_bound(k.clone()).await;
-    assert_eq!(c.cmd(&["PEXPIRE", &k, &over_ms]).await, refused(CAP + 1));
-    assert_eq!(c.cmd(&["PEXPIRE", &k, &cap_ms]).await, ":1");
-    assert_eq!(c.cmd(&["EXPIRE", &k, &over_s]).await, refused(CAP + 1000));
-    assert_eq!(c.cmd(&["EXPIRE", &k, &cap_s]).await, ":1");
-    within_bound(k.clone()).await;
-
-    let k = key("cap-set-ex");
-    assert_eq!(
-        c.cmd(&["SET", &k, "v", "NX", "EX", &over_s]).await,
-        refused(CAP + 1000)
-    );
-    assert_eq!(c.cmd(&["SET", &k, "v", "NX", "EX", &cap_s]).await, "+OK");
-    within_bound(k.clone()).await;
-    // Lease scripts: python-redis-lock's extend (seconds; `0` extended) and redis-py's
-    // reacquire (milliseconds; `1` extended).
-    let prl_extend = script("python-redis-lock-extend");
-    assert_eq!(
-        c.cmd(&["EVAL", &prl_extend, "1", &k, "v", &over_s]).await,
-        refused(CAP + 1000)
-    );
-    assert_eq!(
-        c.cmd(&["EVAL", &prl_extend, "1", &k, "v", &cap_s]).await,
-        ":0"
-    );
-    within_bound(k.clone()).await;
-    let reacquire = script("python-redis-py-reacquire");
-    assert_eq!(
-        c.cmd(&["EVAL", &reacquire, "1", &k, "v", &over_ms]).await,
-        refused(CAP + 1)
-    );
-    assert_eq!(
-        c.cmd(&["EVAL", &reacquire, "1", &k, "v", &cap_ms]).await,
-        ":1"
-    );
-    within_bound(k.clone()).await;
-
-    let k = key("cap-lock");
-    assert_eq!(
-        c.cmd(&["LOCK.ACQUIRE", &k, "v", &over_ms]).await,
-        refused(CAP + 1)
-    );
-    let token = c.cmd(&["LOCK.ACQUIRE", &k, "v", &cap_ms]).await;
-    assert!(token.starts_with("*[:"), "{token}");
-    assert_eq!(
-        c.cmd(&["LOCK.EXTEND", &k, "v", &over_ms]).await,
-        refused(CAP + 1)
-    );
-    // The extend answers its validity in ms.
-    let validity = c.cmd(&["LOCK.EXTEND", &k, "v", &cap_ms]).await;
-    assert!(validity.starts_with(":59"), "{validity}");
-    within_bound(k).await;
+    }
 }
 
 /// Issue 23, item 3: lease scripts written other ways than the recogniser reads (the TTL through
