@@ -5,10 +5,10 @@
 
 use redlock_proxy::on_master::COMPARE_AND_DELETE;
 use redlock_testkit::http::{exposed_names, get, series};
-use redlock_testkit::key;
 use redlock_testkit::launcher::{ready_for_load, Env, ProxyProcess};
 use redlock_testkit::masters::signal;
 use redlock_testkit::resp::Client;
+use redlock_testkit::{eventually, key};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -611,20 +611,6 @@ async fn shards_on_their_own_threads_grant_one_holder_and_count_together() {
         .map(|r| field(&stats, &format!("acquires_{r}")))
         .sum();
     assert_eq!(counted, attempts, "{stats}");
-}
-
-/// Polls `check` every 50 ms until it holds, at most `limit`; whether it held.
-async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if check().await {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Issue 23, items 9 and 10: without a quorum, `no_quorum_reply = "error"` answers an acquire

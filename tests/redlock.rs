@@ -2,11 +2,11 @@
 //! the masters directly.
 
 use redlock_proxy::on_master::{script_sha, COMPARE_AND_DELETE};
-use redlock_testkit::key;
 use redlock_testkit::launcher::Env;
 use redlock_testkit::masters::{command_stats, master_cmd, master_get};
 use redlock_testkit::relay::Relay;
 use redlock_testkit::scripts::script;
+use redlock_testkit::{eventually, key};
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -271,32 +271,26 @@ fn sha1_hex(body: &str) -> String {
     script_sha(body.as_bytes())
 }
 
+/// Whether every master's PTTL of `key` satisfies `ok` within 2 s (a reply may leave once a
+/// majority answered, with the last master's copy still in flight).
+async fn pttls_all(ports: Vec<u16>, key: String, ok: impl Fn(i64) -> bool) -> bool {
+    eventually(Duration::from_secs(2), async || {
+        for p in &ports {
+            let pttl: i64 = master_cmd(*p, &["PTTL", &key]).await[1..].parse().unwrap();
+            if !ok(pttl) {
+                return false;
+            }
+        }
+        true
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_scripts_are_padded_and_validity_checked() {
     let (env, relays) = behind_relays(3, 1000).await;
-    // PTTL on every master, once all of them satisfy `ok` (at most 2 s): a reply may leave
-    // once a majority answered, with the last master's copy still in flight.
     let ports: Vec<u16> = env.ports();
-    let pttls_all = |k: String, ok: fn(i64) -> bool| {
-        let ports = ports.clone();
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(2);
-            loop {
-                let mut out = Vec::new();
-                for p in &ports {
-                    out.push(
-                        master_cmd(*p, &["PTTL", &k]).await[1..]
-                            .parse::<i64>()
-                            .unwrap(),
-                    );
-                }
-                if out.iter().all(|t| ok(*t)) || Instant::now() >= deadline {
-                    return out.iter().all(|t| ok(*t));
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    };
+    let pttls_all = |k: String, ok: fn(i64) -> bool| pttls_all(ports.clone(), k, ok);
     let mut c = env.proxy.client().await;
     let k = key("lease");
     assert_eq!(c.cmd(&["SET", &k, "tok", "NX", "PX", "30000"]).await, "+OK");
@@ -608,24 +602,9 @@ async fn lease_scripts_are_recognised_by_effect_whatever_their_spelling() {
         c.cmd(&["EVAL", &prl_extend, "1", &k, "me", "10"]).await,
         ":0"
     );
-    // Every master, once the last one's extend landed (at most 2 s: the reply leaves with a
-    // majority): 10 s and at most its padding, never 11 s.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        let mut pttls = Vec::new();
-        for p in &ports {
-            pttls.push(
-                master_cmd(*p, &["PTTL", &k]).await[1..]
-                    .parse::<i64>()
-                    .unwrap(),
-            );
-        }
-        if pttls.iter().all(|t| (9_000..=10_102).contains(t)) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{pttls:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // 10 s and at most its padding on every master, never 11 s.
+    let padded_in_ms = |t: i64| (9_000..=10_102).contains(&t);
+    assert!(pttls_all(ports.clone(), k.clone(), padded_in_ms).await);
     // The `{1, pttl}` reply passes through; its PTTL is the padded one the master holds.
     let k2 = key("by-effect-pttl");
     let reply = c.cmd(&["EVAL", with_pttl, "1", &k2, "me", "10000"]).await;

@@ -38,6 +38,20 @@ pub fn lock_grant(reply: &str) -> Option<(u64, u64)> {
     Some((token.parse().ok()?, validity.parse().ok()?))
 }
 
+/// Polls `check` every 10 ms until it holds, at most `limit`; whether it held.
+pub async fn eventually(limit: std::time::Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// A fresh key name for one test (distinct per test process).
 pub fn key(name: &str) -> String {
     format!("test:{name}:{}", std::process::id())
