@@ -212,7 +212,8 @@ pub const LATE: &str = "ERR this script reached the master past its write deadli
 
 /// The prelude, as written (one statement per line for reading; joined into one line).
 /// `@SPEC@` becomes [`SCRIPT_COMMANDS`] as `|name:FLS|…` (first, last, step as one digit
-/// each, `-` for a last key of -1), searched with a plain `string.find` per call: a constant
+/// each, `-` for a last key of -1; the commands that set a lease add a kind after them: `m`,
+/// `s` or `o`, see the leases below), searched with a plain `string.find` per call: a constant
 /// string costs nothing per run, where a Lua table would be built on every run (Redis 7 forbids
 /// scripts to keep globals between runs). A name holding `|` or `:` could match across
 /// entries, but no such name is a Redis command, so the real call then refuses it as unknown.
@@ -248,38 +249,31 @@ local m = tonumber(argv[n])
 local base = n - math.max(m, 0) - 1
 local due, late, pad, noted = tonumber(argv[base]), false, tonumber(argv[base - 1]), 0
 if due > 0 then local t = rcall('time') late = t[1] * 1000 + t[2] / 1000 > due end
-local leasing = {pexpire = 1, psetex = 1, expire = 1000, setex = 1000, set = 0, getex = 0}
-local in_ms = {expire = 'pexpire', setex = 'psetex', ex = 'px'}
-local function lease(a, c, unit)
-  local at, unit_at = unit > 0 and 3, 1
-  if not at then
-    for i = c == 'set' and 4 or 3, #a - 1 do
-      local o = type(a[i]) == 'string' and lower(a[i])
-      if o == 'px' then at, unit, unit_at = i + 1, 1, i elseif o == 'ex' then at, unit, unit_at = i + 1, 1000, i elseif o == 'get' then return nil end
-    end
-    if not at then return nil end
-  end
-  local t = a[at]
+local function whole(t, unit)
   if type(t) == 'string' and #t <= 12 and find(t, '^[1-9]%d*$') then t = tonumber(t)
   elseif type(t) ~= 'number' or t < 1 or t > 1e12 or t % 1 ~= 0 then return nil end
-  local ms = t * unit
-  a[at] = format('%d', ms + ceil(ms * pad) + 2)
-  if unit > 1 then a[unit_at] = in_ms[lower(a[unit_at])] end
-  return ms
+  return t * unit
 end
-local function took(c, r)
-  if c == 'pexpire' or c == 'expire' then return r == 1 end
-  if c == 'getex' then return type(r) == 'string' end
-  return type(r) == 'table' and r.ok ~= nil
-end
-local function run(f, argc, name, ...)
-  local c = pad > 0 and type(name) == 'string' and lower(name)
-  local unit = c and leasing[c]
-  if not unit then return f(name, ...) end
-  local a = {name, ...}
-  local ms = lease(a, c, unit)
+local function noting(ms, took) if took and (noted == 0 or ms < noted) then noted = ms end end
+local function leased(f, argc, kind, name, key, a3, ...)
+  if kind ~= 111 then
+    local ms = whole(a3, kind == 115 and 1000 or 1)
+    if not ms then return f(name, key, a3, ...) end
+    if kind == 115 then name = 'p' .. lower(name) end
+    local r = f(name, key, format('%d', ms + ceil(ms * pad) + 2), ...)
+    noting(ms, r == 1 or (type(r) == 'table' and r.ok ~= nil))
+    return r
+  end
+  local a, c, at, unit = {name, key, a3, ...}, lower(name), nil, nil
+  for i = c == 'set' and 4 or 3, argc - 1 do
+    local o = type(a[i]) == 'string' and lower(a[i])
+    if o == 'px' then at, unit = i, 1 elseif o == 'ex' then at, unit = i, 1000 elseif o == 'get' then at = nil break end
+  end
+  local ms = at and whole(a[at + 1], unit)
+  if not ms then return f(unpack(a, 1, argc)) end
+  a[at], a[at + 1] = 'px', format('%d', ms + ceil(ms * pad) + 2)
   local r = f(unpack(a, 1, argc))
-  if ms and took(c, r) and (noted == 0 or ms < noted) then noted = ms end
+  noting(ms, (c == 'getex' and type(r) == 'string') or (c == 'set' and type(r) == 'table' and r.ok ~= nil))
   return r
 end
 local declared = {}
@@ -361,11 +355,19 @@ local function denied(argc, name, ...)
       return "ERR key '" .. gsub(sub(k, 1, 128), '%c', '?') .. "' is not in the script's KEYS and is refused by redlock-proxy: scripts may touch only the keys they declare"
     end
   end
-  return nil
+  local kind = byte(spec, at + #name + 5)
+  return nil, kind ~= 124 and kind or nil
+end
+local function checked(f, raise, ...)
+  local argc, err, kind = select('#', ...), nil, nil
+  if late then err = @LATE@ else err, kind = denied(argc, ...) end
+  if err then if raise then error({err = err}) end return {err = err} end
+  if kind and pad > 0 and argc >= 3 then return leased(f, argc, kind, ...) end
+  return f(...)
 end
 return setmetatable({
-  call = function(...) local err = late and @LATE@ or denied(select('#', ...), ...) if err then error({err = err}) end return run(rcall, select('#', ...), ...) end,
-  pcall = function(...) local err = late and @LATE@ or denied(select('#', ...), ...) if err then return {err = err} end return run(rpcall, select('#', ...), ...) end
+  call = function(...) return checked(rcall, true, ...) end,
+  pcall = function(...) return checked(rpcall, false, ...) end
 }, {__index = real, __metatable = false}), function(r) if pad > 0 then return {noted, r} end return r end
 end)(redis, KEYS, ARGV);
 "#;
@@ -380,7 +382,15 @@ static PRELUDE: LazyLock<String> = LazyLock::new(|| {
                 -1 => "-".to_string(),
                 last => last.to_string(),
             };
-            format!("|{}:{}{}{}", c.name, c.first, last, c.step)
+            // Leases by effect: `m` a TTL in ms as the third argument, `s` in seconds, `o` in
+            // a `PX`/`EX` option.
+            let lease = match c.name {
+                "pexpire" | "psetex" => "m",
+                "expire" | "setex" => "s",
+                "set" | "getex" => "o",
+                _ => "",
+            };
+            format!("|{}:{}{}{}{lease}", c.name, c.first, last, c.step)
         })
         .chain(std::iter::once("|".to_string()))
         .collect();
