@@ -292,28 +292,15 @@ pub fn merge(votes: &[Vote], rule: MergeRule) -> Option<Reply> {
             _ => None,
         })
         .collect();
-    for (i, candidate) in replies.iter().enumerate() {
-        if replies[i..].iter().filter(|r| *r == candidate).count() >= q {
-            return Some((*candidate).clone());
-        }
+    if let Some(agreed) = identical(&replies, q) {
+        return Some(agreed);
     }
     if votes.iter().any(|v| matches!(v, Vote::Pending)) {
         return None;
     }
-    let integers = || {
-        replies.iter().filter_map(|r| match r {
-            Reply::Integer(i) => Some(*i),
-            _ => None,
-        })
-    };
     if rule == MergeRule::Strict {
-        let reply = integers()
-            .find(|v| {
-                integers().filter(|i| i >= v).count() >= q
-                    && integers().filter(|i| i <= v).count() >= q
-            })
-            .map(Reply::Integer)
-            .or_else(|| merge_arrays(&replies, n))
+        let reply = either_way(&replies, q)
+            .or_else(|| merge_arrays(&replies, q))
             .unwrap_or_else(|| no_quorum(n));
         return Some(reply);
     }
@@ -324,7 +311,7 @@ pub fn merge(votes: &[Vote], rule: MergeRule) -> Option<Reply> {
             return Some(Reply::Integer(1));
         }
     }
-    let mut integers: Vec<i64> = integers().collect();
+    let mut integers: Vec<i64> = integers(&replies).collect();
     if integers.len() >= q {
         integers.sort_unstable_by(|a, b| b.cmp(a));
         return Some(Reply::Integer(integers[q - 1]));
@@ -344,10 +331,37 @@ pub fn merge(votes: &[Vote], rule: MergeRule) -> Option<Reply> {
     Some(no_quorum(n))
 }
 
-/// [`MergeRule::Strict`] for arrays of one length that at least Q masters answered (`{1, pttl}`
-/// from redlock-universal's extend): element by element, each by the strict rule over those
-/// masters (so a PTTL a few ms apart is their median), or none if some element has no answer.
-fn merge_arrays(replies: &[&Reply], n: usize) -> Option<Reply> {
+/// Rule 1: a reply at least `q` of `replies` gave.
+fn identical(replies: &[&Reply], q: usize) -> Option<Reply> {
+    replies.iter().enumerate().find_map(|(i, candidate)| {
+        let same = replies[i..].iter().filter(|r| *r == candidate).count();
+        (same >= q).then(|| (*candidate).clone())
+    })
+}
+
+/// The integers among `replies`.
+fn integers<'a>(replies: &'a [&Reply]) -> impl Iterator<Item = i64> + 'a {
+    replies.iter().filter_map(|r| match r {
+        Reply::Integer(i) => Some(*i),
+        _ => None,
+    })
+}
+
+/// Rule 2s: an integer `v` that at least `q` replies are ≥ and at least `q` are ≤.
+fn either_way(replies: &[&Reply], q: usize) -> Option<Reply> {
+    integers(replies)
+        .find(|v| {
+            integers(replies).filter(|i| i >= v).count() >= q
+                && integers(replies).filter(|i| i <= v).count() >= q
+        })
+        .map(Reply::Integer)
+}
+
+/// [`MergeRule::Strict`] for arrays of one length that at least `q` replies are (`{1, pttl}`
+/// from redlock-universal's extend): element by element over those arrays, each by rules 1 and
+/// 2s (and arrays again), so a PTTL a few ms apart is their median; none if some element has
+/// no answer.
+fn merge_arrays(replies: &[&Reply], q: usize) -> Option<Reply> {
     let length = |r: &Reply| match r {
         Reply::Array(items) => Some(items.len()),
         _ => None,
@@ -355,23 +369,23 @@ fn merge_arrays(replies: &[&Reply], n: usize) -> Option<Reply> {
     let len = replies
         .iter()
         .filter_map(|r| length(r))
-        .find(|len| replies.iter().filter(|r| length(r) == Some(*len)).count() >= quorum(n))?;
-    let mut merged = Vec::with_capacity(len);
-    for i in 0..len {
-        let mut votes: Vec<Vote> = replies
-            .iter()
-            .map(|r| match r {
-                Reply::Array(items) if items.len() == len => Vote::Replied(items[i].clone()),
-                _ => Vote::Missing(MissingReason::NotEligible),
-            })
-            .collect();
-        votes.resize(n, Vote::Missing(MissingReason::NotEligible));
-        match merge(&votes, MergeRule::Strict)? {
-            refused if refused == no_quorum(n) => return None,
-            element => merged.push(element),
-        }
-    }
-    Some(Reply::Array(merged))
+        .find(|len| replies.iter().filter(|r| length(r) == Some(*len)).count() >= q)?;
+    let arrays: Vec<&[Reply]> = replies
+        .iter()
+        .filter_map(|r| match r {
+            Reply::Array(items) if items.len() == len => Some(items.as_slice()),
+            _ => None,
+        })
+        .collect();
+    (0..len)
+        .map(|i| {
+            let elements: Vec<&Reply> = arrays.iter().map(|items| &items[i]).collect();
+            identical(&elements, q)
+                .or_else(|| either_way(&elements, q))
+                .or_else(|| merge_arrays(&elements, q))
+        })
+        .collect::<Option<Vec<Reply>>>()
+        .map(Reply::Array)
 }
 
 /// The refusal when no majority of `n` masters agreed.
