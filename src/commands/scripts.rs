@@ -378,16 +378,16 @@ pub(crate) async fn guarded(
             }
         }
     }
+    let (votes, noted): (Vec<Vote>, Vec<u64>) = votes.iter().map(script_vote).unzip();
     let leases: Vec<u64> = votes
         .iter()
-        .map(script_vote)
+        .zip(noted)
         .filter(|(vote, noted)| matches!(vote, Vote::Replied(_)) && *noted > 0)
         .map(|(_, noted)| noted)
         .collect();
     let lease = (leases.len() >= quorum(votes.len()))
         .then(|| leases.iter().min().copied())
         .flatten();
-    let votes = script_votes(&votes);
     let reply = merge(&votes, rule).unwrap_or_else(|| no_quorum(votes.len()));
     Guarded {
         reply,
