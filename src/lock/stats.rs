@@ -86,7 +86,11 @@ impl LockStats {
     /// majority answers them again (`summary`: the masters usable now).
     pub fn note_quorum(&self, result: AcquireResult, summary: impl FnOnce() -> String) {
         let lacking = result == AcquireResult::NoQuorum;
-        if self.lacking_quorum.swap(lacking, Ordering::Relaxed) == lacking {
+        // Read first: every acquire comes here, and a write each time would bounce the line
+        // between shards' threads.
+        if self.lacking_quorum.load(Ordering::Relaxed) == lacking
+            || self.lacking_quorum.swap(lacking, Ordering::Relaxed) == lacking
+        {
             return;
         }
         match lacking {
