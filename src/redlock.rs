@@ -149,7 +149,16 @@ pub fn propose_token(master_clocks_us: impl IntoIterator<Item = u64>, last: u64)
 /// far ahead of its clock) or `[-4, counter]` (not above the key's counter).
 pub fn refused_token(vote: &Vote) -> Option<u64> {
     match vote {
-        Vote::Replied(Reply::Array(items)) => match items.as_slice() {
+        Vote::Replied(reply) => token_refusal(reply),
+        _ => None,
+    }
+}
+
+/// What a master reported when it refused a token (the acquire's answer, or a script
+/// prelude's verdict): the clock or counter to propose above.
+pub fn token_refusal(reply: &Reply) -> Option<u64> {
+    match reply {
+        Reply::Array(items) => match items.as_slice() {
             [Reply::Integer(-3 | -4), Reply::Integer(seen)] => u64::try_from(*seen).ok(),
             _ => None,
         },

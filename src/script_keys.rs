@@ -219,8 +219,22 @@ pub const LATE: &str = "ERR this script reached the master past its write deadli
 /// entries, but no such name is a Redis command, so the real call then refuses it as unknown.
 ///
 /// - `ARGV`'s last entry is the number m of user patterns before it, or `-1` for every key;
-///   before them come the write deadline and the drift factor ([`access_args`]); those m + 3
-///   entries are removed before the body runs. Without patterns no glob is built.
+///   before them come the write deadline, the drift factor and the token offer
+///   ([`access_args`]); those m + 7 entries are removed before the body runs. Without
+///   patterns no glob is built.
+/// - Tokens by effect (docs/SAFETY.md, "Tokens for locks taken by scripts"), where a token is
+///   offered: the first call that names a declared key notes the string it holds (`false`:
+///   none, or not a string). When the script returns, `fence` looks at each such key: one
+///   that now holds another string has a new holder. If a lease call on it took effect, the
+///   run takes the offered token as an acquire does (the master's clock within the offer's
+///   window, the proposal above the key's counter `redlock-proxy:token:<key>`), writing the
+///   record for at least the counter life and the lock's PTTL; refused, it reports `{-2|-3,
+///   clock µs}` or `{-4, counter}`. Whenever a new holder does not get the token, the counter
+///   keeps only its bare token (`KEEPTTL`): later proposals must still pass it, but it names
+///   no holder, so `LOCK.TOKEN` answers null rather than an earlier holder's token. A key that
+///   holds the same string and got a lease (an extend) keeps its counter at least as long as
+///   the lock (`GT`). The verdict (`0`: no token taken nor refused, `1`: taken) rides between
+///   the lease and the reply.
 /// - Leases by effect: with a drift factor F > 0, a call that sets a declared key's expiry
 ///   from a whole number (`PEXPIRE`, `EXPIRE`, `PSETEX`, `SETEX`, `SET`/`GETEX` with `PX`/`EX`)
 ///   runs with that TTL padded as an acquire's (`ms + ceil(ms × F) + 2`), in milliseconds (the
@@ -228,7 +242,8 @@ pub const LATE: &str = "ERR this script reached the master past its write deadli
 ///   would add up to a second), and
 ///   the shortest TTL (ms, as the client asked) of such calls that took effect is noted.
 ///   However the script spells it (a local variable, one script for acquire and extend), the
-///   lease it sets is padded. `__done` then answers `{noted, reply}` (0: no lease), which
+///   lease it sets is padded. `__done` then answers `{noted, token verdict, reply}` (0: no
+///   lease; the reply last, since a nil reply ends a Lua table), which
 ///   [`checked_body`] wraps around the body of a script that may write, and the proxy
 ///   unwraps; with F = 0 (read-only runs) it answers the reply alone.
 ///   Each pattern comes tagged ([`access_args`]): `=` a key, `^` a prefix, `*` a glob.
@@ -248,20 +263,26 @@ local n = #argv
 local m = tonumber(argv[n])
 local base = n - math.max(m, 0) - 1
 local due, late, pad, noted = tonumber(argv[base]), false, tonumber(argv[base - 1]), 0
+local record, earliest, latest, life = argv[base - 5], tonumber(argv[base - 4]), tonumber(argv[base - 3]), tonumber(argv[base - 2])
+local tokens, before, leased_keys = pad > 0 and record ~= '0', {}, {}
 if due > 0 then local t = rcall('time') late = t[1] * 1000 + t[2] / 1000 > due end
 local function whole(t, unit)
   if type(t) == 'string' and #t <= 12 and find(t, '^[1-9]%d*$') then t = tonumber(t)
   elseif type(t) ~= 'number' or t < 1 or t > 1e12 or t % 1 ~= 0 then return nil end
   return t * unit
 end
-local function noting(ms, took) if took and (noted == 0 or ms < noted) then noted = ms end end
+local function noting(key, ms, took)
+  if not took then return end
+  if noted == 0 or ms < noted then noted = ms end
+  leased_keys[key] = true
+end
 local function leased(f, argc, kind, name, key, a3, ...)
   if kind ~= 111 then
     local ms = whole(a3, kind == 115 and 1000 or 1)
     if not ms then return f(name, key, a3, ...) end
     if kind == 115 then name = 'p' .. lower(name) end
     local r = f(name, key, format('%d', ms + ceil(ms * pad) + 2), ...)
-    noting(ms, r == 1 or (type(r) == 'table' and r.ok ~= nil))
+    noting(key, ms, r == 1 or (type(r) == 'table' and r.ok ~= nil))
     return r
   end
   local a, c, at, unit = {name, key, a3, ...}, lower(name), nil, nil
@@ -273,7 +294,7 @@ local function leased(f, argc, kind, name, key, a3, ...)
   if not ms then return f(unpack(a, 1, argc)) end
   a[at], a[at + 1] = 'px', format('%d', ms + ceil(ms * pad) + 2)
   local r = f(unpack(a, 1, argc))
-  noting(ms, (c == 'getex' and type(r) == 'string') or (c == 'set' and type(r) == 'table' and r.ok ~= nil))
+  noting(key, ms, (c == 'getex' and type(r) == 'string') or (c == 'set' and type(r) == 'table' and r.ok ~= nil))
   return r
 end
 local declared = {}
@@ -326,7 +347,35 @@ if m >= 0 then
     return false
   end
 end
-for i = base - 1, n do argv[i] = nil end
+local function holder(k) local v = rpcall('get', k) return type(v) == 'string' and v end
+local function fence()
+  local tok, t = 0, rcall('time')
+  local now = t[1] * 1000 + t[2] / 1000
+  for k, was in pairs(before) do
+    local is = holder(k)
+    if is and is ~= was then
+      local ck = reserved .. 'token:' .. k
+      local c = rcall('get', ck)
+      if leased_keys[k] then
+        local refusal
+        if now < earliest then refusal = {-3, t[1] * 1000000 + t[2]}
+        elseif now > latest then refusal = {-2, t[1] * 1000000 + t[2]}
+        elseif c and c >= sub(record, 1, 16) then refusal = {-4, tonumber(sub(c, 1, 16))} end
+        if not refusal then
+          rcall('set', ck, record, 'PX', math.max(life, rcall('pttl', k)))
+          c = nil
+          if tok == 0 then tok = 1 end
+        elseif type(tok) ~= 'table' then tok = refusal end
+      end
+      if c then rcall('set', ck, sub(c, 1, 16), 'KEEPTTL') end
+    elseif is and leased_keys[k] then
+      local ms = rcall('pttl', k)
+      if ms > 0 then rcall('pexpire', reserved .. 'token:' .. k, ms, 'GT') end
+    end
+  end
+  return tok
+end
+for i = base - 5, n do argv[i] = nil end
 local function denied(argc, name, ...)
   if type(name) == 'number' then name = format('%.17g', name) end
   if type(name) ~= 'string' then return nil end
@@ -350,7 +399,9 @@ local function denied(argc, name, ...)
     local k = select(p, ...)
     if type(k) == 'number' then k = format('%.17g', k) end
     if type(k) ~= 'string' then return nil end
-    if not declared[k] then
+    if declared[k] then
+      if tokens and before[k] == nil then before[k] = holder(k) end
+    else
       if sub(k, 1, #reserved) == reserved then return @RESERVED_KEY@ end
       return "ERR key '" .. gsub(sub(k, 1, 128), '%c', '?') .. "' is not in the script's KEYS and is refused by redlock-proxy: scripts may touch only the keys they declare"
     end
@@ -368,7 +419,10 @@ end
 return setmetatable({
   call = function(...) return checked(rcall, true, ...) end,
   pcall = function(...) return checked(rpcall, false, ...) end
-}, {__index = real, __metatable = false}), function(r) if pad > 0 then return {noted, r} end return r end
+}, {__index = real, __metatable = false}), function(r)
+  if pad == 0 then return r end
+  return {noted, tokens and fence() or 0, r}
+end
 end)(redis, KEYS, ARGV);
 "#;
 
@@ -451,6 +505,22 @@ pub fn checked_body(body: &[u8], report_leases: bool) -> Bytes {
     out.freeze()
 }
 
+/// Where [`access_args`] puts the write deadline among its entries (set per master).
+pub const DEADLINE_AT: usize = 5;
+
+/// The fencing token a client script's run may take on a master when it makes a new holder of
+/// a key (docs/SAFETY.md, "Tokens for locks taken by scripts"): the counter record
+/// `<token, 16 digits>:<proxy instance>` (the proposal is its first 16 bytes), the master
+/// clocks (ms) between which a master may take it, and how long a counter it writes lives at
+/// least (ms; at least as long as the lock, too).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenOffer {
+    pub record: Bytes,
+    pub earliest_ms: u64,
+    pub latest_ms: u64,
+    pub life_ms: u64,
+}
+
 /// The `ARGV` entries appended for the prelude: the user's patterns and their number, or `-1`
 /// for a user with every key. Each pattern is tagged with how the prelude may match it: `=`
 /// the whole key (no wildcard), `^` a prefix (`tenant:*`, the usual shape), `*` Redis' glob.
@@ -459,17 +529,33 @@ pub fn checked_body(body: &[u8], report_leases: bool) -> Bytes {
 ///
 /// Before them goes the write deadline, in the master's clock (ms since the epoch; `0`: none):
 /// a script that reaches the master past it (held up in a paused master's socket buffer, a
-/// slow link) runs no command, so it writes nothing ([`LATE`]). First comes the drift factor
-/// leases are padded by (`0`: none, and no lease is reported; see [`PRELUDE_LINES`]).
-pub fn access_args(keys: &KeyPatterns, drift_factor: f64, deadline_ms: u64) -> Vec<Bytes> {
+/// slow link) runs no command, so it writes nothing ([`LATE`]) ([`DEADLINE_AT`] places it).
+/// Before it, the drift factor leases are padded by (`0`: none, and no lease is reported; see
+/// [`PRELUDE_LINES`]); first the fencing token the run may take ([`TokenOffer`]; four `0`s:
+/// none).
+pub fn access_args(
+    keys: &KeyPatterns,
+    drift_factor: f64,
+    deadline_ms: u64,
+    token: Option<&TokenOffer>,
+) -> Vec<Bytes> {
+    let number = |n: u64| Bytes::from(n.to_string());
+    let token: [Bytes; 4] = match token {
+        Some(offer) => [
+            offer.record.clone(),
+            number(offer.earliest_ms),
+            number(offer.latest_ms),
+            number(offer.life_ms),
+        ],
+        None => [0, 0, 0, 0].map(number),
+    };
     let pad = Bytes::from(drift_factor.to_string());
-    let deadline = Bytes::from(deadline_ms.to_string());
+    let fixed = token.into_iter().chain([pad, number(deadline_ms)]);
     let KeyPatterns::Some(patterns) = keys else {
-        return vec![pad, deadline, Bytes::from_static(b"-1")];
+        return fixed.chain([Bytes::from_static(b"-1")]).collect();
     };
     let special = |b: &u8| matches!(b, b'*' | b'?' | b'[' | b'\\');
-    let mut args: Vec<Bytes> = [pad, deadline]
-        .into_iter()
+    let mut args: Vec<Bytes> = fixed
         .chain(patterns.iter().map(|p| {
             let (tag, rest): (&[u8], &[u8]) = match p.iter().position(special) {
                 None => (b"=", p),
@@ -525,6 +611,11 @@ mod tests {
     #[test]
     fn texts_agree_with_the_command_table() {
         assert_eq!(crate::commands::RESERVED_PREFIX, RESERVED.as_bytes());
+        // The prelude names a key's token counter as the acquire does.
+        assert_eq!(
+            &crate::lock::token_key(b"k")[..],
+            format!("{RESERVED}token:k").as_bytes()
+        );
         let persist = crate::commands::lookup(b"persist").unwrap();
         assert!(matches!(persist.kind, crate::commands::Kind::Refused(r) if r == PERSIST_REFUSED));
         assert_eq!(lua_string(r#"a"b\c"#), r#""a\"b\\c""#);
@@ -561,24 +652,55 @@ mod tests {
 
     #[test]
     fn patterns_travel_as_trailing_argv() {
+        let none = ["0", "0", "0", "0"];
         assert_eq!(
-            access_args(&KeyPatterns::All, 0.01, 0),
-            vec![Bytes::from("0.01"), Bytes::from("0"), Bytes::from("-1")]
+            access_args(&KeyPatterns::All, 0.01, 0, None),
+            none.iter()
+                .chain(&["0.01", "0", "-1"])
+                .map(|s| Bytes::from(*s))
+                .collect::<Vec<_>>()
         );
         let some = KeyPatterns::Some(
             ["a:*", "b", "a*b", "a?", "*", "x\\*", "[ab]*", ""]
                 .map(Bytes::from)
                 .to_vec(),
         );
+        let offer = TokenOffer {
+            record: Bytes::from("0001764140000000:p.1.0"),
+            earliest_ms: 1764139985000,
+            latest_ms: 1764140015000,
+            life_ms: 60602,
+        };
+        let args = access_args(&some, 0.0, 1234, Some(&offer));
+        assert_eq!(args[DEADLINE_AT], Bytes::from("1234"));
         assert_eq!(
-            access_args(&some, 0.0, 1234),
-            ["0", "1234", "^a:", "=b", "*a*b", "*a?", "^", "*x\\*", "*[ab]*", "=", "8"]
-                .map(Bytes::from)
-                .to_vec()
+            args,
+            [
+                "0001764140000000:p.1.0",
+                "1764139985000",
+                "1764140015000",
+                "60602",
+                "0",
+                "1234",
+                "^a:",
+                "=b",
+                "*a*b",
+                "*a?",
+                "^",
+                "*x\\*",
+                "*[ab]*",
+                "=",
+                "8"
+            ]
+            .map(Bytes::from)
+            .to_vec()
         );
         assert_eq!(
-            access_args(&KeyPatterns::Some(Vec::new()), 0.0, 0),
-            vec![Bytes::from("0"), Bytes::from("0"), Bytes::from("0")]
+            access_args(&KeyPatterns::Some(Vec::new()), 0.0, 0, None),
+            none.iter()
+                .chain(&["0", "0", "0"])
+                .map(|s| Bytes::from(*s))
+                .collect::<Vec<_>>()
         );
     }
 }

@@ -229,3 +229,105 @@ async fn a_holder_paused_past_its_lease_is_fenced_off() {
     assert!(late.is_err(), "the paused holder's write was accepted");
     assert_eq!(resource.value.as_deref(), Some("b"));
 }
+
+/// One script for acquire and extend (pottery, redlock-universal and others write it so): set
+/// the key with a TTL while it is free or ours.
+const ACQUIRE_OR_EXTEND: &str = "local v = redis.call('get', KEYS[1]) if v == false or v == ARGV[1] then redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end return 0";
+
+/// A lease through a local variable, set apart from the value (`SET NX`, then `PEXPIRE`).
+const SET_THEN_PEXPIRE: &str = "local ttl = tonumber(ARGV[2]) if redis.call('set', KEYS[1], ARGV[1], 'NX') then redis.call('pexpire', KEYS[1], ttl) return {1, redis.call('pttl', KEYS[1])} end return {0, 0}";
+
+async fn eval(c: &mut Client, script: &str, k: &str, v: &str, ttl: &str) -> String {
+    c.cmd(&["EVAL", script, "1", k, v, ttl]).await
+}
+
+async fn token_of(c: &mut Client, k: &str, v: &str) -> Option<u64> {
+    let reply = c.cmd(&["LOCK.TOKEN", k, v]).await;
+    (reply != "$nil").then(|| reply.trim_start_matches(':').parse().expect(&reply))
+}
+
+/// A lock taken by a client's own script gets a fencing token of its own, above the key's
+/// earlier grants, whatever the script's spelling; an extend keeps it; a run whose token the
+/// masters refuse leaves `LOCK.TOKEN` answering null (never an earlier holder's token) and
+/// lifts later proposals above what they reported (docs/SAFETY.md, "Tokens for locks taken by
+/// scripts").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_taken_by_a_script_gets_a_token_of_its_own() {
+    let masters = LocalCluster::start(3).unwrap();
+    let ports: Vec<u16> = masters.masters.iter().map(|m| m.port).collect();
+    // The default cap: a token window of some 15 s, wide enough to plant a counter ahead of
+    // every clock below.
+    let proxy = Proxy::start(masters.addrs(), |c| {
+        c.node_timeout_ms = BEHAVIOUR_NODE_TIMEOUT_MS
+    })
+    .await;
+    let mut c = proxy.client().await;
+    up(&mut c, 3).await;
+    let k = key("script-fence");
+    // A grant through `LOCK.ACQUIRE`, released: its counter stays on the masters.
+    let first = c.cmd(&["LOCK.ACQUIRE", &k, "a", "1000"]).await;
+    let (first, _) = lock_grant(&first).expect(&first);
+    assert_eq!(c.cmd(&["LOCK.RELEASE", &k, "a"]).await, ":1");
+
+    assert_eq!(eval(&mut c, ACQUIRE_OR_EXTEND, &k, "b", "1000").await, ":1");
+    let second = token_of(&mut c, &k, "b").await.expect("a token for b");
+    assert!(
+        second > first,
+        "{second} <= {first}: an earlier grant's token"
+    );
+    for port in &ports {
+        let counter = master_cmd(*port, &["PTTL", &format!("redlock-proxy:token:{k}")]).await;
+        let counter: i64 = counter.trim_start_matches(':').parse().unwrap();
+        assert!(counter > 1000, "the counter outlives the lock: {counter}");
+    }
+    // An extend through the same script keeps the token; a contender gets none.
+    assert_eq!(eval(&mut c, ACQUIRE_OR_EXTEND, &k, "b", "1500").await, ":1");
+    assert_eq!(token_of(&mut c, &k, "b").await, Some(second));
+    assert_eq!(eval(&mut c, ACQUIRE_OR_EXTEND, &k, "c", "1000").await, ":0");
+    assert_eq!(token_of(&mut c, &k, "c").await, None);
+    assert_eq!(c.cmd(&["LOCK.RELEASE", &k, "b"]).await, ":1");
+
+    let granted = eval(&mut c, SET_THEN_PEXPIRE, &k, "d", "1000").await;
+    assert!(granted.starts_with("*[:1,"), "{granted}");
+    let third = token_of(&mut c, &k, "d").await.expect("a token for d");
+    assert!(third > second, "{third} <= {second}");
+    assert_eq!(c.cmd(&["LOCK.RELEASE", &k, "d"]).await, ":1");
+
+    // Another proxy's counter 5 s ahead of this one's proposals (within the window): the
+    // masters refuse the next script's token. The script still ran (the lock is held), and
+    // `LOCK.TOKEN` answers null, not the counter it found.
+    let clock = master_cmd(ports[0], &["TIME"]).await;
+    let digits: Vec<u64> = clock
+        .trim_start_matches("*[")
+        .trim_end_matches(']')
+        .split(',')
+        .map(|d| d.trim_start_matches('$').parse().expect(&clock))
+        .collect();
+    let ahead = digits[0] * 1_000_000 + digits[1] + 5_000_000;
+    for port in &ports {
+        let planted = format!("{ahead:016}:another-proxy");
+        let set = [
+            "SET",
+            &format!("redlock-proxy:token:{k}"),
+            &planted,
+            "PX",
+            "30000",
+        ];
+        assert_eq!(master_cmd(*port, &set).await, "+OK");
+    }
+    assert_eq!(eval(&mut c, ACQUIRE_OR_EXTEND, &k, "e", "1000").await, ":1");
+    assert_eq!(token_of(&mut c, &k, "e").await, None);
+    for port in &ports {
+        let counter = master_cmd(*port, &["GET", &format!("redlock-proxy:token:{k}")]).await;
+        assert_eq!(
+            counter,
+            format!("${ahead:016}"),
+            "the bare token stays the floor"
+        );
+    }
+    assert_eq!(c.cmd(&["LOCK.RELEASE", &k, "e"]).await, ":1");
+    // The refusal lifted this proxy's proposals above the counter: the next run takes a token.
+    assert_eq!(eval(&mut c, ACQUIRE_OR_EXTEND, &k, "f", "1000").await, ":1");
+    let fourth = token_of(&mut c, &k, "f").await.expect("a token for f");
+    assert!(fourth > ahead, "{fourth} <= {ahead}");
+}

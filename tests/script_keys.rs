@@ -481,11 +481,13 @@ async fn the_prelude_matches_keys_as_redis_acl_does() {
         ];
         assert_eq!(c.cmd(&acl).await, "+OK");
         let redis_allows = c.cmd(&["ACL", "DRYRUN", &user, "GET", key]).await == "+OK";
-        // ARGV: the key, then no padding, no write deadline, the pattern (tagged as a glob)
-        // and its count, which the prelude removes.
+        // ARGV: the key, then no token offer, no padding, no write deadline, the pattern
+        // (tagged as a glob) and its count, which the prelude removes.
         let glob = format!("*{pattern}");
         let reply = c
-            .cmd(&["EVAL", probe, "0", key, "0", "0", &glob, "1"])
+            .cmd(&[
+                "EVAL", probe, "0", key, "0", "0", "0", "0", "0", "0", &glob, "1",
+            ])
             .await;
         let expected = if redis_allows {
             format!("*[:1,${}]", &undeclared(key)[1..])
@@ -505,7 +507,9 @@ async fn the_prelude_matches_keys_as_redis_acl_does() {
         ("^", "anything", true),
     ] {
         let reply = c
-            .cmd(&["EVAL", probe, "0", key, "0", "0", tagged, "1"])
+            .cmd(&[
+                "EVAL", probe, "0", key, "0", "0", "0", "0", "0", "0", tagged, "1",
+            ])
             .await;
         assert_eq!(
             reply.contains("not in the script's KEYS"),
@@ -515,11 +519,13 @@ async fn the_prelude_matches_keys_as_redis_acl_does() {
     }
     // No pattern at all: no key; -1: every key.
     assert_eq!(
-        c.cmd(&["EVAL", probe, "0", "k", "0", "0", "0"]).await,
+        c.cmd(&["EVAL", probe, "0", "k", "0", "0", "0", "0", "0", "0", "0"])
+            .await,
         format!("*[:1,${SCRIPT_NOPERM}]")
     );
     assert_eq!(
-        c.cmd(&["EVAL", probe, "0", "k", "0", "0", "-1"]).await,
+        c.cmd(&["EVAL", probe, "0", "k", "0", "0", "0", "0", "0", "0", "-1"])
+            .await,
         format!("*[:1,${}]", &undeclared("k")[1..])
     );
 }

@@ -20,8 +20,9 @@ use crate::redlock::MergeRule;
 use bytes::Bytes;
 
 /// `KEYS` = key, its token counter; `ARGV` = value. The token (of `<token>:<proxy instance>`),
-/// while `value` holds `key`.
-const TOKEN_SCRIPT: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then local c = redis.call('get', KEYS[2]) if c then return tonumber(string.sub(c, 1, 16)) end end return false";
+/// while `value` holds `key`. A counter of the bare token names no holder (a script made a new
+/// holder that did not get the token: docs/SAFETY.md, "Tokens for locks taken by scripts").
+const TOKEN_SCRIPT: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then local c = redis.call('get', KEYS[2]) if c and #c > 16 then return tonumber(string.sub(c, 1, 16)) end end return false";
 
 /// A positive TTL in ms from `arg`, within the cap, with Redis' texts for a bad one.
 fn ttl_arg(ctx: &Ctx<'_>, arg: &[u8], command: &'static str) -> Result<u64, ProxyError> {

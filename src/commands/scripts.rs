@@ -39,14 +39,16 @@ use crate::error::ProxyError;
 use crate::health::{ARMED_KEY, QUARANTINE_KEY};
 use crate::lease::{Granted, Lease, Outcome};
 use crate::lease_script::KnownLock;
+use crate::lock::Acquirer;
 use crate::lock::Attempt;
 use crate::masters::{Ask, Masters};
 use crate::protocol::{encode_command, Reply, Request};
 use crate::redlock::{
-    merge, no_quorum, quorum, validity_window, MergeRule, MissingReason, Policy, Vote,
+    merge, no_quorum, quorum, token_refusal, validity_window, MergeRule, MissingReason, Policy,
+    Vote,
 };
 use crate::script_cache::{script_sha, Script};
-use crate::script_keys::access_args;
+use crate::script_keys::{access_args, DEADLINE_AT};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::sync::OnceLock;
@@ -149,10 +151,12 @@ fn run(
     let guarded = script.may_write && !read_only;
     // The prelude pads the leases a script sets, and reports them, only where it may write.
     let pad = if guarded { policy.drift_factor } else { 0.0 };
-    // The write deadline's place among the prelude's arguments (after the drift factor), set
-    // per master below.
-    let due_at = args.len() + 1;
-    args.extend(access_args(patterns, pad, 0));
+    // A run that makes a new holder of a key takes a fencing token, as an acquire does.
+    let acquirer = ctx.shard.acquirer.clone();
+    let offer = guarded.then(|| acquirer.offer_script_token()).flatten();
+    // The write deadline's place among the prelude's arguments, set per master below.
+    let due_at = args.len() + DEADLINE_AT;
+    args.extend(access_args(patterns, pad, 0, offer.as_ref()));
     let guard = match guarded {
         true => guard_command(&args[3..3 + numkeys], &policy),
         false => Bytes::new(),
@@ -200,7 +204,7 @@ fn run(
                 let due = masters.voters()[i].write_deadline(sent, node_timeout, drift)?;
                 Some(request(due))
             };
-            guarded_reply(&masters, ask, rule, policy.max_lock_ttl_ms).await
+            guarded_reply(&masters, &acquirer, ask, rule, policy.max_lock_ttl_ms).await
         } else {
             let ask = request(0);
             let reply = masters.quorum_reply_each(|_| Some(ask.clone()), rule).await;
@@ -301,29 +305,43 @@ fn counted(action: Action) -> Action {
     }
 }
 
-/// The script's vote of one master from its `[script reply, guard reply]` pair, and the
-/// shortest lease the script set there (the client's TTL in ms, 0: none). The script reply is
-/// the prelude's `{noted, reply}` when the script returned ([`crate::script_keys`]; an error it
-/// raised comes alone). Counted only if the guard vouched for the master (`-1`: unarmed or
-/// quarantined, no vote).
-fn script_vote(vote: &Vote) -> (Vote, u64) {
-    let not_eligible = || (Vote::Missing(MissingReason::NotEligible), 0);
+/// What a master's prelude reported beside a script's reply ([`crate::script_keys`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Report {
+    /// The shortest lease the script set there (the client's TTL in ms, 0: none).
+    lease_ms: u64,
+    /// The counter or clock (µs) at which the master refused the run's token, if it did
+    /// (`{-3|-4, seen}`; a token refused as too late, `{-2, clock}`, says nothing of later
+    /// proposals).
+    token_refused_at: Option<u64>,
+}
+
+/// The script's vote of one master from its `[script reply, guard reply]` pair, and what the
+/// prelude reported there. The script reply is the prelude's `{noted, token verdict, reply}`
+/// when the script returned ([`crate::script_keys`]; an error it raised comes alone). Counted
+/// only if the guard vouched for the master (`-1`: unarmed or quarantined, no vote).
+fn script_vote(vote: &Vote) -> (Vote, Report) {
+    let not_eligible = || (Vote::Missing(MissingReason::NotEligible), Report::default());
     let Vote::Replied(answer) = vote else {
-        return (vote.clone(), 0);
+        return (vote.clone(), Report::default());
     };
     let Reply::Array(pair) = answer else {
         return not_eligible();
     };
     match pair.as_slice() {
         [Reply::Array(reported), Reply::Integer(n)] if *n >= 0 => match reported.as_slice() {
-            // A script's nil reply ends the Lua table: `{noted}` alone.
-            [Reply::Integer(noted), reply @ ..] if reply.len() <= 1 => {
+            // A script's nil reply ends the Lua table: `{noted, verdict}` alone.
+            [Reply::Integer(noted), verdict, reply @ ..] if reply.len() <= 1 => {
                 let reply = reply.first().cloned().unwrap_or(Reply::Null);
-                (Vote::Replied(reply), u64::try_from(*noted).unwrap_or(0))
+                let report = Report {
+                    lease_ms: u64::try_from(*noted).unwrap_or(0),
+                    token_refused_at: token_refusal(verdict),
+                };
+                (Vote::Replied(reply), report)
             }
-            _ => (Vote::Replied(pair[0].clone()), 0),
+            _ => (Vote::Replied(pair[0].clone()), Report::default()),
         },
-        [reply, Reply::Integer(n)] if *n >= 0 => (Vote::Replied(reply.clone()), 0),
+        [reply, Reply::Integer(n)] if *n >= 0 => (Vote::Replied(reply.clone()), Report::default()),
         _ => not_eligible(),
     }
 }
@@ -352,6 +370,8 @@ pub(crate) struct Guarded {
     pub reply: Reply,
     pub capped: i64,
     pub lease: Option<u64>,
+    /// The highest counter or clock (µs) at which a master refused a script's token.
+    pub token_refused_at: Option<u64>,
 }
 
 /// Runs a command followed by its guard ([`guard_command`]) on every master (two replies each)
@@ -378,13 +398,14 @@ pub(crate) async fn guarded(
             }
         }
     }
-    let (votes, noted): (Vec<Vote>, Vec<u64>) = votes.iter().map(script_vote).unzip();
+    let (votes, reports): (Vec<Vote>, Vec<Report>) = votes.iter().map(script_vote).unzip();
     let leases: Vec<u64> = votes
         .iter()
-        .zip(noted)
-        .filter(|(vote, noted)| matches!(vote, Vote::Replied(_)) && *noted > 0)
-        .map(|(_, noted)| noted)
+        .zip(&reports)
+        .filter(|(vote, report)| matches!(vote, Vote::Replied(_)) && report.lease_ms > 0)
+        .map(|(_, report)| report.lease_ms)
         .collect();
+    let token_refused_at = reports.iter().filter_map(|r| r.token_refused_at).max();
     let lease = (leases.len() >= quorum(votes.len()))
         .then(|| leases.iter().min().copied())
         .flatten();
@@ -393,13 +414,16 @@ pub(crate) async fn guarded(
         reply,
         capped,
         lease,
+        token_refused_at,
     }
 }
 
 /// [`guarded`] for a script: a guard that had to cap a key makes the reply an error (a key
-/// left without expiry first: the stronger surprise); with the lease the script set.
+/// left without expiry first: the stronger surprise); with the lease the script set. A token
+/// a master refused raises the floor of later proposals.
 async fn guarded_reply(
     masters: &Masters,
+    acquirer: &Acquirer,
     ask: impl Fn(usize) -> Option<Ask>,
     rule: MergeRule,
     cap_ms: u64,
@@ -408,7 +432,11 @@ async fn guarded_reply(
         reply,
         capped,
         lease,
+        token_refused_at,
     } = guarded(masters, ask, rule).await;
+    if let Some(seen) = token_refused_at {
+        acquirer.script_token_refused(seen);
+    }
     if capped & CAPPED_NO_EXPIRY != 0 {
         return (ProxyError::ScriptNoExpiry(cap_ms).into(), None);
     }

@@ -122,7 +122,7 @@ impl Tokens {
     }
 
     /// A proposal above `floor` and everything proposed before, at least the masters' clocks.
-    fn propose(&self, masters: &Masters, floor: u64) -> u64 {
+    pub(super) fn propose(&self, masters: &Masters, floor: u64) -> u64 {
         // Read once, not on every compare-and-swap retry: each estimate locks that master's
         // health record.
         let clock = if self.clock {
@@ -145,10 +145,15 @@ impl Tokens {
         token
     }
 
+    /// Later proposals go above `seen` (a token a master refused at that counter or clock).
+    pub(super) fn raise_floor(&self, seen: u64) {
+        self.last.fetch_max(seen, Ordering::Relaxed);
+    }
+
     /// The counter record of an attempt with `token`: `<token, 16 digits>:<instance>`. It
     /// names the attempt: this proxy proposes every token once ([`Tokens::propose`] only goes
     /// up), and no other proxy has the same instance.
-    fn record(&self, token: u64) -> Record {
+    pub(super) fn record(&self, token: u64) -> Record {
         let mut record = Record {
             bytes: [b'0'; RECORD_MAX],
             len: 0,
@@ -168,7 +173,7 @@ impl Tokens {
     }
 
     /// The master clocks (ms) at which a master may accept `token` (any, with the clock off).
-    fn accepted_clocks_ms(&self, token: u64) -> (u64, u64) {
+    pub(super) fn accepted_clocks_ms(&self, token: u64) -> (u64, u64) {
         if self.clock {
             self.rules.accepted_clocks_ms(token)
         } else {

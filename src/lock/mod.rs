@@ -18,8 +18,10 @@ pub use stats::{latency_buckets, AcquireResult, LockStats};
 use crate::config::NoQuorumReply;
 use crate::masters::Masters;
 use crate::redlock::{Policy, TokenRules};
+use crate::script_keys::TokenOffer;
 use crate::transport::SharedScript;
 use acquire::Tokens;
+use bytes::Bytes;
 use flights::Flights;
 use std::sync::Arc;
 
@@ -76,6 +78,29 @@ impl Acquirer {
     /// Scripts the health monitors keep loaded on every master (acquires call them by SHA1).
     pub fn preload() -> Vec<&'static str> {
         vec![LOCK_SCRIPT]
+    }
+
+    /// The token a client script's run may take where it makes a new holder of a key
+    /// (docs/SAFETY.md, "Tokens for locks taken by scripts"): proposed as an acquire's, once
+    /// per run. None with quarantine off (tests only), where acquires take no token either.
+    pub fn offer_script_token(&self) -> Option<TokenOffer> {
+        if !self.masters.quarantine() {
+            return None;
+        }
+        let token = self.tokens.propose(&self.masters, 0);
+        let (earliest_ms, latest_ms) = self.tokens.accepted_clocks_ms(token);
+        Some(TokenOffer {
+            record: Bytes::copy_from_slice(self.tokens.record(token).as_bytes()),
+            earliest_ms,
+            latest_ms,
+            life_ms: self.tokens.rules.counter_life_ms,
+        })
+    }
+
+    /// A master refused a script's token at `seen` (its counter, or its clock): later
+    /// proposals go above it (a script is not retried: it ran).
+    pub fn script_token_refused(&self, seen: u64) {
+        self.tokens.raise_floor(seen);
     }
 }
 
