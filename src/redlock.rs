@@ -280,6 +280,12 @@ pub enum MergeRule {
     /// majority, the proxy can vouch that the caller held the lock until its release, even
     /// while masters of its grant restart one after the other.
     Release,
+    /// Rule 1 alone: what one act wrote on a majority (a grant's fencing token), else null
+    /// once Q masters answered without error (they do not agree on one: no majority holds
+    /// it), else `NOQUORUM`. Never a blend: the Q-th largest of tokens written by different
+    /// runs (a script's new token on some masters, an earlier run's on one that kept the
+    /// value) would vouch for a token no grant took.
+    Identical,
 }
 
 /// The quorum reply rule (docs/PROTOCOL.md), applied as votes arrive. `None` = wait for more.
@@ -312,6 +318,13 @@ pub fn merge(votes: &[Vote], rule: MergeRule) -> Option<Reply> {
             .or_else(|| merge_arrays(&replies, q))
             .unwrap_or_else(|| no_quorum(n));
         return Some(reply);
+    }
+    if rule == MergeRule::Identical {
+        let answered = replies.iter().filter(|r| !r.is_error()).count();
+        return Some(match answered >= q {
+            true => Reply::Null,
+            false => no_quorum(n),
+        });
     }
     if rule == MergeRule::Release {
         let deleted = replies.iter().filter(|r| **r == &Reply::Integer(1)).count();
@@ -626,6 +639,25 @@ mod tests {
         ];
         for (votes, expected) in cases {
             assert_eq!(merge(&votes, MergeRule::Known), expected, "{votes:?}");
+        }
+    }
+
+    #[test]
+    fn identical_answers_what_a_majority_holds_and_never_a_blend() {
+        let noq = Some(no_quorum(3));
+        let cases: Vec<(Vec<Vote>, Option<Reply>)> = vec![
+            (vec![int(7), int(7), M], Some(Reply::Integer(7))),
+            (vec![int(7), int(7), int(5)], Some(Reply::Integer(7))),
+            (vec![int(7), null(), null()], Some(Reply::Null)),
+            // Tokens of different runs: null, not the Q-th largest (Known's 5) nor a median.
+            (vec![int(7), int(5), int(9)], Some(Reply::Null)),
+            (vec![int(7), int(5), M], Some(Reply::Null)),
+            (vec![int(7), M, M], noq.clone()),
+            (vec![int(7), err("ERR x"), M], noq),
+            (vec![int(7), Vote::Pending, int(5)], None),
+        ];
+        for (votes, expected) in cases {
+            assert_eq!(merge(&votes, MergeRule::Identical), expected, "{votes:?}");
         }
     }
 

@@ -1042,10 +1042,12 @@ fn default_config(c: &mut Config) {
     c.node_timeout_ms = NODE_TIMEOUT_MS;
 }
 
-/// The mixed workload: node-redlock's acquire script, redis-cli's extend, redis-py's
+/// The mixed workload: node-redlock's acquire script and an acquire-or-extend script (a lease
+/// known by its effect, whose token is read and checked), redis-cli's extend, redis-py's
 /// same-token retries, next to plain `SET NX PX`.
 fn mixed(mut w: Workload, script: f64, extend: f64, same_token: f64) -> Workload {
     w.acquire_via_script_chance = script;
+    w.lease_script_chance = 0.5;
     w.extend_chance = extend;
     w.same_token_retry_chance = same_token;
     // A third of the other acquires take a fencing token, checked to never go backwards.
@@ -1055,7 +1057,10 @@ fn mixed(mut w: Workload, script: f64, extend: f64, same_token: f64) -> Workload
 
 /// The mixed workload was really exercised (counts only, no timing).
 fn assert_mixed(name: &str, h: &History) {
-    let ok = h.script_grants >= 5 && h.extends_ok() >= 5 && h.same_token_retries >= 5;
+    let ok = h.script_grants >= 5
+        && h.script_tokens >= 5
+        && h.extends_ok() >= 5
+        && h.same_token_retries >= 5;
     assert!(
         ok,
         "[{name}] the mixed workload did not run: {}",

@@ -6,6 +6,7 @@ use redlock_proxy::{Config, LocalCluster};
 use redlock_testkit::launcher::{Proxy, BEHAVIOUR_NODE_TIMEOUT_MS};
 use redlock_testkit::masters::{master_cmd, signal};
 use redlock_testkit::resp::Client;
+use redlock_testkit::scripts::ACQUIRE_OR_EXTEND;
 use redlock_testkit::{key, lock_grant};
 use std::time::{Duration, Instant};
 
@@ -229,10 +230,6 @@ async fn a_holder_paused_past_its_lease_is_fenced_off() {
     assert!(late.is_err(), "the paused holder's write was accepted");
     assert_eq!(resource.value.as_deref(), Some("b"));
 }
-
-/// One script for acquire and extend (pottery, redlock-universal and others write it so): set
-/// the key with a TTL while it is free or ours.
-const ACQUIRE_OR_EXTEND: &str = "local v = redis.call('get', KEYS[1]) if v == false or v == ARGV[1] then redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end return 0";
 
 /// A lease through a local variable, set apart from the value (`SET NX`, then `PEXPIRE`).
 const SET_THEN_PEXPIRE: &str = "local ttl = tonumber(ARGV[2]) if redis.call('set', KEYS[1], ARGV[1], 'NX') then redis.call('pexpire', KEYS[1], ttl) return {1, redis.call('pttl', KEYS[1])} end return {0, 0}";

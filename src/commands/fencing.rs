@@ -44,12 +44,13 @@ pub fn lock_acquire(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> 
 }
 
 /// `LOCK.TOKEN key value`: the masters that hold the value answer the same token (one grant
-/// wrote it), the others null: null unless a majority answers the token.
+/// wrote it), the others null: null unless a majority answers that one token
+/// ([`MergeRule::Identical`]).
 pub fn lock_token(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     let (key, value) = (&request.args[1], &request.args[2]);
     let token_key = token_key(key);
     let keys: [&[u8]; 2] = [key, &token_key];
-    eval_by_quorum(ctx, TOKEN_SCRIPT, &keys, value, MergeRule::Known)
+    eval_by_quorum(ctx, TOKEN_SCRIPT, &keys, value, MergeRule::Identical)
 }
 
 /// `LOCK.RELEASE key value`

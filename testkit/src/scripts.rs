@@ -13,6 +13,12 @@ pub const NODE_REDLOCK_RELEASE: &str = include_str!("../../tests/scripts/node-re
 /// redis-cli's extend (compare-then-`PEXPIRE`): `EVAL body 1 key token ttl`; `:1` extended.
 pub const REDIS_CLI_EXTEND: &str = include_str!("../../tests/scripts/redis-cli-extend.lua");
 
+/// One script for acquire and extend, as several libraries write it (their own spellings
+/// differ): set the key with a TTL while it is free or ours. `EVAL body 1 key token ttl`; `:1`
+/// acquired or extended, `:0` taken. Not one client's text: the proxy recognises its lease by
+/// effect, not by its spelling.
+pub const ACQUIRE_OR_EXTEND: &str = "local v = redis.call('get', KEYS[1]) if v == false or v == ARGV[1] then redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end return 0";
+
 /// redis-semaphore's `Semaphore` acquire (5.7.0, `src/semaphore/acquire/lua.ts`):
 /// `EVAL body 1 key limit identifier timeout_ms now_ms`; `:1` admitted (the identifier is a
 /// member of the key's sorted set, scored `now_ms`), `:0` full. Released with `ZREM key

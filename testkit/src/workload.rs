@@ -15,7 +15,8 @@
 use crate::checker::{Hold, Report};
 use crate::resp::Client;
 use crate::scripts::{
-    semaphore_acquire, NODE_REDLOCK_ACQUIRE, NODE_REDLOCK_RELEASE, REDIS_CLI_EXTEND,
+    semaphore_acquire, ACQUIRE_OR_EXTEND, NODE_REDLOCK_ACQUIRE, NODE_REDLOCK_RELEASE,
+    REDIS_CLI_EXTEND,
 };
 use redlock_proxy::drift_ms;
 use redlock_proxy::on_master::COMPARE_AND_DELETE;
@@ -128,6 +129,10 @@ pub struct Workload {
     pub tag: String,
     /// With this chance an acquire is node-redlock's acquire script instead of `SET NX PX`.
     pub acquire_via_script_chance: f64,
+    /// With this chance a script acquire is [`ACQUIRE_OR_EXTEND`] (a lease the proxy knows by
+    /// its effect) instead of node-redlock's; a grant's fencing token is then read with
+    /// `LOCK.TOKEN` and checked as `LOCK.ACQUIRE`'s.
+    pub lease_script_chance: f64,
     /// With this chance a script acquire that was refused (`:0`) or failed (an error) is
     /// followed by node-redlock's release of its token, as node-redlock does (the proxy has no
     /// rollback for scripts). Otherwise (a client that crashed right then) the token may stay on
@@ -179,6 +184,7 @@ impl Workload {
             seed,
             tag: format!("{name}-{seed:x}"),
             acquire_via_script_chance: 0.0,
+            lease_script_chance: 0.0,
             script_refusal_release_chance: 1.0,
             extend_chance: 0.0,
             extend_via_lock_extend: false,
@@ -288,6 +294,8 @@ pub struct History {
     /// Acquires sent as node-redlock's acquire script, and how many of them got `:1`.
     pub script_acquires: u64,
     pub script_grants: u64,
+    /// Grants of [`ACQUIRE_OR_EXTEND`] whose token `LOCK.TOKEN` answered.
+    pub script_tokens: u64,
     /// Attempts that reused the token of a refused attempt (same key, same token).
     pub same_token_retries: u64,
     /// Replies to extends: `granted` ([`extend_granted`]), else by text (`:0` or null refused,
@@ -320,6 +328,7 @@ impl History {
         self.refusals += other.refusals;
         self.script_acquires += other.script_acquires;
         self.script_grants += other.script_grants;
+        self.script_tokens += other.script_tokens;
         self.same_token_retries += other.same_token_retries;
         for (k, v) in other.extends {
             *self.extends.entry(k).or_default() += v;
@@ -353,10 +362,11 @@ impl History {
     /// One line with the workload's own counters (the checker's are in [`Report`]).
     pub fn summary(&self) -> String {
         format!(
-            "attempts={} script_acquires={} (granted {}, clean-ups after refusals {:?}) same_token_retries={} extends ok={} failed={} {:?} abandoned={} releases={:?} (errors within validity: {})",
+            "attempts={} script_acquires={} (granted {}, tokens read {}, clean-ups after refusals {:?}) same_token_retries={} extends ok={} failed={} {:?} abandoned={} releases={:?} (errors within validity: {})",
             self.attempts,
             self.script_acquires,
             self.script_grants,
+            self.script_tokens,
             self.script_cleanups,
             self.same_token_retries,
             self.extends_ok(),
@@ -466,6 +476,10 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
         // Drawn only when used, so runs without tokens keep their random sequences.
         let via_lock =
             !via_script && cfg.lock_acquire_chance > 0.0 && rng.chance(cfg.lock_acquire_chance);
+        let via_lease_script = via_script
+            && cfg.semaphore.is_none()
+            && cfg.lease_script_chance > 0.0
+            && rng.chance(cfg.lease_script_chance);
         let t_send = now_ns();
         let reply = if let Some(limit) = cfg.semaphore {
             h.script_acquires += 1;
@@ -474,11 +488,12 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
             c.try_cmd(&words, cfg.reply_timeout).await
         } else if via_script {
             h.script_acquires += 1;
-            c.try_cmd(
-                &["EVAL", NODE_REDLOCK_ACQUIRE, "1", key, &token, &ttl],
-                cfg.reply_timeout,
-            )
-            .await
+            let script = match via_lease_script {
+                true => ACQUIRE_OR_EXTEND,
+                false => NODE_REDLOCK_ACQUIRE,
+            };
+            c.try_cmd(&["EVAL", script, "1", key, &token, &ttl], cfg.reply_timeout)
+                .await
         } else if via_lock {
             c.try_cmd(&["LOCK.ACQUIRE", key, &token, &ttl], cfg.reply_timeout)
                 .await
@@ -487,11 +502,19 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
                 .await
         };
         let t_reply = now_ns();
-        let fence = reply
+        let mut fence = reply
             .as_deref()
             .filter(|_| via_lock)
             .and_then(crate::lock_grant)
             .map(|(token, _)| token);
+        if via_lease_script && reply.as_deref() == Some(":1") {
+            // The grant's token, read once it was granted (null if its lease already ran out).
+            let read = c
+                .try_cmd(&["LOCK.TOKEN", key, &token], cfg.reply_timeout)
+                .await;
+            fence = read.and_then(|r| r.strip_prefix(':').and_then(|t| t.parse().ok()));
+            h.script_tokens += u64::from(fence.is_some());
+        }
         h.attempts += 1;
         h.reply_us.push((t_reply - t_send) / 1000);
         if t_reply - t_send > SLOW_REPLY.as_nanos() as u64 {
