@@ -349,15 +349,15 @@ if m >= 0 then
 end
 local function holder(k) local v = rpcall('get', k) return type(v) == 'string' and v end
 local function fence()
-  local tok, t = 0, rcall('time')
-  local now = t[1] * 1000 + t[2] / 1000
+  local tok = 0
   for k, was in pairs(before) do
     local is = holder(k)
     if is and is ~= was then
       local ck = reserved .. 'token:' .. k
       local c = rcall('get', ck)
       if leased_keys[k] then
-        local refusal
+        local refusal, t = nil, rcall('time')
+        local now = t[1] * 1000 + t[2] / 1000
         if now < earliest then refusal = {-3, t[1] * 1000000 + t[2]}
         elseif now > latest then refusal = {-2, t[1] * 1000000 + t[2]}
         elseif c and c >= sub(record, 1, 16) then refusal = {-4, tonumber(sub(c, 1, 16))} end
