@@ -8,12 +8,13 @@
 //!
 //! The real-process suites (`tests/`) keep everything that needs a real `redis-server`.
 
-use crate::health::{CLAIM_SCRIPT, LIFT_SCRIPT, QUARANTINE_SCRIPT, STATUS_SCRIPT};
 use crate::live::LiveDuration;
-use crate::lock::{COMPARE_AND_DELETE, LOCK_SCRIPT, UNDO_SCRIPT};
 use crate::masters::{Masters, Settings};
+use crate::on_master::{
+    script_sha, CLAIM_SCRIPT, COMPARE_AND_DELETE, LIFT_SCRIPT, LOCK_SCRIPT, QUARANTINE_SCRIPT,
+    STATUS_SCRIPT, UNDO_SCRIPT,
+};
 use crate::protocol::{Protocol, Reply, RequestParser};
-use crate::script_cache::script_sha;
 use crate::transport::{Connect, Link, ReadHalf, WriteHalf};
 use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
@@ -118,14 +119,14 @@ impl FakeMaster {
 
     /// How many acquire scripts it ran.
     pub fn acquires(&self) -> usize {
-        let sha = script_sha(LOCK_SCRIPT.as_bytes());
+        let sha = script_sha(LOCK_SCRIPT.text().as_bytes());
         let state = self.state.lock().unwrap();
         state
             .log
             .iter()
             .filter(|(_, args)| {
                 args.get(1).is_some_and(|a| {
-                    a.as_ref() == sha.as_bytes() || a.as_ref() == LOCK_SCRIPT.as_bytes()
+                    a.as_ref() == sha.as_bytes() || a.as_ref() == LOCK_SCRIPT.text().as_bytes()
                 })
             })
             .count()
@@ -220,9 +221,9 @@ impl FakeMaster {
             ])
         };
         let one = Bytes::from_static(b"1");
-        if body == STATUS_SCRIPT {
+        if body == STATUS_SCRIPT.text() {
             markers(keys_db)
-        } else if body == CLAIM_SCRIPT {
+        } else if body == CLAIM_SCRIPT.text() {
             if !exists(keys_db, &keys[0]) {
                 set(keys_db, keys[0].clone(), one, false, None);
                 set(keys_db, keys[1].clone(), argv[0].clone(), false, Some(n(1)));
@@ -232,13 +233,13 @@ impl FakeMaster {
                 }
             }
             markers(keys_db)
-        } else if body == LIFT_SCRIPT {
+        } else if body == LIFT_SCRIPT.text() {
             let ours = live(keys_db, &keys[1]) == Some(&argv[0]);
             if ours {
                 keys_db.remove(&keys[1]);
             }
             Reply::Integer(ours as i64)
-        } else if body == QUARANTINE_SCRIPT {
+        } else if body == QUARANTINE_SCRIPT.text() {
             let ms = n(0);
             if let Some((claim, _)) = keys_db.get_mut(&keys[1]) {
                 *claim = one.clone();
@@ -248,7 +249,7 @@ impl FakeMaster {
             }
             set(keys_db, keys[0].clone(), one, false, None);
             Reply::Integer(pttl(keys_db, &keys[1]))
-        } else if body == LOCK_SCRIPT {
+        } else if body == LOCK_SCRIPT.text() {
             // In µs, as the script compares it (ms with the µs as a fraction).
             let now = self.clock_us();
             let armed = exists(keys_db, &keys[0]) && !exists(keys_db, &keys[1]);
@@ -294,14 +295,14 @@ impl FakeMaster {
                 (k, a) = (k + 2, a + 8);
             }
             Reply::Array(answers)
-        } else if body == UNDO_SCRIPT {
+        } else if body == UNDO_SCRIPT.text() {
             let ours = live(keys_db, &keys[0]) == Some(&argv[0])
                 && live(keys_db, &keys[1]) == Some(&argv[1]);
             if ours {
                 keys_db.remove(&keys[0]);
             }
             Reply::Integer(ours as i64)
-        } else if body == COMPARE_AND_DELETE {
+        } else if body == COMPARE_AND_DELETE.text() {
             let ours = live(keys_db, &keys[0]) == Some(&argv[0]);
             if ours {
                 keys_db.remove(&keys[0]);
@@ -356,13 +357,13 @@ fn number(arg: &[u8]) -> Option<u64> {
 
 fn known_script(sha: &str) -> Option<&'static str> {
     [
-        STATUS_SCRIPT,
-        CLAIM_SCRIPT,
-        LIFT_SCRIPT,
-        QUARANTINE_SCRIPT,
-        LOCK_SCRIPT,
-        UNDO_SCRIPT,
-        COMPARE_AND_DELETE,
+        STATUS_SCRIPT.text(),
+        CLAIM_SCRIPT.text(),
+        LIFT_SCRIPT.text(),
+        QUARANTINE_SCRIPT.text(),
+        LOCK_SCRIPT.text(),
+        UNDO_SCRIPT.text(),
+        COMPARE_AND_DELETE.text(),
     ]
     .into_iter()
     .find(|body| script_sha(body.as_bytes()) == sha)
@@ -443,7 +444,7 @@ pub fn masters(fakes: &[Arc<FakeMaster>], node_timeout: Duration) -> Arc<Masters
                 interval: LiveDuration::new(Duration::from_millis(100)),
                 quarantine: true,
                 lease_bound: LEASE_BOUND,
-                preload: vec![LOCK_SCRIPT],
+                preload: vec![LOCK_SCRIPT.text()],
             },
         },
         fakes.iter().map(|_| Arc::default()).collect(),

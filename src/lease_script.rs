@@ -671,7 +671,7 @@ mod tests {
             (include_str!("../tests/scripts/python-redis-py-release.lua"), true),
             (include_str!("../tests/scripts/php-phpredis-release.lua"), true),
             (include_str!("../tests/scripts/redis-cli-release.lua"), true),
-            (crate::lock::COMPARE_AND_DELETE, true),
+            (crate::on_master::COMPARE_AND_DELETE.text(), true),
             ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('unlink', KEYS[1]) end return 0", true),
             ("if (ARGV[1] == redis.pcall('GET', KEYS[1])) then return redis.pcall('DEL', KEYS[1]); else return 0; end", true),
             ("if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end return redis.call('del', KEYS[1])", true),

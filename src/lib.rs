@@ -4,7 +4,9 @@
 //! # Layers
 //! Each module depends only on modules of the layers above it:
 //!
-//! 1. Leaves, no I/O: [`protocol`] (RESP both ways: client requests, replies, commands to the
+//! 1. Leaves, no I/O: [`on_master`] (every Lua script the proxy runs on the masters, and the
+//!    names of its own keys there; public, for tests and tools that inspect the masters),
+//!    [`protocol`] (RESP both ways: client requests, replies, commands to the
 //!    masters), [`redlock`] (the pure Redlock decisions: quorum, validity, merge rules),
 //!    [`lease_script`] (what a client's Lua script means), [`script_keys`] (the checks a
 //!    client's script runs under on the masters), [`error`] (every error reply the
@@ -48,6 +50,7 @@ mod live;
 mod local;
 mod lock;
 mod masters;
+pub mod on_master;
 mod ops;
 mod protocol;
 mod redlock;
@@ -72,10 +75,8 @@ pub use redlock::{backend_ttl_ms, drift_ms};
 pub use server::{run, run_with, ListenError, Listeners};
 pub use tls::{ClientCerts, MasterTlsFiles, ServerTlsFiles, TlsAcceptorHandle, TlsError};
 
-/// What the proxy keeps on every master, for tests and tools that inspect the masters.
-pub mod on_master {
-    pub use crate::health::{ARMED_KEY, QUARANTINE_KEY};
-    pub use crate::lock::{token_key, COMPARE_AND_DELETE, LOCK_SCRIPT, UNDO_SCRIPT};
-    pub use crate::script_cache::script_sha;
+/// The checks a client's script runs under on the masters, for the tests that compare them
+/// with redis-server's own.
+pub mod script_checks {
     pub use crate::script_keys::{checked_body, ScriptCommand, SCRIPT_COMMANDS, SCRIPT_NOPERM};
 }

@@ -10,6 +10,7 @@ use crate::lease_script::{
     is_compare_and_delete, known_lock_script, may_write, reaches_globals, recognise, KnownLock,
     LeaseShape,
 };
+use crate::on_master::script_sha;
 use crate::redlock::MergeRule;
 use crate::script_keys::checked_body;
 use bytes::Bytes;
@@ -101,11 +102,6 @@ impl ScriptCache {
     pub fn clear(&self) {
         self.scripts.clear();
     }
-}
-
-/// Lower-case hex SHA1 of a script body, as Redis computes it for `EVALSHA`.
-pub fn script_sha(body: &[u8]) -> String {
-    sha1_smol::Sha1::from(body).digest().to_string()
 }
 
 #[cfg(test)]

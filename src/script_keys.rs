@@ -28,6 +28,7 @@
 
 use crate::auth::KeyPatterns;
 use crate::error::ProxyError;
+use crate::on_master::{compact, PRELUDE_SOURCE, RESERVED_PREFIX};
 use bytes::{Bytes, BytesMut};
 use std::sync::LazyLock;
 
@@ -195,10 +196,6 @@ pub fn script_command(name: &str) -> Option<&'static ScriptCommand> {
         .find(|c| c.name.eq_ignore_ascii_case(name))
 }
 
-/// The prefix of the proxy's own keys (`crate::commands::RESERVED_PREFIX`, which a test pins
-/// equal: this module sits below the command table).
-const RESERVED: &str = "redlock-proxy:";
-
 /// Why `PERSIST` is refused, in scripts as outside them (the command table's reason).
 const PERSIST_REFUSED: &str = "a lock without expiry cannot be made safe; use PEXPIRE";
 
@@ -210,224 +207,10 @@ pub const SCRIPT_NOPERM: &str = "ERR The user executing the script can't access 
 /// (see [`access_args`]): it runs none, so it writes nothing.
 pub const LATE: &str = "ERR this script reached the master past its write deadline (held up beyond the node timeout) and ran no command (redlock-proxy)";
 
-/// The prelude, as written (one statement per line for reading; joined into one line).
-/// `@SPEC@` becomes [`SCRIPT_COMMANDS`] as `|name:FLS|…` (first, last, step as one digit
-/// each, `-` for a last key of -1; the commands that set a lease add a kind after them: `m`,
-/// `s` or `o`, see the leases below), searched with a plain `string.find` per call: a constant
-/// string costs nothing per run, where a Lua table would be built on every run (Redis 7 forbids
-/// scripts to keep globals between runs). A name holding `|` or `:` could match across
-/// entries, but no such name is a Redis command, so the real call then refuses it as unknown.
-///
-/// - `ARGV`'s last entry is the number m of user patterns before it, or `-1` for every key;
-///   before them come the write deadline, the drift factor and the token offer
-///   ([`access_args`]); those m + 7 entries are removed before the body runs. Without
-///   patterns no glob is built.
-/// - Tokens by effect (docs/SAFETY.md, "Tokens for locks taken by scripts"), where a token is
-///   offered: the first call that names a declared key notes the string it holds (`false`:
-///   none, or not a string). When the script returns, `fence` looks at each such key: one
-///   that now holds another string has a new holder. If a lease call on it took effect, the
-///   run takes the offered token as an acquire does (the master's clock within the offer's
-///   window, the proposal above the key's counter `redlock-proxy:token:<key>`), writing the
-///   record for at least the counter life and the lock's PTTL; refused, it reports `{-2|-3,
-///   clock µs}` or `{-4, counter}`. Whenever a new holder does not get the token, the counter
-///   keeps only its bare token (`KEEPTTL`): later proposals must still pass it, but it names
-///   no holder, so `LOCK.TOKEN` answers null rather than an earlier holder's token. A key that
-///   holds the same string and got a lease (an extend) keeps its counter at least as long as
-///   the lock (`GT`). The verdict (`0`: no token taken nor refused, `1`: taken) rides between
-///   the lease and the reply.
-/// - Leases by effect: with a drift factor F > 0, a call that sets a declared key's expiry
-///   from a whole number (`PEXPIRE`, `EXPIRE`, `PSETEX`, `SETEX`, `SET`/`GETEX` with `PX`/`EX`)
-///   runs with that TTL padded as an acquire's (`ms + ceil(ms × F) + 2`), in milliseconds (the
-///   seconds forms run as their ms twins, which answer the same: padding in whole seconds
-///   would add up to a second), and
-///   the shortest TTL (ms, as the client asked) of such calls that took effect is noted.
-///   However the script spells it (a local variable, one script for acquire and extend), the
-///   lease it sets is padded. `__done` then answers `{noted, token verdict, reply}` (0: no
-///   lease; the reply last, since a nil reply ends a Lua table), which
-///   [`checked_body`] wraps around the body of a script that may write, and the proxy
-///   unwraps; with F = 0 (read-only runs) it answers the reply alone.
-///   Each pattern comes tagged ([`access_args`]): `=` a key, `^` a prefix, `*` a glob.
-/// - `glob` is Redis' `stringmatchlen`, the same as [`crate::auth::glob_match`].
-/// - The user's patterns are checked first, for every key of the call, as Redis checks ACLs
-///   before running anything. A declared key cannot be reserved (the proxy refuses such
-///   `KEYS`), so only undeclared keys are compared with the prefix.
-/// - Numbers given as keys are converted as Redis 7.0 converts them (`%.17g`). A key that is
-///   neither string nor number makes the real call fail before running anything, so it is
-///   left to it, like a missing command name.
-const PRELUDE_LINES: &str = r#"
-local redis, __done = (function(real, keys, argv)
-local spec, reserved = '@SPEC@', @RESERVED@
-local byte, find, lower, gsub, sub, format, select, unpack, ceil = string.byte, string.find, string.lower, string.gsub, string.sub, string.format, select, unpack, math.ceil
-local rcall, rpcall = real.call, real.pcall
-local n = #argv
-local m = tonumber(argv[n])
-local base = n - math.max(m, 0) - 1
-local due, late, pad, noted = tonumber(argv[base]), false, tonumber(argv[base - 1]), 0
-local record, earliest, latest, life = argv[base - 5], tonumber(argv[base - 4]), tonumber(argv[base - 3]), tonumber(argv[base - 2])
-local tokens, before, leased_keys = pad > 0 and record ~= '0', {}, {}
-if due > 0 then local t = rcall('time') late = t[1] * 1000 + t[2] / 1000 > due end
-local function whole(t, unit)
-  if type(t) == 'string' and #t <= 12 and find(t, '^[1-9]%d*$') then t = tonumber(t)
-  elseif type(t) ~= 'number' or t < 1 or t > 1e12 or t % 1 ~= 0 then return nil end
-  return t * unit
-end
-local function noting(key, ms, took)
-  if not took then return end
-  if noted == 0 or ms < noted then noted = ms end
-  leased_keys[key] = true
-end
-local function leased(f, argc, kind, name, key, a3, ...)
-  if kind ~= 111 then
-    local ms = whole(a3, kind == 115 and 1000 or 1)
-    if not ms then return f(name, key, a3, ...) end
-    if kind == 115 then name = 'p' .. lower(name) end
-    local r = f(name, key, format('%d', ms + ceil(ms * pad) + 2), ...)
-    noting(key, ms, r == 1 or (type(r) == 'table' and r.ok ~= nil))
-    return r
-  end
-  local a, c, at, unit = {name, key, a3, ...}, lower(name), nil, nil
-  for i = c == 'set' and 4 or 3, argc - 1 do
-    local o = type(a[i]) == 'string' and lower(a[i])
-    if o == 'px' then at, unit = i, 1 elseif o == 'ex' then at, unit = i, 1000 elseif o == 'get' then at = nil break end
-  end
-  local ms = at and whole(a[at + 1], unit)
-  if not ms then return f(unpack(a, 1, argc)) end
-  a[at], a[at + 1] = 'px', format('%d', ms + ceil(ms * pad) + 2)
-  local r = f(unpack(a, 1, argc))
-  noting(key, ms, (c == 'getex' and type(r) == 'string') or (c == 'set' and type(r) == 'table' and r.ok ~= nil))
-  return r
-end
-local declared = {}
-for i = 1, #keys do declared[keys[i]] = true end
-local allowed
-if m >= 0 then
-  local kinds, rests = {}, {}
-  for i = 1, m do kinds[i], rests[i] = byte(argv[n - m - 1 + i], 1), sub(argv[n - m - 1 + i], 2) end
-  local function glob(p, k)
-    local pl, kl, pi, ki, sp, sk = #p, #k, 1, 1, nil, nil
-    while ki <= kl do
-      local c, pc, adv = byte(k, ki), byte(p, pi), nil
-      if pc == 42 then
-        sp, sk, pi = pi + 1, ki, pi + 1
-      else
-        if pc == 63 then adv = pi + 1
-        elseif pc == 91 then
-          local i = pi + 1
-          local neg = byte(p, i) == 94
-          if neg then i = i + 1 end
-          local hit = false
-          while i <= pl and byte(p, i) ~= 93 do
-            local x = byte(p, i)
-            if x == 92 and i < pl then hit = hit or byte(p, i + 1) == c i = i + 2
-            elseif i + 2 <= pl and byte(p, i + 1) == 45 then
-              local lo, hi = x, byte(p, i + 2)
-              if lo > hi then lo, hi = hi, lo end
-              hit = hit or (c >= lo and c <= hi) i = i + 3
-            else hit = hit or x == c i = i + 1 end
-          end
-          if hit ~= neg then adv = math.min(i + 1, pl + 1) end
-        elseif pc == 92 and pi < pl then
-          if byte(p, pi + 1) == c then adv = pi + 2 end
-        elseif pc == c then adv = pi + 1 end
-        if adv then pi, ki = adv, ki + 1
-        elseif sp then sk = sk + 1 pi, ki = sp, sk
-        else return false end
-      end
-    end
-    while pi <= pl do if byte(p, pi) ~= 42 then return false end pi = pi + 1 end
-    return true
-  end
-  allowed = function(k)
-    for i = 1, m do
-      local kind, rest = kinds[i], rests[i]
-      if kind == 61 then if k == rest then return true end
-      elseif kind == 94 then if sub(k, 1, #rest) == rest then return true end
-      elseif glob(rest, k) then return true end
-    end
-    return false
-  end
-end
-local function holder(k) local v = rpcall('get', k) return type(v) == 'string' and v end
-local function fence()
-  local tok = 0
-  for k, was in pairs(before) do
-    local is = holder(k)
-    if is and is ~= was then
-      local ck = reserved .. 'token:' .. k
-      local c = rcall('get', ck)
-      if leased_keys[k] then
-        local refusal, t = nil, rcall('time')
-        local now = t[1] * 1000 + t[2] / 1000
-        if now < earliest then refusal = {-3, t[1] * 1000000 + t[2]}
-        elseif now > latest then refusal = {-2, t[1] * 1000000 + t[2]}
-        elseif c and c >= sub(record, 1, 16) then refusal = {-4, tonumber(sub(c, 1, 16))} end
-        if not refusal then
-          rcall('set', ck, record, 'PX', math.max(life, rcall('pttl', k)))
-          c = nil
-          if tok == 0 then tok = 1 end
-        elseif type(tok) ~= 'table' then tok = refusal end
-      end
-      if c then rcall('set', ck, sub(c, 1, 16), 'KEEPTTL') end
-    elseif is and leased_keys[k] then
-      local ms = rcall('pttl', k)
-      if ms > 0 then rcall('pexpire', reserved .. 'token:' .. k, ms, 'GT') end
-    end
-  end
-  return tok
-end
-for i = base - 5, n do argv[i] = nil end
-local function denied(argc, name, ...)
-  if type(name) == 'number' then name = format('%.17g', name) end
-  if type(name) ~= 'string' then return nil end
-  local at = find(spec, '|' .. name .. ':', 1, true)
-  if not at then name = lower(name) at = find(spec, '|' .. name .. ':', 1, true) end
-  if name == 'persist' then return @PERSIST@ end
-  if not at then return "ERR '" .. gsub(sub(name, 1, 128), '%c', '?') .. "' in a script is refused by redlock-proxy: only commands whose keys it can check may run in scripts" end
-  local f, l, s = byte(spec, at + #name + 2, at + #name + 4)
-  if f == 48 then return nil end
-  if l == 45 or l - 48 > argc - 1 then l = argc - 1 else l = l - 48 end
-  f, s = f - 48, s - 48
-  if allowed then
-    for p = f, l, s do
-      local k = select(p, ...)
-      if type(k) == 'number' then k = format('%.17g', k) end
-      if type(k) ~= 'string' then return nil end
-      if not allowed(k) then return @NOPERM@ end
-    end
-  end
-  for p = f, l, s do
-    local k = select(p, ...)
-    if type(k) == 'number' then k = format('%.17g', k) end
-    if type(k) ~= 'string' then return nil end
-    if declared[k] then
-      if tokens and before[k] == nil then before[k] = holder(k) end
-    else
-      if sub(k, 1, #reserved) == reserved then return @RESERVED_KEY@ end
-      return "ERR key '" .. gsub(sub(k, 1, 128), '%c', '?') .. "' is not in the script's KEYS and is refused by redlock-proxy: scripts may touch only the keys they declare"
-    end
-  end
-  local kind = byte(spec, at + #name + 5)
-  return nil, kind ~= 124 and kind or nil
-end
-local function checked(f, raise, ...)
-  local argc, err, kind = select('#', ...), nil, nil
-  if late then err = @LATE@ else err, kind = denied(argc, ...) end
-  if err then if raise then error({err = err}) end return {err = err} end
-  if kind and pad > 0 and argc >= 3 then return leased(f, argc, kind, ...) end
-  return f(...)
-end
-return setmetatable({
-  call = function(...) return checked(rcall, true, ...) end,
-  pcall = function(...) return checked(rpcall, false, ...) end
-}, {__index = real, __metatable = false}), function(r)
-  if pad == 0 then return r end
-  return {noted, tokens and fence() or 0, r}
-end
-end)(redis, KEYS, ARGV);
-"#;
-
 /// The prelude on one line, ending with a space after its `;` (a body starting with `(` must
 /// not continue the prelude's last expression).
+/// The prelude (`src/on_master/prelude.lua`, where each part is explained) on one line, with
+/// its placeholders filled: the command table, the reserved prefix and the error texts.
 static PRELUDE: LazyLock<String> = LazyLock::new(|| {
     let spec: String = SCRIPT_COMMANDS
         .iter()
@@ -452,15 +235,9 @@ static PRELUDE: LazyLock<String> = LazyLock::new(|| {
         command: "PERSIST".into(),
         reason: PERSIST_REFUSED,
     };
-    let lines: Vec<&str> = PRELUDE_LINES
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
-    lines
-        .join(" ")
+    compact(PRELUDE_SOURCE)
         .replace("@SPEC@", &spec)
-        .replace("@RESERVED@", &lua_string(RESERVED))
+        .replace("@RESERVED@", &lua_string(RESERVED_PREFIX))
         .replace("@PERSIST@", &lua_string(&persist.to_string()))
         .replace("@NOPERM@", &lua_string(SCRIPT_NOPERM))
         .replace("@LATE@", &lua_string(LATE))
@@ -481,7 +258,7 @@ fn lua_string(text: &str) -> String {
 /// without a line feed is sent as it is: Redis refuses it without running anything.
 ///
 /// With `report_leases` (scripts that may write), the body runs as a function whose reply
-/// goes through the prelude's `__done`, which adds the leases it noted (see [`PRELUDE_LINES`]):
+/// goes through the prelude's `__done`, which adds the leases it noted (see `src/on_master/prelude.lua`):
 /// the wrap opens on the prelude's line and closes on a line after the body's last.
 pub fn checked_body(body: &[u8], report_leases: bool) -> Bytes {
     let split = if body.starts_with(b"#!") {
@@ -531,7 +308,7 @@ pub struct TokenOffer {
 /// a script that reaches the master past it (held up in a paused master's socket buffer, a
 /// slow link) runs no command, so it writes nothing ([`LATE`]) ([`DEADLINE_AT`] places it).
 /// Before it, the drift factor leases are padded by (`0`: none, and no lease is reported; see
-/// [`PRELUDE_LINES`]); first the fencing token the run may take ([`TokenOffer`]; four `0`s:
+/// `src/on_master/prelude.lua`); first the fencing token the run may take ([`TokenOffer`]; four `0`s:
 /// none).
 pub fn access_args(
     keys: &KeyPatterns,
@@ -610,11 +387,10 @@ mod tests {
 
     #[test]
     fn texts_agree_with_the_command_table() {
-        assert_eq!(crate::commands::RESERVED_PREFIX, RESERVED.as_bytes());
         // The prelude names a key's token counter as the acquire does.
         assert_eq!(
-            &crate::lock::token_key(b"k")[..],
-            format!("{RESERVED}token:k").as_bytes()
+            &crate::on_master::token_key(b"k")[..],
+            format!("{RESERVED_PREFIX}token:k").as_bytes()
         );
         let persist = crate::commands::lookup(b"persist").unwrap();
         assert!(matches!(persist.kind, crate::commands::Kind::Refused(r) if r == PERSIST_REFUSED));

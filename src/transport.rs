@@ -986,7 +986,8 @@ mod tests {
     //! Deterministic: in-memory pipes to a scripted master, and tokio's paused clock.
     use super::*;
     use crate::fake_master::{command, until, FakeMaster};
-    use crate::lock::{lock_script, LOCK_SCRIPT};
+    use crate::lock::lock_script;
+    use crate::on_master::LOCK_SCRIPT;
 
     const NODE_TIMEOUT: Duration = Duration::from_millis(500);
     /// Long enough for any number of reconnects on the paused clock.
@@ -1055,7 +1056,7 @@ mod tests {
     /// A link to `fake` that loaded the lock script, as the health monitor does.
     async fn loaded(fake: &Arc<FakeMaster>) -> (Arc<Link>, watch::Sender<bool>) {
         let (link, stop) = connected(fake).await;
-        let load = command(&["SCRIPT", "LOAD", LOCK_SCRIPT]);
+        let load = command(&["SCRIPT", "LOAD", LOCK_SCRIPT.text()]);
         assert!(matches!(
             link.send(load, 1).wait().await,
             Ok(Reply::Bulk(_))

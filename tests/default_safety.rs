@@ -132,7 +132,7 @@ async fn second_holder_refused(acquire: Acquire, loss: Loss, proxy_restart: bool
     let released = proxy
         .client()
         .await
-        .cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "tok-a"])
+        .cmd(&["EVAL", COMPARE_AND_DELETE.text(), "1", &k, "tok-a"])
         .await;
     assert_eq!(released, ":1", "A's release");
 }
@@ -352,7 +352,9 @@ async fn nothing_left_after_stalled_masters_recover(
         assert_eq!(reply, "$nil");
     } else {
         assert_eq!(reply, "+OK");
-        let released = c.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "v"]).await;
+        let released = c
+            .cmd(&["EVAL", COMPARE_AND_DELETE.text(), "1", &k, "v"])
+            .await;
         assert_eq!(released, ":1");
     }
     // Long enough for every held-up byte to arrive (a slow link holds them `stall_for`).
@@ -441,7 +443,7 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
                 port,
                 &[
                     "EVAL",
-                    LOCK_SCRIPT,
+                    LOCK_SCRIPT.text(),
                     "4",
                     ARMED_KEY,
                     QUARANTINE_KEY,
@@ -467,7 +469,13 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
     let undo = |id: &str, token: u64| {
         let (k, tk) = (k.clone(), tk.clone());
         let record = format!("{token:016}:{id}");
-        async move { master_cmd(port, &["EVAL", UNDO_SCRIPT, "2", &k, &tk, "tok", &record]).await }
+        async move {
+            master_cmd(
+                port,
+                &["EVAL", UNDO_SCRIPT.text(), "2", &k, &tk, "tok", &record],
+            )
+            .await
+        }
     };
     // Past its deadline: refused, nothing written.
     assert_eq!(acquire("a1", t - 1000, t_us).await, ":-2");
@@ -514,7 +522,7 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
         port,
         &[
             "EVAL",
-            LOCK_SCRIPT,
+            LOCK_SCRIPT.text(),
             "9",
             ARMED_KEY,
             QUARANTINE_KEY,

@@ -944,13 +944,15 @@ async fn kleppmann_restart(
                 t_extend_sent: None,
                 fence: None,
             });
-            b.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, &token]).await;
+            b.cmd(&["EVAL", COMPARE_AND_DELETE.text(), "1", &k, &token])
+                .await;
         }
         replies.push(reply);
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     hold_a.t_release_sent = Some(now_ns());
-    a.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "tok-a"]).await;
+    a.cmd(&["EVAL", COMPARE_AND_DELETE.text(), "1", &k, "tok-a"])
+        .await;
     holds.insert(0, hold_a);
     if quarantine {
         // Liveness: once the quarantine (A's TTL + drift from detection) is over, B gets it.

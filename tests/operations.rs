@@ -169,7 +169,7 @@ async fn metrics_follow_grants_contention_no_quorum_and_quarantine() {
     assert_eq!(value(&body, &version), 1.0, "{body}");
 
     // Releases: the holder's, then one of a value that no longer holds the key.
-    let release = ["EVAL", COMPARE_AND_DELETE, "1", &k, "a"];
+    let release = ["EVAL", COMPARE_AND_DELETE.text(), "1", &k, "a"];
     assert_eq!(c.cmd(&release).await, ":1");
     assert_eq!(c.cmd(&release).await, ":0");
     let body = scrape(addr).await;

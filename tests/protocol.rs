@@ -24,7 +24,7 @@ async fn redis_cli_one_shot_session() {
             run(s(&["SET", &k2, "tok", "NX", "PX", "30000"])),
             run(s(&["SET", &k2, "other", "NX", "PX", "30000"])),
             run(s(&["GET", &k2])),
-            run(s(&["EVAL", COMPARE_AND_DELETE, "1", &k2, "tok"])),
+            run(s(&["EVAL", COMPARE_AND_DELETE.text(), "1", &k2, "tok"])),
             run(s(&["GET", &k2])),
             run(s(&["-3", "SET", &k2, "x", "NX", "PX", "30000"])),
             run(s(&["-3", "SET", &k2, "y", "NX", "PX", "30000"])),
@@ -66,7 +66,7 @@ async fn resp3_through_the_redis_crate() {
     assert_eq!(granted, redis::Value::Okay);
     let contended: redis::Value = acquire("w").query_async(&mut con).await.unwrap();
     assert_eq!(contended, redis::Value::Nil);
-    let released: i64 = redis::Script::new(COMPARE_AND_DELETE)
+    let released: i64 = redis::Script::new(COMPARE_AND_DELETE.text())
         .key(&k)
         .arg("v")
         .invoke_async(&mut con)

@@ -47,13 +47,14 @@ async fn acquire_contend_release_over_five_masters() {
     // Release by a non-owner does nothing; by the owner removes it everywhere.
     assert_eq!(
         other
-            .cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "tok-b"])
+            .cmd(&["EVAL", COMPARE_AND_DELETE.text(), "1", &k, "tok-b"])
             .await,
         ":0"
     );
     assert!(env.holders(&k, "tok-a").await >= 3);
     assert_eq!(
-        c.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "tok-a"]).await,
+        c.cmd(&["EVAL", COMPARE_AND_DELETE.text(), "1", &k, "tok-a"])
+            .await,
         ":1"
     );
     env.assert_gone(&k).await;
@@ -115,7 +116,8 @@ async fn minority_down_still_grants_majority_down_refuses_fast() {
     assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "1000"]).await, "+OK");
     assert_eq!(c.cmd(&["GET", &k]).await, "$v");
     assert_eq!(
-        c.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "v"]).await,
+        c.cmd(&["EVAL", COMPARE_AND_DELETE.text(), "1", &k, "v"])
+            .await,
         ":1"
     );
 
@@ -232,9 +234,10 @@ async fn evalsha_noscript_load_and_healing() {
         "-NOSCRIPT No matching script. Please use EVAL."
     );
     // EVAL remembers the body for later EVALSHA.
-    let release_sha = sha1_hex(COMPARE_AND_DELETE);
+    let release_sha = sha1_hex(COMPARE_AND_DELETE.text());
     assert_eq!(
-        c.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &k, "nope"]).await,
+        c.cmd(&["EVAL", COMPARE_AND_DELETE.text(), "1", &k, "nope"])
+            .await,
         ":0"
     );
     for port in env.ports() {

@@ -4,9 +4,8 @@
 //! the masters is also run directly on a redis-server: its key table is Redis' own `COMMAND
 //! INFO`, its glob is Redis' ACL match, and the body keeps its lines, flags and `redis` members.
 
-use redlock_proxy::on_master::{
-    checked_body, script_sha, ARMED_KEY, QUARANTINE_KEY, SCRIPT_COMMANDS, SCRIPT_NOPERM,
-};
+use redlock_proxy::on_master::{script_sha, ARMED_KEY, QUARANTINE_KEY};
+use redlock_proxy::script_checks::{checked_body, SCRIPT_COMMANDS, SCRIPT_NOPERM};
 use redlock_proxy::{backend_ttl_ms, Config, LocalMaster};
 use redlock_testkit::key;
 use redlock_testkit::launcher::Env;

@@ -156,7 +156,7 @@ async fn a_tenant_cannot_touch_or_release_another_tenants_lock() {
     const NOPERM: &str =
         "-NOPERM this user has no permissions to access one of the keys used as arguments";
     for attempt in [
-        vec!["EVAL", COMPARE_AND_DELETE, "1", &lock, "mine"],
+        vec!["EVAL", COMPARE_AND_DELETE.text(), "1", &lock, "mine"],
         vec!["DEL", &lock],
         vec!["LOCK.RELEASE", &lock, "mine"],
         vec!["PEXPIRE", &lock, "1"],
@@ -175,7 +175,7 @@ async fn a_tenant_cannot_touch_or_release_another_tenants_lock() {
         "+OK"
     );
     assert_eq!(
-        a.cmd(&["EVAL", COMPARE_AND_DELETE, "1", &lock, "mine"])
+        a.cmd(&["EVAL", COMPARE_AND_DELETE.text(), "1", &lock, "mine"])
             .await,
         ":1"
     );
@@ -198,7 +198,7 @@ async fn real_clients_authenticate_with_users() {
             };
             (
                 run(&["SET", &lock, "cli", "NX", "PX", "30000"]),
-                run(&["EVAL", COMPARE_AND_DELETE, "1", &lock, "cli"]),
+                run(&["EVAL", COMPARE_AND_DELETE.text(), "1", &lock, "cli"]),
                 run(&["GET", "other:key"]),
                 redis_cli(
                     port,

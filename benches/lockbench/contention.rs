@@ -151,7 +151,7 @@ pub async fn run_hot(
     let _ = holder
         .request(&[
             b"EVAL",
-            COMPARE_AND_DELETE.as_bytes(),
+            COMPARE_AND_DELETE.text().as_bytes(),
             b"1",
             key.as_bytes(),
             b"holder",

@@ -109,7 +109,7 @@ impl ReleaseCmd {
     pub fn encode(&self, key: &str, token: &str) -> Vec<u8> {
         let (verb, script): (&[u8], &[u8]) = match self.kind {
             ReleaseKind::Evalsha => (b"EVALSHA", self.sha.as_bytes()),
-            ReleaseKind::Eval => (b"EVAL", COMPARE_AND_DELETE.as_bytes()),
+            ReleaseKind::Eval => (b"EVAL", COMPARE_AND_DELETE.text().as_bytes()),
         };
         encode(&[verb, script, b"1", key.as_bytes(), token.as_bytes()])
     }
@@ -431,7 +431,7 @@ pub async fn run_clientside_cell(
         }
     }
     let masters_conns = Arc::new(conns);
-    let script = Arc::new(redis::Script::new(COMPARE_AND_DELETE));
+    let script = Arc::new(redis::Script::new(COMPARE_AND_DELETE.text()));
     let tag = Arc::new(unique_tag());
     let window = settings.window();
     let tasks: Vec<_> = (0..workers)

@@ -14,15 +14,10 @@ use super::lock::{acquire, refuse_acquire};
 use super::{Action, Ctx, Session};
 use crate::error::ProxyError;
 use crate::lease::Outcome;
-use crate::lock::token_key;
+use crate::on_master::{token_key, TOKEN_SCRIPT};
 use crate::protocol::{encode_command, Request};
 use crate::redlock::MergeRule;
 use bytes::Bytes;
-
-/// `KEYS` = key, its token counter; `ARGV` = value. The token (of `<token>:<proxy instance>`),
-/// while `value` holds `key`. A counter of the bare token names no holder (a script made a new
-/// holder that did not get the token: docs/SAFETY.md, "Tokens for locks taken by scripts").
-const TOKEN_SCRIPT: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then local c = redis.call('get', KEYS[2]) if c and #c > 16 then return tonumber(string.sub(c, 1, 16)) end end return false";
 
 /// A positive TTL in ms from `arg`, within the cap, with Redis' texts for a bad one.
 fn ttl_arg(ctx: &Ctx<'_>, arg: &[u8], command: &'static str) -> Result<u64, ProxyError> {
@@ -50,7 +45,7 @@ pub fn lock_token(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Ac
     let (key, value) = (&request.args[1], &request.args[2]);
     let token_key = token_key(key);
     let keys: [&[u8]; 2] = [key, &token_key];
-    eval_by_quorum(ctx, TOKEN_SCRIPT, &keys, value, MergeRule::Identical)
+    eval_by_quorum(ctx, TOKEN_SCRIPT.text(), &keys, value, MergeRule::Identical)
 }
 
 /// `LOCK.RELEASE key value`

@@ -296,10 +296,8 @@ impl Spec {
     }
 }
 
-/// Keys under this prefix hold the proxy's own state on the masters (the shared markers, the
-/// token counters: see [`crate::health`] and [`crate::lock`]); a client that could delete or change
-/// them could end a quarantine early or make every master look wiped.
-pub const RESERVED_PREFIX: &[u8] = b"redlock-proxy:";
+/// [`crate::on_master::RESERVED_PREFIX`]: keys no client command or script may touch.
+pub const RESERVED_PREFIX: &[u8] = crate::on_master::RESERVED_PREFIX.as_bytes();
 
 /// Whether a client key falls under [`RESERVED_PREFIX`].
 pub fn is_reserved_key(key: &Bytes) -> bool {

@@ -36,18 +36,18 @@ use super::keys::forward_request;
 use super::{Action, Ctx, Session};
 use crate::auth::KeyPatterns;
 use crate::error::ProxyError;
-use crate::health::{ARMED_KEY, QUARANTINE_KEY};
 use crate::lease::{Granted, Lease, Outcome};
 use crate::lease_script::KnownLock;
 use crate::lock::Acquirer;
 use crate::lock::Attempt;
 use crate::masters::{Ask, Masters};
+use crate::on_master::{script_sha, ARMED_KEY, GUARD_SCRIPT, QUARANTINE_KEY};
 use crate::protocol::{encode_command, Reply, Request};
 use crate::redlock::{
     merge, no_quorum, quorum, token_refusal, validity_window, MergeRule, MissingReason, Policy,
     Vote,
 };
-use crate::script_cache::{script_sha, Script};
+use crate::script_cache::Script;
 use crate::script_keys::{access_args, DEADLINE_AT};
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -55,17 +55,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Run on every master right after a script that may write (`KEYS` = the two markers, then the
-/// script's keys, the only keys it could touch; `ARGV[1]` = the lease bound in ms). First it
-/// caps every key of the script at the bound, those without expiry included (a script can
-/// compute any TTL: redis-py's `extend` adds to the current one; and a write with no TTL at all
-/// is no lease), then it answers `-1` if the master is unarmed or quarantined, else what it
-/// capped: [`CAPPED_TTL`] and [`CAPPED_NO_EXPIRY`] or-ed. Run *after* the script, a present
-/// marker proves no wipe came before the script ran (a wiped master is re-armed only together
-/// with its quarantine: [`crate::health`]).
-pub const GUARD_SCRIPT: &str = "local capped = 0 for i = 3, #KEYS do local ttl = redis.call('pttl', KEYS[i]) if ttl == -1 or ttl > tonumber(ARGV[1]) then redis.call('pexpire', KEYS[i], ARGV[1]) if ttl == -1 then capped = bit.bor(capped, 2) else capped = bit.bor(capped, 1) end end end if redis.call('exists', KEYS[1]) == 0 or redis.call('exists', KEYS[2]) == 1 then return -1 end return capped";
-
-/// The guard's flag: a key had a TTL above the bound.
+/// The guard's flags (`src/on_master/guard.lua`): a key had a TTL above the bound.
 const CAPPED_TTL: i64 = 1;
 /// The guard's flag: a key had no expiry.
 const CAPPED_NO_EXPIRY: i64 = 2;
@@ -353,7 +343,7 @@ pub(crate) fn guard_command(keys: &[Bytes], policy: &Policy) -> Bytes {
     let bound = policy.lease_bound().as_millis().to_string();
     let mut parts: Vec<&[u8]> = vec![
         b"EVAL",
-        GUARD_SCRIPT.as_bytes(),
+        GUARD_SCRIPT.text().as_bytes(),
         count.as_bytes(),
         ARMED_KEY.as_bytes(),
         QUARANTINE_KEY.as_bytes(),

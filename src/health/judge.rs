@@ -2,6 +2,7 @@
 //! unsafe, whether the deployment is brand new, and what to do about a master's markers.
 //! No I/O and no clock: table-tested here, used by the monitor ([`super`]).
 
+use crate::on_master::CLAIM_PREFIX;
 use crate::protocol::Reply;
 use std::time::Duration;
 
@@ -138,9 +139,6 @@ pub enum Deployment {
     /// Some master was armed outside a founding claim: the deployment was already running.
     Live,
 }
-
-/// The prefix of a founding claim's value in the quarantine key (a loss quarantine holds `1`).
-pub const CLAIM_PREFIX: &str = "founding:";
 
 /// A master's markers, as one look at them saw them (the status and claim scripts answer
 /// `[exists(armed), pttl(quarantine), get(quarantine)]`).

@@ -11,8 +11,8 @@
 //!   - `redlock-proxy:armed` (no expiry): "this master has been part of a lock deployment". A
 //!     master that lacks it lost its data (restart without persistence, `FLUSHALL`) or is
 //!     brand new. Every acquire checks it **in the same script** that sets the lock
-//!     ([`crate::lock::LOCK_SCRIPT`]), and scripts are followed by a guard that checks it
-//!     ([`crate::commands::scripts::GUARD_SCRIPT`]): a master wiped since its last poll answers `-1`
+//!     ([`crate::on_master::LOCK_SCRIPT`]), and scripts are followed by a guard that checks it
+//!     ([`crate::on_master::GUARD_SCRIPT`]): a master wiped since its last poll answers `-1`
 //!     instead of voting.
 //!   - `redlock-proxy:quarantine` (`PX` = B, only ever lengthened): set, *in the same script
 //!     that re-arms the master*, by whichever proxy first sees the loss. While it exists the
@@ -60,14 +60,15 @@
 pub(crate) mod judge;
 mod state;
 
+pub use judge::Deployment;
 use judge::{
     first_sight_wait, founding_round, marker_step, parse_info, parse_time, Founding, MarkerStep,
     Markers,
 };
-pub use judge::{Deployment, CLAIM_PREFIX};
 pub use state::{MasterHealth, QUARANTINE_CAUSES};
 
 use crate::live::LiveDuration;
+use crate::on_master::{CLAIM_PREFIX, CLAIM_SCRIPT, LIFT_SCRIPT, QUARANTINE_SCRIPT, STATUS_SCRIPT};
 use crate::protocol::{encode_command, Reply};
 use crate::transport::Link;
 use bytes::{Bytes, BytesMut};
@@ -78,24 +79,7 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-/// The marker every proxy keeps on every master it has armed (no expiry).
-pub const ARMED_KEY: &str = "redlock-proxy:armed";
-/// The shared quarantine marker (`PX` = the lease bound, only ever lengthened).
-pub const QUARANTINE_KEY: &str = "redlock-proxy:quarantine";
-
-/// `{exists(armed), pttl(quarantine), get(quarantine)}` ([`Markers::parse`]).
-pub(crate) const STATUS_SCRIPT: &str = "return {redis.call('exists', KEYS[1]), redis.call('pttl', KEYS[2]), redis.call('get', KEYS[2])}";
-/// Quarantines for `ARGV[1]` ms (keeping a later end) and re-arms, in one step: no acquire can
-/// pass the marker check in between. A founding claim in the quarantine key becomes a loss
-/// quarantine (`1`), which no founder lifts. Returns the quarantine's remaining ms.
-pub(crate) const QUARANTINE_SCRIPT: &str = "local q = redis.call('get', KEYS[2]) if q and q ~= '1' then redis.call('set', KEYS[2], '1', 'KEEPTTL') end redis.call('set', KEYS[2], '1', 'NX', 'PX', ARGV[1]) redis.call('pexpire', KEYS[2], ARGV[1], 'GT') redis.call('set', KEYS[1], '1') return redis.call('pttl', KEYS[2])";
-/// A founding claim (`ARGV[1]` = the proxy's tag, `ARGV[2]` = B): an unarmed master is armed
-/// with the claim in its quarantine key, in one step; a claim with a larger tag is adopted
-/// (its expiry kept). Answers the markers as [`STATUS_SCRIPT`] does, after the claim.
-pub(crate) const CLAIM_SCRIPT: &str = "if redis.call('exists', KEYS[1]) == 0 then redis.call('set', KEYS[1], '1') redis.call('set', KEYS[2], ARGV[1], 'PX', ARGV[2]) else local q = redis.call('get', KEYS[2]) if q and string.sub(q, 1, 9) == 'founding:' and q > ARGV[1] then redis.call('set', KEYS[2], ARGV[1], 'KEEPTTL') end end return {redis.call('exists', KEYS[1]), redis.call('pttl', KEYS[2]), redis.call('get', KEYS[2])}";
-/// Lifts the founding claim `ARGV[1]`, only if the quarantine key still holds it: 1 if lifted.
-pub(crate) const LIFT_SCRIPT: &str =
-    "if redis.call('get', KEYS[2]) == ARGV[1] then return redis.call('del', KEYS[2]) end return 0";
+pub use crate::on_master::{ARMED_KEY, QUARANTINE_KEY};
 
 /// The `INFO` sections the monitor needs (Redis 7 accepts several sections at once), then the
 /// fsync policy, which `INFO` does not show.
@@ -245,7 +229,7 @@ pub fn spawn_monitors(
         judged: Notify::new(),
         run_ids: std::sync::Mutex::new(vec![String::new(); masters.len()]),
     });
-    let status = markers_command(STATUS_SCRIPT, &[]);
+    let status = markers_command(STATUS_SCRIPT.text(), &[]);
     let preload: Vec<Bytes> = policy
         .preload
         .iter()
@@ -323,8 +307,8 @@ async fn found(
 ) {
     let quorum = links.len() / 2 + 1;
     let bound = policy.lease_bound.as_millis().to_string();
-    let claim = markers_command(CLAIM_SCRIPT, &[&view.tag, &bound]);
-    let status = markers_command(STATUS_SCRIPT, &[]);
+    let claim = markers_command(CLAIM_SCRIPT.text(), &[&view.tag, &bound]);
+    let status = markers_command(STATUS_SCRIPT.text(), &[]);
     // Every master gets one connection attempt first: one that is merely slower to connect
     // than the others is claimed with them instead of joining later through a quarantine.
     let tried = futures::future::join_all(links.iter().map(|l| l.wait_attempted()));
@@ -560,7 +544,7 @@ impl Monitor {
                 false
             }
             MarkerStep::Lift => {
-                let lift = markers_command(LIFT_SCRIPT, &[&self.view.tag]);
+                let lift = markers_command(LIFT_SCRIPT.text(), &[&self.view.tag]);
                 self.ask(lift).await == Some(Reply::Integer(1))
             }
             // Quarantine off (the safety suite's negative control only): re-arm, no wait.
@@ -571,7 +555,7 @@ impl Monitor {
             }
             MarkerStep::Quarantine(reason) => {
                 let ms = policy.lease_bound.as_millis().to_string();
-                let script = markers_command(QUARANTINE_SCRIPT, &[&ms]);
+                let script = markers_command(QUARANTINE_SCRIPT.text(), &[&ms]);
                 let Some(Reply::Integer(left)) = self.ask(script).await else {
                     return false;
                 };

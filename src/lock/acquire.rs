@@ -5,82 +5,29 @@ use super::rollback::{RollbackPlan, Undo};
 use super::{AcquireResult, Acquirer};
 use crate::config::NoQuorumReply;
 use crate::error::ProxyError;
-use crate::health::{instance_name, ARMED_KEY, QUARANTINE_KEY};
+use crate::health::instance_name;
 use crate::lease::{Granted, Lease, Outcome};
 use crate::masters::{Ask, Masters};
+use crate::on_master::{script_sha, token_key, ARMED_KEY, LOCK_SCRIPT, QUARANTINE_KEY};
 use crate::protocol::{encode_command, Reply, ScriptCall};
 use crate::redlock::{
     acquire_decision, backend_ttl_ms, held_by_majority, majority_unreachable, propose_token,
     token_floor, validity_window, AcquireDecision, TokenRules, Vote,
 };
-use crate::script_cache::script_sha;
 use crate::transport::SharedScript;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// The lock operations on one master, for every acquire and release the link merged into
-/// this call ([`crate::transport::SharedScript`]), run in order. `KEYS` = [`ARMED_KEY`],
-/// [`QUARANTINE_KEY`], then each operation's keys; `ARGV` = each operation's arguments, led by
-/// its kind. The reply has one element per operation, in order.
-///
-/// **Acquire** (`a`; keys: the lock key, the key's token counter ([`token_key`]); arguments:
-/// the value, `PX`, the counter's new record (`<token>:<proxy instance>`, [`Tokens::record`]),
-/// the deadline, the proposed fencing token (µs, 16 digits zero-padded: a record
-/// `<token>:<instance>` is at least the proposal, as strings, exactly when its token is), the
-/// earliest master clock that may take the token, the counter's `PX`; clocks in ms since the
-/// epoch, in the master's clock):
-/// - Nothing is written after the deadline (`-2`): a write held up in a paused master's socket
-///   buffer cannot take effect once the proxy has given up on it, so the clean-up sent after
-///   the deadline is final (no phantom holder). The deadline is also the latest clock at which
-///   the master may take the token ([`crate::redlock::TokenRules::accepted_clocks_ms`]).
-/// - The token is refused if the master's clock is behind the earliest (`[-3, clock µs]`):
-///   the proposal is too far ahead of it.
-/// - Nothing is written unless the master is armed and not quarantined (`-1`): it lost its
-///   data since it was last checked, or a proxy quarantined it. Checked in the same script, so
-///   no wipe can fall between the check and the write.
-/// - The token is refused if it is not above the key's counter (`[-4, counter]`).
-/// - Then `SET key value NX PX`: null if the key is held. If it is set, the counter becomes
-///   the record for at least its lifetime: the token for later acquires, and with the proxy
-///   instance it names this attempt (a proxy never proposes a token twice), so the clean-up of
-///   a refused attempt deletes only what *that* attempt wrote, never the grant of a later
-///   attempt with the same value (redis-py retries with the same token).
-///
-/// **Release** (`r`; key: the lock key; argument: the value): `1` if the key held the value
-/// and was deleted, else `0`, exactly what the classic compare-and-delete answers; a key of
-/// another type is that release's error (`WRONGTYPE`, as the classic script's `redis.call`
-/// raises), not the end of the others' (`pcall`).
-///
-/// Why a script, and not the plain `SET NX PX` with the marker check beside it: the markers
-/// alone could be a pipelined `MGET` right after the `SET` (a wipe between arming and the `SET`
-/// would also remove the marker before the `MGET` runs), but the token counter is a
-/// compare-then-write across two keys, and the deadline a write conditional on the master's
-/// clock; Redis has no plain command for either, and `MULTI`/`WATCH` would cost a round trip
-/// and a connection per acquire. The script's fixed cost (argument tables, set-up, reply) is
-/// paid once per merged call, and `TIME` and one `MGET` (markers and every counter) once per
-/// call; what is left per acquire is the two `SET`s (BENCHMARKS.md §9).
-///
-/// Merging keeps every operation's answer what it would be alone: they run in queue order,
-/// atomically. The counters are read once, up front, and a counter this call wrote is
-/// remembered (`written`), so every acquire compares its token with the counter as it is at its
-/// turn. The lock's `SET` is a `pcall`: an error there (`OOM` before the call's first write) is
-/// that acquire's answer, not the end of the others'.
-///
-/// The clock is compared in ms with its µs as a fraction (`t[1] * 1000 + t[2] / 1000`): the
-/// deadline check is then at least as strict as with whole ms, and the earliest check (an
-/// integer bound) the same. Lua's own string-to-number coercion instead of `tonumber` and
-/// `math.floor`, and a record of at most 44 bytes (Redis keeps it in one allocation), keep the
-/// master's work small (BENCHMARKS.md §6); the strings it writes come ready-made from the proxy.
-pub const LOCK_SCRIPT: &str = "local t = redis.call('time') local now = t[1] * 1000 + t[2] / 1000 local names = {KEYS[1], KEYS[2]} local k, a = 3, 1 while a <= #ARGV do if ARGV[a] == 'a' then names[#names + 1] = KEYS[k + 1] k = k + 2 a = a + 8 else k = k + 1 a = a + 2 end end local m = redis.call('mget', unpack(names)) local armed = m[1] and not m[2] local r, written, i, c = {}, {}, 1, 3 k, a = 3, 1 while a <= #ARGV do if ARGV[a] == 'a' then local counter = written[KEYS[k + 1]] or m[c] c = c + 1 if now > ARGV[a + 4] + 0 then r[i] = -2 elseif now < ARGV[a + 6] + 0 then r[i] = {-3, t[1] * 1000000 + t[2]} elseif not armed then r[i] = -1 elseif counter and counter >= ARGV[a + 5] then r[i] = {-4, tonumber(string.sub(counter, 1, 16))} else local ok = redis.pcall('set', KEYS[k], ARGV[a + 1], 'NX', 'PX', ARGV[a + 2]) if ok and not ok.err then redis.call('set', KEYS[k + 1], ARGV[a + 3], 'PX', ARGV[a + 7]) written[KEYS[k + 1]] = ARGV[a + 3] end r[i] = ok end k = k + 2 a = a + 8 else local v = redis.pcall('get', KEYS[k]) if type(v) == 'table' and v.err then r[i] = v elseif v == ARGV[a + 1] then r[i] = redis.call('del', KEYS[k]) else r[i] = 0 end k = k + 1 a = a + 2 end i = i + 1 end return r";
-
-/// How the links call [`LOCK_SCRIPT`]: by SHA1 (the health monitors load it on every master),
-/// with the markers as the keys every merged operation shares.
+/// How the links call [`LOCK_SCRIPT`] (`src/on_master/lock.lua`: every merged acquire and
+/// release, checked as docs/SAFETY.md argues): by SHA1 (the health monitors load it on every
+/// master), with the markers as the keys every merged operation shares.
 pub fn lock_script() -> Arc<SharedScript> {
     Arc::new(SharedScript {
-        sha: script_sha(LOCK_SCRIPT.as_bytes()),
-        body: LOCK_SCRIPT,
+        sha: script_sha(LOCK_SCRIPT.text().as_bytes()),
+        body: LOCK_SCRIPT.text(),
         shared_keys: vec![
             Bytes::from_static(ARMED_KEY.as_bytes()),
             Bytes::from_static(QUARANTINE_KEY.as_bytes()),
@@ -90,14 +37,6 @@ pub fn lock_script() -> Arc<SharedScript> {
 
 /// The vote of a master that was unarmed or quarantined at acquire time.
 pub const UNARMED: Reply = Reply::Integer(-1);
-
-/// Where the masters keep the fencing token counter of `key` (`<token>:<proxy instance>`).
-pub fn token_key(key: &[u8]) -> Bytes {
-    let mut name = BytesMut::with_capacity(key.len() + 20);
-    name.extend_from_slice(b"redlock-proxy:token:");
-    name.extend_from_slice(key);
-    name.freeze()
-}
 
 /// This proxy's token proposals.
 pub(super) struct Tokens {

@@ -11,10 +11,10 @@
 //! shorter than the old lease: the holder keeps what it had).
 
 use super::Acquirer;
-use crate::health::{ARMED_KEY, QUARANTINE_KEY};
 use crate::lease::{Granted, Lease, Outcome, Rollback};
-use crate::lock::{token_key, UNARMED};
+use crate::lock::UNARMED;
 use crate::masters::{Ask, LateVotes, Masters};
+use crate::on_master::{token_key, ARMED_KEY, EXTEND_SCRIPT, QUARANTINE_KEY, UNEXTEND_SCRIPT};
 use crate::protocol::{encode_command, Reply};
 use crate::redlock::{backend_ttl_ms, quorum, validity_window, Vote};
 use bytes::Bytes;
@@ -22,17 +22,6 @@ use futures::future::BoxFuture;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// `KEYS` = key, its token counter, the two markers; `ARGV` = value, `PX`, the write's deadline
-/// in the master's clock (ms). `{1, the key's PTTL before}` if extended; `0` if `value` does
-/// not hold `key`; `-1` if the master lost its data or is quarantined (its answer does not
-/// count); `-2` if the master's clock is past the deadline (nothing written). The counter is
-/// only ever lengthened (`GT`): the token ordering needs it to live its full life.
-const EXTEND_SCRIPT: &str = "local t = redis.call('time') if t[1] * 1000 + t[2] / 1000 > tonumber(ARGV[3]) then return -2 end if redis.call('exists', KEYS[3]) == 0 or redis.call('exists', KEYS[4]) == 1 then return -1 end if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end local before = redis.call('pttl', KEYS[1]) redis.call('pexpire', KEYS[1], ARGV[2]) redis.call('pexpire', KEYS[2], ARGV[2], 'GT') return {1, before}";
-
-/// The undo of an extend the client was not given (`KEYS` = key; `ARGV` = value, the TTL the
-/// key had when the extend ran): only while `value` holds the key, and only shortening (`LT`).
-const UNEXTEND_SCRIPT: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2], 'LT') end return 0";
 
 /// The key's TTL before the extend, if `vote` says this master extended it.
 fn extended_from(vote: &Vote) -> Option<i64> {
@@ -76,7 +65,7 @@ impl Acquirer {
                 .to_string();
             Some(Ask::Commands(encode_command(&[
                 b"EVAL".as_ref(),
-                EXTEND_SCRIPT.as_bytes(),
+                EXTEND_SCRIPT.text().as_bytes(),
                 b"4",
                 key,
                 &counter,
@@ -176,7 +165,7 @@ impl Unextend {
             let before = before.saturating_sub(since).max(1).to_string();
             let payload = encode_command(&[
                 b"EVAL".as_ref(),
-                UNEXTEND_SCRIPT.as_bytes(),
+                UNEXTEND_SCRIPT.text().as_bytes(),
                 b"1",
                 &self.key,
                 &self.value,

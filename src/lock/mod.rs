@@ -10,9 +10,8 @@ mod release;
 mod rollback;
 mod stats;
 
-pub use acquire::{lock_script, token_key, Attempt, LOCK_SCRIPT, UNARMED};
+pub use acquire::{lock_script, Attempt, UNARMED};
 pub use flights::Started;
-pub use rollback::{COMPARE_AND_DELETE, UNDO_SCRIPT};
 pub use stats::{latency_buckets, AcquireResult, LockStats};
 
 use crate::config::NoQuorumReply;
@@ -77,7 +76,7 @@ impl Acquirer {
 
     /// Scripts the health monitors keep loaded on every master (acquires call them by SHA1).
     pub fn preload() -> Vec<&'static str> {
-        vec![LOCK_SCRIPT]
+        vec![crate::on_master::LOCK_SCRIPT.text()]
     }
 
     /// The token a client script's run may take where it makes a new holder of a key

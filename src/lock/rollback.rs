@@ -5,6 +5,7 @@ use super::acquire::Record;
 use super::LockStats;
 use crate::lease::Rollback;
 use crate::masters::{LateVotes, Masters};
+use crate::on_master::{COMPARE_AND_DELETE, UNDO_SCRIPT};
 use crate::protocol::encode_command;
 use crate::redlock::{may_hold_our_value, Vote};
 use bytes::Bytes;
@@ -12,18 +13,6 @@ use futures::future::BoxFuture;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// The clean-up of one acquire attempt: deletes the lock only if it still holds the attempt's
-/// value and the key's token counter is still the attempt's record (`KEYS` = lock key, token
-/// counter; `ARGV` = value, the record `<token>:<proxy instance>`, which names the attempt).
-/// The counter stays: tokens may only go up.
-pub const UNDO_SCRIPT: &str = "if redis.call('get', KEYS[1]) == ARGV[1] and redis.call('get', KEYS[2]) == ARGV[2] then return redis.call('del', KEYS[1]) end return 0";
-
-/// The compare-and-delete (`KEYS[1]` = key, `ARGV[1]` = value): the clean-up when quarantine
-/// is off and the acquire is a plain `SET NX PX` (no token record), and the release every
-/// client library sends.
-pub const COMPARE_AND_DELETE: &str =
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
 
 /// What a refused acquire's clean-up does on one master.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,7 +57,7 @@ impl Undo {
         match record {
             Some((counter, record)) => encode_command(&[
                 b"EVAL".as_ref(),
-                UNDO_SCRIPT.as_bytes(),
+                UNDO_SCRIPT.text().as_bytes(),
                 b"2",
                 key,
                 counter,
@@ -77,7 +66,7 @@ impl Undo {
             ]),
             None => encode_command(&[
                 b"EVAL".as_ref(),
-                COMPARE_AND_DELETE.as_bytes(),
+                COMPARE_AND_DELETE.text().as_bytes(),
                 b"1",
                 key,
                 value,

@@ -417,7 +417,7 @@ pub async fn ready_for_load(port: u16) -> io::Result<String> {
             .filter(|l| l.contains("state=") && !l.contains("state=up"))
             .collect();
         let script = if waiting.is_empty() {
-            conn.request(&[b"SCRIPT", b"LOAD", COMPARE_AND_DELETE.as_bytes()])
+            conn.request(&[b"SCRIPT", b"LOAD", COMPARE_AND_DELETE.text().as_bytes()])
                 .await?
         } else {
             Reply::Null

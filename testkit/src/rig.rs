@@ -275,7 +275,7 @@ impl Rig {
         );
         if first == "+OK" {
             client
-                .cmd(&["EVAL", COMPARE_AND_DELETE, "1", &free, "first"])
+                .cmd(&["EVAL", COMPARE_AND_DELETE.text(), "1", &free, "first"])
                 .await;
         }
         self.nemesis.note_fault(format!(

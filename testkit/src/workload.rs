@@ -429,7 +429,7 @@ async fn pause(rng: &mut Rng, (lo, hi): (u64, u64)) {
 fn release<'a>(cfg: &Workload, key: &'a str, token: &'a str) -> Vec<&'a str> {
     match cfg.semaphore {
         Some(_) => vec!["ZREM", key, token],
-        None => vec!["EVAL", COMPARE_AND_DELETE, "1", key, token],
+        None => vec!["EVAL", COMPARE_AND_DELETE.text(), "1", key, token],
     }
 }
 
@@ -734,7 +734,7 @@ pub async fn wait_grantable(
                 Some("+OK") => {
                     let took = started.elapsed();
                     c.try_cmd(
-                        &["EVAL", COMPARE_AND_DELETE, "1", key, &token],
+                        &["EVAL", COMPARE_AND_DELETE.text(), "1", key, &token],
                         Duration::from_secs(2),
                     )
                     .await;

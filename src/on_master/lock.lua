@@ -1,0 +1,71 @@
+-- The lock operations of one master, for every acquire and release a link merged into this
+-- call, run in order (docs/SAFETY.md, "Merged calls decide nothing together").
+-- KEYS: the armed marker, the quarantine marker, then each operation's keys.
+-- ARGV: each operation, led by its kind:
+--   acquire 'a': KEYS lock key, token counter; ARGV value, PX, counter record
+--     (<token>:<proxy instance>), deadline (ms, master clock), proposed token (16 digits),
+--     earliest clock that may take it (ms), the counter's PX.
+--   release 'r': KEYS lock key; ARGV value.
+-- Reply: one element per operation. Acquire: OK or nil from SET NX; -1 unarmed or
+-- quarantined; -2 past the deadline; {-3, clock us} token too far ahead of the clock;
+-- {-4, counter} token not above the counter. Release: 1 deleted, 0 not ours, or its error.
+local t = redis.call('time')
+-- ms with the us as a fraction: at least as strict as whole ms for the deadline.
+local now = t[1] * 1000 + t[2] / 1000
+-- One MGET for the markers and every acquire's counter.
+local names = {KEYS[1], KEYS[2]}
+local k, a = 3, 1
+while a <= #ARGV do
+  if ARGV[a] == 'a' then
+    names[#names + 1] = KEYS[k + 1]
+    k = k + 2
+    a = a + 8
+  else
+    k = k + 1
+    a = a + 2
+  end
+end
+local m = redis.call('mget', unpack(names))
+local armed = m[1] and not m[2]
+-- written: the counters this call set, so each acquire compares with the counter at its turn.
+local r, written, i, c = {}, {}, 1, 3
+k, a = 3, 1
+while a <= #ARGV do
+  if ARGV[a] == 'a' then
+    local counter = written[KEYS[k + 1]] or m[c]
+    c = c + 1
+    if now > ARGV[a + 4] + 0 then
+      r[i] = -2
+    elseif now < ARGV[a + 6] + 0 then
+      r[i] = {-3, t[1] * 1000000 + t[2]}
+    elseif not armed then
+      r[i] = -1
+    elseif counter and counter >= ARGV[a + 5] then
+      -- Records start with the zero-padded token: string order is token order.
+      r[i] = {-4, tonumber(string.sub(counter, 1, 16))}
+    else
+      -- pcall: one acquire's error (OOM) is its answer, not the end of the others'.
+      local ok = redis.pcall('set', KEYS[k], ARGV[a + 1], 'NX', 'PX', ARGV[a + 2])
+      if ok and not ok.err then
+        redis.call('set', KEYS[k + 1], ARGV[a + 3], 'PX', ARGV[a + 7])
+        written[KEYS[k + 1]] = ARGV[a + 3]
+      end
+      r[i] = ok
+    end
+    k = k + 2
+    a = a + 8
+  else
+    local v = redis.pcall('get', KEYS[k])
+    if type(v) == 'table' and v.err then
+      r[i] = v
+    elseif v == ARGV[a + 1] then
+      r[i] = redis.call('del', KEYS[k])
+    else
+      r[i] = 0
+    end
+    k = k + 1
+    a = a + 2
+  end
+  i = i + 1
+end
+return r

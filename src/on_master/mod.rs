@@ -1,0 +1,243 @@
+//! What the proxy keeps and runs on every master: each Lua script, one `.lua` file beside this
+//! module (formatted and commented there), and the names of the proxy's own keys.
+//!
+//! A master receives a script [`compact`]ed: comment lines dropped, each line trimmed, all
+//! joined by one space. So the scripts sent whole on every call (the guard, `LOCK.TOKEN`) cost a
+//! master no bytes for their comments, the prelude is one line (a client body keeps its line
+//! numbers), and a comment can change without changing a script's SHA1. A code line therefore
+//! holds no `--` comment of its own (a test checks it). What each script promises, and why, is
+//! argued in docs/SAFETY.md; the table test below pins each one's SHA1 and `KEYS`/`ARGV` layout.
+//!
+//! Invariant: every key the proxy writes on a master is under [`RESERVED_PREFIX`], which client
+//! commands and client scripts can never touch.
+
+use bytes::{Bytes, BytesMut};
+use std::sync::LazyLock;
+
+/// Keys under this prefix hold the proxy's own state on the masters (the shared markers, the
+/// token counters); a client that could delete or change them could end a quarantine early or
+/// make every master look wiped.
+pub const RESERVED_PREFIX: &str = "redlock-proxy:";
+/// The marker every proxy keeps on every master it has armed (no expiry).
+pub const ARMED_KEY: &str = "redlock-proxy:armed";
+/// The shared quarantine marker (`PX` = the lease bound, only ever lengthened).
+pub const QUARANTINE_KEY: &str = "redlock-proxy:quarantine";
+/// How a founding claim in [`QUARANTINE_KEY`] starts (`founding:<instance>`), as [`CLAIM_SCRIPT`]
+/// writes and compares it.
+pub const CLAIM_PREFIX: &str = "founding:";
+
+/// Where the masters keep the fencing token counter of `key` (`<token>:<proxy instance>`).
+pub fn token_key(key: &[u8]) -> Bytes {
+    let mut name = BytesMut::with_capacity(key.len() + 20);
+    name.extend_from_slice(RESERVED_PREFIX.as_bytes());
+    name.extend_from_slice(b"token:");
+    name.extend_from_slice(key);
+    name.freeze()
+}
+
+/// `source` as a master receives it: comment lines dropped, lines trimmed and joined by one
+/// space (see the module doc).
+pub fn compact(source: &str) -> String {
+    source
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with("--"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Lower-case hex SHA1 of a script body, as Redis computes it for `EVALSHA`.
+pub fn script_sha(body: &[u8]) -> String {
+    sha1_smol::Sha1::from(body).digest().to_string()
+}
+
+/// A script of this directory, [`compact`]ed once.
+pub struct Script(LazyLock<String>);
+
+impl Script {
+    /// The text a master runs.
+    pub fn text(&'static self) -> &'static str {
+        self.0.as_str()
+    }
+}
+
+macro_rules! on_master {
+    ($($(#[$doc:meta])* $name:ident = $file:literal;)*) => {
+        $($(#[$doc])* pub static $name: Script = Script(LazyLock::new(|| compact(include_str!($file))));)*
+        /// Every script above with its file, for the table test.
+        #[cfg(test)]
+        static ALL: &[(&str, &Script)] = &[$(($file, &$name)),*];
+    };
+}
+
+on_master! {
+    /// The acquires and releases a link merged into one call (docs/SAFETY.md, "Merged calls
+    /// decide nothing together", "Fencing tokens").
+    LOCK_SCRIPT = "lock.lua";
+    /// The clean-up of one refused acquire attempt (docs/SAFETY.md, "Clean-ups undo only
+    /// their own attempt").
+    UNDO_SCRIPT = "undo.lua";
+    /// The compare-and-delete release of every client library.
+    COMPARE_AND_DELETE = "compare_and_delete.lua";
+    /// `LOCK.EXTEND` on one master (docs/PROTOCOL.md §10).
+    EXTEND_SCRIPT = "extend.lua";
+    /// The undo of an extend the client was not given.
+    UNEXTEND_SCRIPT = "unextend.lua";
+    /// A master's markers, for the health monitor.
+    STATUS_SCRIPT = "status.lua";
+    /// Quarantine and re-arm in one step (docs/SAFETY.md, quarantine).
+    QUARANTINE_SCRIPT = "quarantine.lua";
+    /// A founding claim on an unarmed master (docs/SAFETY.md, founding).
+    CLAIM_SCRIPT = "claim.lua";
+    /// Lifts this proxy's founding claim.
+    LIFT_SCRIPT = "lift_claim.lua";
+    /// `LOCK.TOKEN` on one master.
+    TOKEN_SCRIPT = "token.lua";
+    /// The guard after every command that may write (docs/PROTOCOL.md §5).
+    GUARD_SCRIPT = "guard.lua";
+}
+
+/// The prelude of client scripts, with its placeholders (filled by [`crate::script_keys`]).
+pub const PRELUDE_SOURCE: &str = include_str!("prelude.lua");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The highest `KEYS[n]` and `ARGV[n]` a script names with a literal index.
+    fn highest_index(text: &str, table: &str) -> usize {
+        let open = format!("{table}[");
+        text.match_indices(&open)
+            .filter_map(|(at, _)| {
+                let rest = &text[at + open.len()..];
+                rest[..rest.find(']')?].parse::<usize>().ok()
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Each script's SHA1 (a change to what a master runs must be made here on purpose: a
+    /// proxy of another version calls the old one by its SHA1) and its layout: the highest
+    /// literal `KEYS` and `ARGV` index, and whether it walks them in a loop (variadic).
+    #[test]
+    fn every_script_is_pinned_with_its_layout() {
+        let pinned: &[(&str, &str, usize, usize, bool)] = &[
+            (
+                "lock.lua",
+                "8cd01091e428bf647eaa677fca92b7fe99f9b8dd",
+                2,
+                0,
+                true,
+            ),
+            (
+                "undo.lua",
+                "8ff4038c27eb84cf877f8c475487acda6db96563",
+                2,
+                2,
+                false,
+            ),
+            (
+                "compare_and_delete.lua",
+                "e9f69f2beb755be68b5e456ee2ce9aadfbc4ebf4",
+                1,
+                1,
+                false,
+            ),
+            (
+                "extend.lua",
+                "5b61dcd6a5b8aef3e18a57e4f267c408ea385270",
+                4,
+                3,
+                false,
+            ),
+            (
+                "unextend.lua",
+                "5517ed16e1951c76a5cef3f99f5fd6aae3f23f1c",
+                1,
+                2,
+                false,
+            ),
+            (
+                "status.lua",
+                "9d3b06ba18f3c9148be17491965b2256efe97e10",
+                2,
+                0,
+                false,
+            ),
+            (
+                "quarantine.lua",
+                "7df207a2af8d47f3e316305390abb3e4787883ab",
+                2,
+                1,
+                false,
+            ),
+            (
+                "claim.lua",
+                "316b315d53d90d17bde9724329292dd82f835202",
+                2,
+                2,
+                false,
+            ),
+            (
+                "lift_claim.lua",
+                "d095c0795782341e80b9859b911abb1d3d2f9810",
+                2,
+                1,
+                false,
+            ),
+            (
+                "token.lua",
+                "2fca889af725aa741f36c0189d694fdf65f4e7cb",
+                2,
+                1,
+                false,
+            ),
+            (
+                "guard.lua",
+                "1607e5d77a065669a4e0b9f2e62248c031b58614",
+                2,
+                1,
+                true,
+            ),
+        ];
+        assert_eq!(pinned.len(), ALL.len(), "a script without a pin");
+        for ((file, script), (pinned_file, sha, keys, argv, variadic)) in ALL.iter().zip(pinned) {
+            let text = script.text();
+            assert_eq!(file, pinned_file);
+            assert_eq!(script_sha(text.as_bytes()), *sha, "{file}");
+            assert_eq!(highest_index(text, "KEYS"), *keys, "{file}: KEYS");
+            assert_eq!(highest_index(text, "ARGV"), *argv, "{file}: ARGV");
+            assert_eq!(
+                text.contains("#KEYS") || text.contains("#ARGV"),
+                *variadic,
+                "{file}"
+            );
+        }
+    }
+
+    #[test]
+    fn code_lines_hold_no_comment() {
+        for (file, source) in ALL
+            .iter()
+            .map(|(file, script)| (*file, script.text()))
+            .chain([("prelude.lua", PRELUDE_SOURCE)])
+        {
+            assert!(
+                !compact(source).contains("--"),
+                "{file}: a comment after code"
+            );
+        }
+    }
+
+    #[test]
+    fn key_names_are_the_reserved_prefix_s() {
+        for key in [ARMED_KEY, QUARANTINE_KEY] {
+            assert!(key.starts_with(RESERVED_PREFIX), "{key}");
+        }
+        assert_eq!(&token_key(b"k")[..], b"redlock-proxy:token:k");
+        assert_eq!(
+            compact("-- a comment\n  local a = 1\n\n  return a  \n"),
+            "local a = 1 return a"
+        );
+    }
+}
