@@ -41,6 +41,8 @@
 mod in_flight;
 mod output;
 mod session;
+#[cfg(test)]
+mod tests;
 
 use crate::client_stream::{self, ClientStream};
 use crate::error::ProxyError;
