@@ -155,9 +155,14 @@ impl Env {
         Env::start_with(n, |_| {}).await
     }
 
+    /// Returns once every master is `up` on the proxy (or the proxy asks for a password), so a
+    /// test that looks at the masters finds each write on all of them: the proxy writes only
+    /// to masters it has judged, and on a loaded machine that can take longer than the proxy
+    /// takes to answer its first `PING`.
     pub async fn start_with(n: usize, tweak: impl FnOnce(&mut Config)) -> Env {
         let masters = LocalCluster::start(n).expect("redis-server must be installed");
         let proxy = Proxy::start(masters.addrs(), tweak).await;
+        all_up(&proxy, n).await;
         Env { masters, proxy }
     }
 
@@ -169,6 +174,7 @@ impl Env {
         let masters = LocalCluster::start(n).expect("redis-server must be installed");
         let relays = Relay::start_each(&masters).await;
         let proxy = Proxy::start(relays.iter().map(Relay::addr).collect(), tweak).await;
+        all_up(&proxy, n).await;
         (Env { masters, proxy }, relays)
     }
 
@@ -361,6 +367,20 @@ fn listening_port(line: &str) -> Option<u16> {
         .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
         .collect();
     addr.rsplit(':').next()?.parse().ok()
+}
+
+/// Waits (at most 10 s) until all `n` masters are `up` on `proxy`; a proxy that asks for a
+/// password is not waited for (the test authenticates itself).
+async fn all_up(proxy: &Proxy, n: usize) {
+    let mut client = Client::connect(proxy.port).await;
+    if client
+        .cmd(&["INFO", "masters"])
+        .await
+        .starts_with("-NOAUTH")
+    {
+        return;
+    }
+    wait_for_info_within(&mut client, "state=up", n, Duration::from_secs(10)).await;
 }
 
 /// Waits (at most 5 s) until the proxy's `INFO masters` on `client` shows `needle` exactly
