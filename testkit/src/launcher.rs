@@ -43,6 +43,11 @@ impl Proxy {
     /// Starts the proxy over `backends` on a free loopback port: the default configuration
     /// with [`BEHAVIOUR_NODE_TIMEOUT_MS`], then `tweak`.
     pub async fn start(backends: Vec<String>, tweak: impl FnOnce(&mut Config)) -> Proxy {
+        Proxy::start_config(Proxy::config_for(backends, tweak)).await
+    }
+
+    /// The configuration [`Proxy::start`] runs.
+    fn config_for(backends: Vec<String>, tweak: impl FnOnce(&mut Config)) -> Config {
         let mut config = Config {
             port: 0,
             backends: backends
@@ -53,13 +58,13 @@ impl Proxy {
             ..Config::default()
         };
         tweak(&mut config);
-        Proxy::start_config(config).await
+        config
     }
 
     /// Starts the proxy with exactly `config` (its ports are ignored: free loopback ports).
     pub async fn start_config(config: Config) -> Proxy {
         let proxy = Proxy::launch(config).await;
-        proxy.wait_connected().await;
+        proxy.wait_connected(None).await;
         proxy
     }
 
@@ -89,8 +94,10 @@ impl Proxy {
         }
     }
 
-    /// Waits (bounded) until the proxy answers and has tried its masters once.
-    async fn wait_connected(&self) {
+    /// Waits (bounded) until the proxy answers and has tried its masters once; with
+    /// `masters_up`, until that many masters are `up` (at most 10 s), unless it asks for a
+    /// password (the test then authenticates itself).
+    async fn wait_connected(&self, masters_up: Option<usize>) {
         let mut client = Client::connect(self.port).await;
         // A proxy that requires a password answers too.
         let answer = client.cmd(&["PING"]).await;
@@ -98,6 +105,9 @@ impl Proxy {
             answer == "+PONG" || answer == "-NOAUTH Authentication required.",
             "{answer}"
         );
+        if let (Some(n), "+PONG") = (masters_up, answer.as_str()) {
+            wait_for_info_within(&mut client, "state=up", n, Duration::from_secs(10)).await;
+        }
         // Closed before the wait, so the proxy has seen it go when the test opens its own
         // clients (a test with a small `maxclients` counts on that).
         drop(client);
@@ -155,14 +165,14 @@ impl Env {
         Env::start_with(n, |_| {}).await
     }
 
-    /// Returns once every master is `up` on the proxy (or the proxy asks for a password), so a
+    /// Returns once every master is `up` on the proxy (unless it asks for a password), so a
     /// test that looks at the masters finds each write on all of them: the proxy writes only
     /// to masters it has judged, and on a loaded machine that can take longer than the proxy
     /// takes to answer its first `PING`.
     pub async fn start_with(n: usize, tweak: impl FnOnce(&mut Config)) -> Env {
         let masters = LocalCluster::start(n).expect("redis-server must be installed");
-        let proxy = Proxy::start(masters.addrs(), tweak).await;
-        all_up(&proxy, n).await;
+        let proxy = Proxy::launch(Proxy::config_for(masters.addrs(), tweak)).await;
+        proxy.wait_connected(Some(n)).await;
         Env { masters, proxy }
     }
 
@@ -173,8 +183,9 @@ impl Env {
     ) -> (Env, Vec<Relay>) {
         let masters = LocalCluster::start(n).expect("redis-server must be installed");
         let relays = Relay::start_each(&masters).await;
-        let proxy = Proxy::start(relays.iter().map(Relay::addr).collect(), tweak).await;
-        all_up(&proxy, n).await;
+        let config = Proxy::config_for(relays.iter().map(Relay::addr).collect(), tweak);
+        let proxy = Proxy::launch(config).await;
+        proxy.wait_connected(Some(n)).await;
         (Env { masters, proxy }, relays)
     }
 
@@ -367,20 +378,6 @@ fn listening_port(line: &str) -> Option<u16> {
         .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
         .collect();
     addr.rsplit(':').next()?.parse().ok()
-}
-
-/// Waits (at most 10 s) until all `n` masters are `up` on `proxy`; a proxy that asks for a
-/// password is not waited for (the test authenticates itself).
-async fn all_up(proxy: &Proxy, n: usize) {
-    let mut client = Client::connect(proxy.port).await;
-    if client
-        .cmd(&["INFO", "masters"])
-        .await
-        .starts_with("-NOAUTH")
-    {
-        return;
-    }
-    wait_for_info_within(&mut client, "state=up", n, Duration::from_secs(10)).await;
 }
 
 /// Waits (at most 5 s) until the proxy's `INFO masters` on `client` shows `needle` exactly
