@@ -13,7 +13,7 @@ mod stats;
 pub use acquire::{lock_script, token_key, Attempt, LOCK_SCRIPT, UNARMED};
 pub use flights::Started;
 pub use rollback::{COMPARE_AND_DELETE, UNDO_SCRIPT};
-pub use stats::{latency_buckets, AcquireResult, LockStats};
+pub use stats::{AcquireResult, LockStats};
 
 use crate::config::NoQuorumReply;
 use crate::masters::Masters;

@@ -19,7 +19,6 @@
 //! the checks passed and before the live settings are swapped; an error from any hook is
 //! logged and the rest of the reload still applies (each hook owns its own part).
 
-use crate::auth::Users;
 use crate::config::{Config, ConfigError};
 use crate::shared::Shared;
 use std::sync::{Arc, Mutex};
@@ -126,7 +125,7 @@ pub fn apply(
     let changed = live_changes(&old, &new);
     // `new` was validated, users included; a table that still fails leaves the old one.
     if old.requirepass != new.requirepass || old.users != new.users {
-        match Users::from_config(&new) {
+        match new.users() {
             Ok(users) => shared.replace_users(users),
             Err(err) => tracing::error!(error = %err, "reload: users not changed: {err}"),
         }
@@ -200,7 +199,7 @@ mod tests {
     fn restart_only_keys_are_named_and_live_keys_are_not() {
         let old = Config {
             backends: (1..=3)
-                .map(|port| crate::dial::Backend::plain("127.0.0.1", port))
+                .map(|port| crate::backend::Backend::plain("127.0.0.1", port))
                 .collect(),
             ..Config::default()
         };
