@@ -1,5 +1,6 @@
-//! Who a client is and which keys it may touch: the users of the configuration (Redis' ACL
-//! users, the part a lock service needs), password checks and key patterns. Pure: no I/O.
+//! Who a client is and which keys it may touch: the users (Redis' ACL users, the part a lock
+//! service needs) built from the configuration's `[[users]]` tables ([`UserConfig`]) and
+//! `requirepass`, password checks and key patterns. Pure: no I/O.
 //!
 //! Invariants:
 //! - Passwords are kept only as SHA-256 digests, and a candidate is compared digest to digest
@@ -14,8 +15,9 @@
 //! - Key patterns are Redis' glob (`stringmatchlen` of `util.c`): a user may touch a key only
 //!   if one of its patterns matches it. `*` alone means every key (Redis `allkeys`).
 
-use crate::config::{Config, ConfigError, UserConfig};
+use crate::secret::Secret;
 use bytes::Bytes;
+use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,6 +27,35 @@ use subtle::ConstantTimeEq;
 pub const DEFAULT_USER: &str = "default";
 
 type PasswordDigest = [u8; 32];
+
+/// One `[[users]]` table: a Redis ACL user reduced to what a lock service needs.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    pub name: String,
+    /// A disabled user cannot authenticate (Redis `off`).
+    #[serde(default = "enabled")]
+    pub enabled: bool,
+    /// The password in clear (Redis `>password`).
+    #[serde(default)]
+    pub password: Option<Secret>,
+    /// Passwords as SHA-256 hex digests (Redis `#hash`), e.g. from `echo -n pw | sha256sum`.
+    #[serde(default)]
+    pub password_sha256: Vec<String>,
+    /// Key patterns, Redis ACL glob syntax with or without the `~` (`"app:*"`, `"~jobs:?"`);
+    /// `"*"` is every key. None: no key at all. A user with neither password is `nopass`.
+    #[serde(default)]
+    pub keys: Vec<String>,
+}
+
+fn enabled() -> bool {
+    true
+}
+
+/// Users that cannot be built, and why (the configuration reports it as invalid).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidUsers(String);
 
 fn digest(password: &[u8]) -> PasswordDigest {
     Sha256::digest(password).into()
@@ -94,8 +125,8 @@ impl User {
             .into()
     }
 
-    fn from_config(user: &UserConfig) -> Result<User, ConfigError> {
-        let invalid = |why: String| ConfigError::Invalid(format!("user '{}': {why}", user.name));
+    fn from_config(user: &UserConfig) -> Result<User, InvalidUsers> {
+        let invalid = |why: String| InvalidUsers(format!("user '{}': {why}", user.name));
         if user.name.is_empty() || !user.name.bytes().all(|c| c.is_ascii_graphic()) {
             return Err(invalid(
                 "a user name must be printable ASCII without spaces".into(),
@@ -131,20 +162,23 @@ pub struct Users {
 }
 
 impl Users {
-    /// The users of `config`: `requirepass` is the default user's password, and a `[[users]]`
-    /// entry named `default` replaces the default user (to disable it, or limit its keys).
-    pub fn from_config(config: &Config) -> Result<Users, ConfigError> {
+    /// The users of `entries`, and the default user: `requirepass` is its password, and an
+    /// entry named `default` replaces it (to disable it, or limit its keys).
+    pub fn new(
+        requirepass: Option<&Secret>,
+        entries: &[UserConfig],
+    ) -> Result<Users, InvalidUsers> {
         let mut by_name = HashMap::new();
-        for entry in &config.users {
+        for entry in entries {
             let user = User::from_config(entry)?;
-            if user.name == DEFAULT_USER && config.requirepass.is_some() {
-                return Err(ConfigError::Invalid(
+            if user.name == DEFAULT_USER && requirepass.is_some() {
+                return Err(InvalidUsers(
                     "requirepass and a [[users]] entry named 'default' both set the default user's password: keep one"
                         .into(),
                 ));
             }
             if by_name.insert(user.name.clone(), Arc::new(user)).is_some() {
-                return Err(ConfigError::Invalid(format!(
+                return Err(InvalidUsers(format!(
                     "user '{}' is defined twice",
                     entry.name
                 )));
@@ -153,12 +187,11 @@ impl Users {
         let default = by_name
             .entry(DEFAULT_USER.to_string())
             .or_insert_with(|| {
-                let password = config.requirepass.as_ref();
                 Arc::new(User {
                     name: DEFAULT_USER.into(),
                     enabled: true,
-                    nopass: password.is_none(),
-                    passwords: password
+                    nopass: requirepass.is_none(),
+                    passwords: requirepass
                         .map(|p| digest(p.expose().as_bytes()))
                         .into_iter()
                         .collect(),
@@ -297,7 +330,6 @@ fn match_class(pattern: &[u8], open: usize, c: u8) -> (bool, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Secret;
 
     #[test]
     fn globs_match_as_redis_does() {
@@ -360,12 +392,8 @@ mod tests {
     }
 
     fn users(requirepass: Option<&str>, entries: Vec<UserConfig>) -> Users {
-        let config = Config {
-            requirepass: requirepass.map(|p| Secret::new(p.into())),
-            users: entries,
-            ..Config::default()
-        };
-        Users::from_config(&config).unwrap()
+        let requirepass = requirepass.map(|p| Secret::new(p.into()));
+        Users::new(requirepass.as_ref(), &entries).unwrap()
     }
 
     #[test]
@@ -414,23 +442,12 @@ mod tests {
 
     #[test]
     fn conflicting_or_malformed_users_are_refused() {
-        let both = Config {
-            requirepass: Some(Secret::new("x".into())),
-            users: vec![user("default", Some("y"), &["*"], true)],
-            ..Config::default()
-        };
-        assert!(Users::from_config(&both).is_err());
-        let twice = Config {
-            users: vec![user("a", None, &[], true), user("a", None, &[], true)],
-            ..Config::default()
-        };
-        assert!(Users::from_config(&twice).is_err());
+        let default = [user("default", Some("y"), &["*"], true)];
+        assert!(Users::new(Some(&Secret::new("x".into())), &default).is_err());
+        let twice = [user("a", None, &[], true), user("a", None, &[], true)];
+        assert!(Users::new(None, &twice).is_err());
         let mut bad_hash = user("a", None, &[], true);
         bad_hash.password_sha256 = vec!["xyz".into()];
-        let bad = Config {
-            users: vec![bad_hash],
-            ..Config::default()
-        };
-        assert!(Users::from_config(&bad).is_err());
+        assert!(Users::new(None, &[bad_hash]).is_err());
     }
 }

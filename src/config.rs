@@ -1,6 +1,9 @@
-//! Configuration: the defaults of docs/PROTOCOL.md §2, a TOML file, and flags on top.
+//! Configuration: the defaults of docs/PROTOCOL.md §2, a TOML file, and flags on top. Its
+//! checks build the users ([`crate::auth`]) and load the masters' TLS files ([`crate::tls`]).
 
-use crate::dial::Backend;
+use crate::auth::{UserConfig, Users};
+use crate::backend::Backend;
+use crate::secret::Secret;
 use crate::tls::{ClientCerts, MasterTlsFiles, ServerTlsFiles};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -106,52 +109,6 @@ pub struct Config {
     pub requirepass: Option<Secret>,
     /// Named users, like Redis ACL users (`[[users]]` tables).
     pub users: Vec<UserConfig>,
-}
-
-/// A password or other secret: shown as `<redacted>` by `Debug`, so it never reaches a log.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(secret: String) -> Secret {
-        Secret(secret)
-    }
-
-    /// The secret itself, for the one place that checks it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-/// One `[[users]]` table: a Redis ACL user reduced to what a lock service needs.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct UserConfig {
-    pub name: String,
-    /// A disabled user cannot authenticate (Redis `off`).
-    #[serde(default = "enabled")]
-    pub enabled: bool,
-    /// The password in clear (Redis `>password`).
-    #[serde(default)]
-    pub password: Option<Secret>,
-    /// Passwords as SHA-256 hex digests (Redis `#hash`), e.g. from `echo -n pw | sha256sum`.
-    #[serde(default)]
-    pub password_sha256: Vec<String>,
-    /// Key patterns, Redis ACL glob syntax with or without the `~` (`"app:*"`, `"~jobs:?"`);
-    /// `"*"` is every key. None: no key at all. A user with neither password is `nopass`.
-    #[serde(default)]
-    pub keys: Vec<String>,
-}
-
-fn enabled() -> bool {
-    true
 }
 
 impl Default for Config {
@@ -266,7 +223,7 @@ impl Config {
                 "client_query_buffer_limit must be at least 1 MB (1048576), as in Redis",
             );
         }
-        crate::auth::Users::from_config(self)?;
+        self.users()?;
         if self.tls_port.is_some() && self.server_tls().is_none() {
             return invalid("tls-port needs tls-cert-file and tls-key-file");
         }
@@ -298,6 +255,13 @@ impl Config {
             );
         }
         Ok(())
+    }
+
+    /// The users: `requirepass` is the default user's password, and a `[[users]]` entry named
+    /// `default` replaces the default user (to disable it, or limit its keys).
+    pub fn users(&self) -> Result<Users, ConfigError> {
+        Users::new(self.requirepass.as_ref(), &self.users)
+            .map_err(|invalid| ConfigError::Invalid(invalid.to_string()))
     }
 
     /// Reads the masters' TLS files now, so that unusable ones stop the proxy from starting

@@ -2,7 +2,12 @@
 //! algorithm over N independent Redis masters.
 //!
 //! # Layers
-//! Each module depends only on modules of the layers above it:
+//! Each module uses only modules of its own layer and of the layers above it (lower numbers),
+//! and no modules use each other in a cycle. A module "beside" another is in its layer. Test
+//! code (the `#[cfg(test)]` `tests` modules, and `fake_master`) may use any module.
+//! `tests/layers.rs` checks this on every `crate::` path under `src/` (one module per path: no
+//! `crate::{…}` groups), reading the list below: the modules of a numbered item are those it
+//! links, so other modules are named there unlinked.
 //!
 //! 1. Leaves, no I/O: [`on_master`] (every Lua script the proxy runs on the masters, and the
 //!    names of its own keys there; public, for tests and tools that inspect the masters),
@@ -10,31 +15,32 @@
 //!    masters), [`redlock`] (the pure Redlock decisions: quorum, validity, merge rules),
 //!    [`lease_script`] (what a client's Lua script means), [`script_keys`] (the checks a
 //!    client's script runs under on the masters), [`error`] (every error reply the
-//!    proxy makes), [`config`], [`lease`] (a reply that promises a lock until a deadline),
-//!    [`auth`] (users, password checks, key patterns), [`live`] (durations a reload changes).
+//!    proxy makes), [`lease`] (a reply that promises a lock until a deadline), [`secret`] (a
+//!    password that never prints), [`backend`] (a master's address as configured), [`auth`]
+//!    (users, password checks, key patterns), [`live`] (durations a reload changes).
 //! 2. [`transport`]: one pipelined FIFO connection per master (send, replies in order,
 //!    reconnect, watchdog, clean-ups that survive reconnects). Knows nothing of votes.
-//!    [`dial`] opens its streams: the masters' addresses and credentials, TCP or TLS, `AUTH`.
-//!    [`tls`] loads the TLS material of both sides (rustls).
+//!    [`dial`] opens its streams: TCP or TLS, `AUTH`. [`tls`] loads the TLS material of both
+//!    sides (rustls). Beside them [`config`]: the defaults, a TOML file and flags on top,
+//!    whose checks build the users and load the masters' TLS files.
 //! 3. [`health`]: whether each master may vote (the monitor, quarantine of masters that lost
 //!    data, clock readings), behind [`health::MasterHealth`].
 //! 4. [`masters`]: the voting set, one voter (link + health) per master, and the fan-out into
 //!    a slot vector of votes.
 //! 5. [`lock`] (the acquire: single flight, rollback, its scripts) and [`script_cache`].
-//! 6. [`shared`]: the state every connection shares.
+//! 6. [`shared`]: the state every connection shares; beside it [`stats`] (client and command
+//!    counters, the client registry).
 //! 7. [`commands`]: the command table and one module per command family.
 //! 8. [`connection`]: one client session (ordered replies, bounded pipelining, grant re-check),
 //!    over a [`client_stream`] (plain TCP, or TLS).
 //! 9. [`server`]: the listeners (plain and TLS), the accept loop and graceful shutdown; beside
 //!    it [`ops`] (metrics and probes over HTTP, live reload).
-//!
-//! [`stats`] (client and command counters, the client registry) sits beside [`shared`].
-//!
-//! Beside them, [`local`] starts child `redis-server` masters (`--local`, tests, benches), and
-//! [`fuzzing`] re-exports the pure code that reads peers' bytes for the fuzz targets and the
-//! property tests.
+//! 10. Tools on top of the proxy, which nothing in it uses: [`local`] starts child
+//!     `redis-server` masters (`--local`, tests, benches), and [`fuzzing`] re-exports the pure
+//!     code that reads peers' bytes for the fuzz targets and the property tests.
 
 mod auth;
+mod backend;
 mod client_stream;
 mod commands;
 mod config;
@@ -56,6 +62,7 @@ mod protocol;
 mod redlock;
 mod script_cache;
 mod script_keys;
+mod secret;
 mod server;
 mod shared;
 mod stats;
@@ -65,13 +72,15 @@ mod transport;
 #[cfg(test)]
 mod fake_master;
 
-pub use config::{Config, ConfigError, LogFormat, NoQuorumReply, Secret};
-pub use dial::{Backend, BackendError, PASSWORD_ENV};
+pub use backend::{Backend, BackendError};
+pub use config::{Config, ConfigError, LogFormat, NoQuorumReply};
+pub use dial::PASSWORD_ENV;
 pub use local::{LocalCluster, LocalError, LocalMaster};
 pub use masters::MAX_FANOUTS;
 pub use ops::metrics::METRIC_NAMES;
 pub use ops::reload::{Reload, ReloadHook, Reloader};
 pub use redlock::{backend_ttl_ms, drift_ms};
+pub use secret::Secret;
 pub use server::{run, run_with, ListenError, Listeners};
 pub use tls::{ClientCerts, MasterTlsFiles, ServerTlsFiles, TlsAcceptorHandle, TlsError};
 

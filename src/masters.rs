@@ -14,17 +14,18 @@
 //!   quarantined.
 //! - Every missing vote carries its reason, counted per master ([`VoteStats`], `INFO`).
 
-use crate::config::{Config, Secret};
+use crate::config::Config;
 use crate::dial::{Dial, PASSWORD_ENV};
 use crate::health::{self, MasterHealth};
 use crate::live::LiveDuration;
 use crate::protocol::{Reply, ScriptCall};
 use crate::redlock::{merge, no_quorum, quorum, MergeRule, MissingReason, Vote};
+use crate::secret::Secret;
 use crate::tls::master_client_config;
 use crate::transport::{Link, NoReply, Pending, SharedScript};
 use bytes::Bytes;
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,6 +53,12 @@ pub enum Ask {
     BySha { by_sha: Bytes, by_body: Bytes },
 }
 
+/// Buckets for latencies from 100 µs to about 1.6 s, doubling: of the masters' replies here,
+/// and of the acquires ([`crate::lock::LockStats`]), so that the two compare bucket by bucket.
+pub fn latency_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.0001, 2.0, 15)
+}
+
 /// How a master's votes went, for `INFO` and the metrics.
 #[derive(Debug)]
 pub struct VoteStats {
@@ -75,7 +82,7 @@ impl Default for VoteStats {
             timeout: AtomicU64::default(),
             closed: AtomicU64::default(),
             acquire_votes: Default::default(),
-            reply_duration: Histogram::new(crate::lock::latency_buckets()),
+            reply_duration: Histogram::new(latency_buckets()),
         }
     }
 }

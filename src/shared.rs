@@ -97,7 +97,7 @@ impl Shared {
             let _entered = runtime.enter();
             shards.push(shard(Masters::connect_like(&config, &shards[0].masters)));
         }
-        let users = Users::from_config(&config).unwrap_or_else(|err| {
+        let users = config.users().unwrap_or_else(|err| {
             // `Config::validate` refuses such a configuration; a caller that skipped it gets a
             // proxy nobody can authenticate to, never one open to all.
             tracing::error!(error = %err, "invalid users: every client is refused");

@@ -12,7 +12,7 @@ mod stats;
 
 pub use acquire::{lock_script, Attempt, UNARMED};
 pub use flights::Started;
-pub use stats::{latency_buckets, AcquireResult, LockStats};
+pub use stats::{AcquireResult, LockStats};
 
 use crate::config::NoQuorumReply;
 use crate::masters::Masters;

@@ -2,8 +2,9 @@
 //! the read of the request to the decision, rollbacks and late clean-ups. Plain atomic
 //! counters and one histogram, resolved at start-up; exported by [`crate::ops`].
 
+use crate::masters::latency_buckets;
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::Histogram;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::time::Instant;
 
@@ -41,11 +42,6 @@ impl AcquireResult {
             AcquireResult::Refused => "refused",
         }
     }
-}
-
-/// Buckets for latencies from 100 µs to about 1.6 s, doubling.
-pub fn latency_buckets() -> impl Iterator<Item = f64> {
-    exponential_buckets(0.0001, 2.0, 15)
 }
 
 /// The acquire service's counters.

@@ -19,7 +19,6 @@
 //! the checks passed and before the live settings are swapped; an error from any hook is
 //! logged and the rest of the reload still applies (each hook owns its own part).
 
-use crate::auth::Users;
 use crate::config::{Config, ConfigError};
 use crate::shared::Shared;
 use std::sync::{Arc, Mutex};
@@ -70,45 +69,57 @@ pub enum ReloadError {
     NeedsRestart(String),
 }
 
-/// The names of the listed `Config` fields whose values differ between `old` and `new` (the
-/// config keys are the field names).
-macro_rules! changed_keys {
-    ($old:expr, $new:expr; $($field:ident),* $(,)?) => {{
-        let mut changed: Vec<&'static str> = Vec::new();
+/// The keys whose values differ between two configurations, by what may change them.
+#[derive(Debug, Default, PartialEq)]
+struct Changes {
+    /// Keys only a restart may change.
+    restart: Vec<&'static str>,
+    /// Keys a reload changes live.
+    live: Vec<&'static str>,
+}
+
+/// Classifies every field of [`Config`] as restart-only or live, and names those whose values
+/// differ between `$old` and `$new` (the config keys are the field names). The pattern has no
+/// `..`: a field added to `Config` and left out of both lists does not compile (rustc, the
+/// pattern being built by a macro, says "pattern requires `..` due to inaccessible fields"),
+/// nor does one in both lists (bound twice).
+macro_rules! changes {
+    ($old:expr, $new:expr; restart: $($restart:ident),+; live: $($live:ident),+ $(,)?) => {{
+        let Config { $($restart,)+ $($live,)+ } = $new;
+        let mut changes = Changes::default();
         $(
-            if $old.$field != $new.$field {
-                changed.push(stringify!($field));
+            if $old.$restart != *$restart {
+                changes.restart.push(stringify!($restart));
             }
-        )*
-        changed
+        )+
+        $(
+            if $old.$live != *$live {
+                changes.live.push(stringify!($live));
+            }
+        )+
+        changes
     }};
 }
 
-/// The keys that differ between `old` and `new` among those only a restart may change.
-fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
-    let mut changed = Vec::new();
+/// What differs between `old` and `new`.
+fn changes(old: &Config, new: &Config) -> Changes {
+    let mut changes = changes!(old, new;
+        // The TLS listener and the masters' TLS: the files are re-read from the paths the
+        // proxy started with (the certificate hook); other paths, or another mode, need a
+        // restart.
+        restart: backends, local, drift_factor, max_lock_ttl_ms, quarantine, token_clock, bind,
+        port, threads, log_format, metrics, tls_port, tls_cert_file, tls_key_file,
+        tls_ca_cert_file, tls_auth_clients, backend_tls_ca_cert_file, backend_tls_cert_file,
+        backend_tls_key_file, allow_locks_without_expiry, no_quorum_reply;
+        live: maxclients, max_inflight_per_client, proto_max_bulk_len,
+        client_output_buffer_limit, log_level, node_timeout_ms, timeout,
+        client_query_buffer_limit, requirepass, users, health_interval_ms,
+    );
     // With `local`, `backends` are the addresses of the masters the proxy started itself.
-    if new.local.is_none() && old.backends != new.backends {
-        changed.push("backends");
+    if new.local.is_some() {
+        changes.restart.retain(|key| *key != "backends");
     }
-    // The TLS listener and the masters' TLS: the files are re-read from the paths the proxy
-    // started with (the certificate hook); other paths, or another mode, need a restart.
-    changed.extend(changed_keys!(old, new;
-        local, drift_factor, max_lock_ttl_ms, quarantine, token_clock, bind, port, threads,
-        log_format, metrics, tls_port, tls_cert_file, tls_key_file, tls_ca_cert_file,
-        tls_auth_clients, backend_tls_ca_cert_file, backend_tls_cert_file,
-        backend_tls_key_file, allow_locks_without_expiry, no_quorum_reply,
-    ));
-    changed
-}
-
-/// The live keys that differ between `old` and `new`.
-fn live_changes(old: &Config, new: &Config) -> Vec<&'static str> {
-    changed_keys!(old, new;
-        maxclients, max_inflight_per_client, proto_max_bulk_len, client_output_buffer_limit,
-        log_level, node_timeout_ms, timeout, client_query_buffer_limit, requirepass, users,
-        health_interval_ms,
-    )
+    changes
 }
 
 /// Applies `new` to the running proxy; returns the live keys it changed.
@@ -118,15 +129,17 @@ pub fn apply(
     new: Result<Config, ConfigError>,
 ) -> Result<Vec<&'static str>, ReloadError> {
     let new = new?;
-    let restart = restart_only_changes(&shared.config, &new);
+    // What only a restart changes is compared with the configuration the proxy started with,
+    // the rest with the settings as last reloaded.
+    let restart = changes(&shared.config, &new).restart;
     if !restart.is_empty() {
         return Err(ReloadError::NeedsRestart(restart.join(", ")));
     }
     let old = shared.settings();
-    let changed = live_changes(&old, &new);
+    let changed = changes(&old, &new).live;
     // `new` was validated, users included; a table that still fails leaves the old one.
     if old.requirepass != new.requirepass || old.users != new.users {
-        match Users::from_config(&new) {
+        match new.users() {
             Ok(users) => shared.replace_users(users),
             Err(err) => tracing::error!(error = %err, "reload: users not changed: {err}"),
         }
@@ -200,7 +213,7 @@ mod tests {
     fn restart_only_keys_are_named_and_live_keys_are_not() {
         let old = Config {
             backends: (1..=3)
-                .map(|port| crate::dial::Backend::plain("127.0.0.1", port))
+                .map(|port| crate::backend::Backend::plain("127.0.0.1", port))
                 .collect(),
             ..Config::default()
         };
@@ -208,16 +221,21 @@ mod tests {
         new.maxclients = 5;
         new.log_level = "debug".into();
         new.health_interval_ms = 250;
-        assert!(restart_only_changes(&old, &new).is_empty());
         assert_eq!(
-            live_changes(&old, &new),
-            vec!["maxclients", "log_level", "health_interval_ms"]
+            changes(&old, &new),
+            Changes {
+                restart: vec![],
+                live: vec!["maxclients", "log_level", "health_interval_ms"],
+            }
         );
         new.backends.pop();
         new.drift_factor = 0.02;
         assert_eq!(
-            restart_only_changes(&old, &new),
+            changes(&old, &new).restart,
             vec!["backends", "drift_factor"]
         );
+        // With `local`, the backends are the proxy's own masters: not compared.
+        new.local = Some(3);
+        assert_eq!(changes(&old, &new).restart, vec!["local", "drift_factor"]);
     }
 }
