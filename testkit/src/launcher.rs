@@ -202,10 +202,10 @@ impl Env {
         out
     }
 
-    /// Waits (at most 2 s) until no master holds `key`: replies may be sent once a majority
+    /// Waits (at most 10 s) until no master holds `key`: replies may be sent once a majority
     /// answered, while the remaining masters' copies of the command are still in flight.
     pub async fn assert_gone(&self, key: &str) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
             let values = self.values(key).await;
             if values.iter().all(Option::is_none) {
