@@ -440,7 +440,7 @@ pub fn masters(fakes: &[Arc<FakeMaster>], node_timeout: Duration) -> Arc<Masters
         links,
         Settings {
             node_timeout: LiveDuration::new(node_timeout),
-            health: crate::health::Policy {
+            health: crate::health::MonitorConfig {
                 interval: LiveDuration::new(Duration::from_millis(100)),
                 quarantine: true,
                 lease_bound: LEASE_BOUND,

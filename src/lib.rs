@@ -29,7 +29,7 @@
 //!    a slot vector of votes.
 //! 5. [`lock`] (the acquire: single flight, rollback, its scripts) and [`script_cache`].
 //! 6. [`shared`]: the state every connection shares; beside it [`stats`] (client and command
-//!    counters, the client registry).
+//!    counters) and [`client_registry`] (the connected clients, for `CLIENT LIST` / `KILL`).
 //! 7. [`commands`]: the command table and one module per command family.
 //! 8. [`connection`]: one client session (ordered replies, bounded pipelining, grant re-check),
 //!    over a [`client_stream`] (plain TCP, or TLS).
@@ -41,6 +41,7 @@
 
 mod auth;
 mod backend;
+mod client_registry;
 mod client_stream;
 mod commands;
 mod config;

@@ -336,7 +336,7 @@ pub struct Settings {
     /// change it).
     pub node_timeout: LiveDuration,
     /// What the health monitors need (quarantine on or off, the lease bound, …).
-    pub health: health::Policy,
+    pub health: health::MonitorConfig,
 }
 
 /// All masters, voting as one body.
@@ -355,7 +355,7 @@ impl Masters {
     /// credentials: [`crate::dial`]). TLS material that cannot be loaded leaves the `rediss://`
     /// masters down, with the reason logged on every attempt's change (the binary refuses to
     /// start with it: [`Config::check_files`]).
-    pub fn connect(config: &Config, health: health::Policy) -> Arc<Masters> {
+    pub fn connect(config: &Config, health: health::MonitorConfig) -> Arc<Masters> {
         let settings = Settings {
             node_timeout: LiveDuration::new(config.node_timeout()),
             health,

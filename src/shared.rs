@@ -4,13 +4,14 @@
 //! below it (config, masters, lock, script cache, stats), never on commands or connections.
 
 use crate::auth::Users;
+use crate::client_registry::Clients;
 use crate::config::Config;
 use crate::health;
 use crate::lock::{self, Acquirer, LockStats};
 use crate::masters::Masters;
 use crate::redlock::Policy;
 use crate::script_cache::ScriptCache;
-use crate::stats::{Clients, ServerStats};
+use crate::stats::ServerStats;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
@@ -69,7 +70,7 @@ impl Shared {
         };
         let masters = Masters::connect(
             &config,
-            health::Policy {
+            health::MonitorConfig {
                 interval: crate::live::LiveDuration::new(Duration::from_millis(
                     config.health_interval_ms,
                 )),
@@ -159,16 +160,16 @@ impl Shared {
         self.users_generation.fetch_add(1, Ordering::Release);
     }
 
-    /// The settings as last reloaded.
-    pub fn settings(&self) -> Arc<Config> {
+    /// The configuration as last reloaded.
+    pub fn live_config(&self) -> Arc<Config> {
         match self.live.read() {
             Ok(live) => live.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         }
     }
 
-    /// Makes `config` the settings new connections read.
-    pub fn set_settings(&self, config: Config) {
+    /// Makes `config` the configuration new connections read.
+    pub fn set_live_config(&self, config: Config) {
         let config = Arc::new(config);
         match self.live.write() {
             Ok(mut live) => *live = config,

@@ -1,11 +1,11 @@
 //! `CLIENT LIST`, `CLIENT INFO` and `CLIENT KILL` over the registry of connected clients
-//! ([`crate::stats::Clients`]), in Redis' formats: one `field=value` line per client, and
+//! ([`crate::client_registry::Clients`]), in Redis' formats: one `field=value` line per client, and
 //! Redis' old (`CLIENT KILL ip:port`) and filter (`CLIENT KILL ID n | ADDR ip:port | …`) forms.
 
 use super::{Action, Ctx, Session};
+use crate::client_registry::ClientHandle;
 use crate::error::ProxyError;
 use crate::protocol::Reply;
-use crate::stats::ClientHandle;
 use bytes::Bytes;
 use std::fmt::Write as _;
 use std::sync::Arc;

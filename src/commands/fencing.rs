@@ -10,7 +10,7 @@
 //!   unquarantined masters, undone where it took effect if refused ([`crate::lock`]); it also
 //!   keeps the key's token counter at least as long as the lock.
 
-use super::lock::{acquire, refuse_acquire};
+use super::set::{acquire, refuse_acquire};
 use super::{Action, Ctx, Session};
 use crate::error::ProxyError;
 use crate::lease::Outcome;

@@ -52,7 +52,7 @@ pub fn info(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
             out,
             "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:0\r\n\r\n",
             shared.clients.load(Ordering::Relaxed),
-            shared.settings().maxclients
+            shared.live_config().maxclients
         );
     }
     if show("persistence") {

@@ -12,17 +12,17 @@ pub mod fencing;
 pub mod handshake;
 pub mod introspection;
 pub mod keys;
-pub mod lock;
 pub mod scripts;
+pub mod set;
 pub mod sorted_sets;
 
 use crate::auth::{KeyPatterns, User};
+use crate::client_registry::ClientHandle;
 use crate::error::ProxyError;
 use crate::lease::Outcome;
 use crate::masters::Masters;
 use crate::protocol::{Protocol, Reply, Request};
 use crate::shared::{Shard, Shared};
-use crate::stats::ClientHandle;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::sync::Arc;
@@ -184,7 +184,7 @@ const ADMIN: &str = "administrative commands must go to each master directly";
 
 /// The command table.
 pub static COMMANDS: &[Spec] = &[
-    spec("set", -3, &["write", "denyoom"], ONE_KEY, lock::set),
+    spec("set", -3, &["write", "denyoom"], ONE_KEY, set::set),
     spec("get", 2, READ, ONE_KEY, keys::forward),
     spec("exists", -2, READ, ALL_KEYS, keys::forward),
     spec("del", -2, WRITE, ALL_KEYS, keys::forward),
@@ -224,7 +224,7 @@ pub static COMMANDS: &[Spec] = &[
     spec("command", -1, LOCAL, NO_KEYS, introspection::describe),
     spec("quit", -1, NO_AUTH, NO_KEYS, handshake::quit),
     spec("reset", 1, NO_AUTH, NO_KEYS, handshake::reset),
-    spec("setnx", 3, WRITE, ONE_KEY, lock::setnx),
+    spec("setnx", 3, WRITE, ONE_KEY, set::setnx),
     spec("lock.acquire", 4, WRITE, ONE_KEY, fencing::lock_acquire),
     spec("lock.token", 3, READ, ONE_KEY, fencing::lock_token),
     spec("lock.release", 3, WRITE, ONE_KEY, fencing::lock_release),

@@ -268,7 +268,7 @@ fn known_lock(
                 received_at: ctx.received_at,
                 with_token: false,
             };
-            Some(counted(super::lock::start(ctx, attempt)))
+            Some(counted(super::set::start(ctx, attempt)))
         }
     }
 }

@@ -29,13 +29,13 @@
 use super::in_flight::{abandon_in_flight, InFlight, Slot};
 use super::output::Output;
 use super::KEEP_BUFFER;
+use crate::client_registry::ClientHandle;
 use crate::client_stream::ReplyWriter;
 use crate::commands::{self, Action, Ctx, Session};
 use crate::error::ProxyError;
 use crate::lease::Outcome;
 use crate::protocol::{Protocol, Request, RequestParser};
 use crate::shared::Shared;
-use crate::stats::ClientHandle;
 use bytes::BytesMut;
 use futures::FutureExt;
 use std::sync::Arc;
@@ -131,7 +131,7 @@ where
         (rd, wr): (R, W),
         stop: watch::Receiver<bool>,
     ) -> Self {
-        let settings = shared.settings();
+        let settings = shared.live_config();
         let limits = Limits {
             max_inflight: settings.max_inflight_per_client,
             output: settings.client_output_buffer_limit,

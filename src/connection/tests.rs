@@ -3,11 +3,11 @@
 //! proxy reaches no master here: local commands are answered, acquires are refused.
 
 use super::session::{ClientSession, CLOSE_STALL};
+use crate::client_registry::ClientHandle;
 use crate::client_stream::ReplyWriter;
 use crate::config::Config;
 use crate::lock::{Attempt, Started};
 use crate::shared::Shared;
-use crate::stats::ClientHandle;
 use bytes::Bytes;
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};

@@ -203,7 +203,7 @@ impl Startup {
 
 /// What the monitors need of the proxy's configuration.
 #[derive(Debug, Clone)]
-pub struct Policy {
+pub struct MonitorConfig {
     /// How often each master is polled (besides on every new connection); a reload may change
     /// it ([`LiveDuration::set`]).
     pub interval: LiveDuration,
@@ -220,7 +220,7 @@ pub struct Policy {
 /// becomes true, and founds the deployment if it is new.
 pub fn spawn_monitors(
     masters: &[(Arc<Link>, Arc<MasterHealth>)],
-    policy: Policy,
+    policy: MonitorConfig,
     stop: watch::Receiver<bool>,
 ) -> Startup {
     let view = Arc::new(DeploymentView {
@@ -302,7 +302,7 @@ async fn look_at_all(links: &[Arc<Link>], payload: &Bytes) -> Vec<Option<Markers
 async fn found(
     links: Vec<Arc<Link>>,
     view: Arc<DeploymentView>,
-    policy: Arc<Policy>,
+    policy: Arc<MonitorConfig>,
     mut stop: watch::Receiver<bool>,
 ) {
     let quorum = links.len() / 2 + 1;
@@ -401,7 +401,7 @@ struct Monitor {
     link: Arc<Link>,
     health: Arc<MasterHealth>,
     view: Arc<DeploymentView>,
-    policy: Arc<Policy>,
+    policy: Arc<MonitorConfig>,
     info: Bytes,
     status: Bytes,
     preload: Vec<Bytes>,

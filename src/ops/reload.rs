@@ -135,7 +135,7 @@ pub fn apply(
     if !restart.is_empty() {
         return Err(ReloadError::NeedsRestart(restart.join(", ")));
     }
-    let old = shared.settings();
+    let old = shared.live_config();
     let changed = changes(&old, &new).live;
     // `new` was validated, users included; a table that still fails leaves the old one.
     if old.requirepass != new.requirepass || old.users != new.users {
@@ -151,7 +151,7 @@ pub fn apply(
     // Safe live: the validity of a grant counts the time its fan-out actually took, whatever
     // the timeout; requests already waiting keep the timeout they started with.
     shared.masters().live_node_timeout().set(new.node_timeout());
-    shared.set_settings(new);
+    shared.set_live_config(new);
     Ok(changed)
 }
 
