@@ -15,7 +15,7 @@ use crate::on_master::{
     STATUS_SCRIPT, UNDO_SCRIPT,
 };
 use crate::protocol::{Protocol, Reply, RequestParser};
-use crate::transport::{Connect, Link, ReadHalf, WriteHalf};
+use crate::transport::{Connect, Driver, Link, ReadHalf, WriteHalf};
 use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
 use std::collections::{HashMap, HashSet};
@@ -65,9 +65,9 @@ impl FakeMaster {
         })
     }
 
-    /// A link to this master with the proxy's transport.
-    pub fn link(self: &Arc<Self>, name: &str, node_timeout: Duration) -> Arc<Link> {
-        Link::with_connector(
+    /// A link to this master with the proxy's transport, and its driver (not yet spawned).
+    pub fn link(self: &Arc<Self>, name: &str, node_timeout: Duration) -> (Arc<Link>, Driver) {
+        Link::new(
             name.into(),
             Box::new(FakeConnector(self.clone())),
             LiveDuration::new(node_timeout),

@@ -22,7 +22,7 @@ use crate::protocol::{Reply, ScriptCall};
 use crate::redlock::{merge, no_quorum, quorum, MergeRule, MissingReason, Vote};
 use crate::secret::Secret;
 use crate::tls::master_client_config;
-use crate::transport::{Link, NoReply, Pending, SharedScript};
+use crate::transport::{Driver, Link, NoReply, Pending, SharedScript};
 use bytes::Bytes;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
@@ -388,15 +388,16 @@ impl Masters {
             .iter()
             .map(|backend| {
                 let dial = Dial::new(backend, tls.as_ref(), env_password.as_ref());
-                Link::with_connector(backend.to_string(), Box::new(dial), node_timeout.clone())
+                Link::new(backend.to_string(), Box::new(dial), node_timeout.clone())
             })
             .collect();
         Masters::start(links, settings, stats)
     }
 
-    /// Starts every link and its health monitor; `stats[i]` counts master `i`'s votes.
+    /// Starts every link (spawns its driver) and its health monitor; `stats[i]` counts master
+    /// `i`'s votes.
     pub fn start(
-        links: Vec<Arc<Link>>,
+        links: Vec<(Arc<Link>, Driver)>,
         settings: Settings,
         stats: Vec<Arc<VoteStats>>,
     ) -> Arc<Masters> {
@@ -404,8 +405,8 @@ impl Masters {
         let voters: Vec<Arc<Voter>> = links
             .into_iter()
             .zip(stats)
-            .map(|(link, stats)| {
-                link.spawn(stop_rx.clone());
+            .map(|((link, driver), stats)| {
+                tokio::spawn(driver.run(stop_rx.clone()));
                 Arc::new(Voter {
                     link,
                     health: Arc::default(),

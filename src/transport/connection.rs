@@ -1,0 +1,148 @@
+//! One connection to a master ([`Connection`]): the queue its writer drains, its abort flag,
+//! the [`Pipe`] between its writer and its reader, and what goes through it: requests queued
+//! ([`Outgoing`]) and requests written, waiting for their replies ([`InFlight`]).
+//!
+//! Invariants:
+//! - A connection is started with both of its tasks ([`Connection::start`]): the writer
+//!   ([`super::writer`]) and the reader ([`super::reader`]). Either one ending aborts it, and
+//!   once aborted nothing new is queued on it ([`super::Link`] checks the flag) and nothing
+//!   more is written.
+//! - The in-flight list is the FIFO that matches replies to requests: the writer pushes a
+//!   request there *before* its bytes are written, the reader pops the oldest per reply.
+
+use super::merge::MergedCalls;
+use super::reader::read_loop;
+use super::writer::write_loop;
+use super::{Link, NoReply, ReadHalf, SharedScript, WriteHalf};
+use crate::protocol::{Reply, ScriptCall};
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio::time::Instant;
+
+/// A request's reply, or why none will come.
+pub(super) type Answer = Result<Reply, NoReply>;
+/// Where a request's answer goes.
+pub(super) type ReplyTo = oneshot::Sender<Answer>;
+
+/// What a request sends.
+pub(super) enum Payload {
+    /// Commands, encoded.
+    Commands(Bytes),
+    /// Commands led by an `EVALSHA`, and the same commands with the script's body (`EVAL`),
+    /// written instead if the master answers the `EVALSHA` with `NOSCRIPT` (it never saw the
+    /// script, or lost its cache): a long body crosses the wire once per master, not per call.
+    BySha { by_sha: Bytes, by_body: Bytes },
+    /// A share of a script call that the writer merges with the calls of the same script
+    /// queued right after it.
+    Script {
+        script: Arc<SharedScript>,
+        call: ScriptCall,
+        invoke_by_body: bool,
+    },
+}
+
+/// A request handed to a connection.
+pub(super) struct Outgoing {
+    pub(super) payload: Payload,
+    /// Replies this payload produces (one per command in it).
+    pub(super) replies: usize,
+    pub(super) reply: Option<ReplyTo>,
+    /// Set for a clean-up: kept until a reply confirms it ran, or until this instant.
+    pub(super) cleanup_expires: Option<Instant>,
+    /// When the caller handed it over (and started its own node timeout).
+    pub(super) queued_at: Instant,
+}
+
+/// Where a written request's replies go.
+pub(super) enum Recipients {
+    /// One request: its replies (an array if it expects several).
+    One(Option<ReplyTo>),
+    /// Merged script calls: element `i` of the reply array goes to caller `i`.
+    Merged(MergedCalls),
+}
+
+/// A written request waiting for its replies.
+pub(super) struct InFlight {
+    pub(super) replies: usize,
+    pub(super) got: Vec<Reply>,
+    pub(super) to: Recipients,
+    /// A clean-up's payload and expiry, kept for the next connection if no reply confirms it.
+    pub(super) cleanup: Option<(Bytes, Instant)>,
+    /// The commands to send again, with the script's body, if the first reply is `NOSCRIPT`
+    /// ([`Payload::BySha`]).
+    pub(super) by_body: Option<Bytes>,
+    /// When its oldest caller handed it over.
+    pub(super) queued_at: Instant,
+}
+
+impl InFlight {
+    /// A written request with one caller.
+    pub(super) fn one(
+        replies: usize,
+        reply: Option<ReplyTo>,
+        queued_at: Instant,
+        cleanup: Option<(Bytes, Instant)>,
+        by_body: Option<Bytes>,
+    ) -> InFlight {
+        InFlight {
+            replies,
+            got: Vec::with_capacity(replies),
+            to: Recipients::One(reply),
+            cleanup,
+            by_body,
+            queued_at,
+        }
+    }
+}
+
+/// What a connection's writer and reader share: the requests written and not yet answered,
+/// oldest first, and a signal each way.
+#[derive(Default)]
+pub(super) struct Pipe {
+    pub(super) in_flight: Mutex<VecDeque<InFlight>>,
+    /// The writer queued a request: the reader arms its watchdog for it.
+    pub(super) pushed: Notify,
+    /// The reader answered a request: the writer may send the calls it was holding.
+    pub(super) answered: Notify,
+}
+
+/// One connection to a master: a writer task, a reader task, and the FIFO between them.
+pub(super) struct Connection {
+    pub(super) queue: mpsc::UnboundedSender<Outgoing>,
+    pub(super) aborted: watch::Sender<bool>,
+}
+
+impl Connection {
+    /// Starts the writer and the reader of a connection over `rd` and `wr`; also the flag
+    /// that becomes true once it is aborted.
+    pub(super) fn start(
+        rd: ReadHalf,
+        wr: WriteHalf,
+        link: &Arc<Link>,
+    ) -> (Arc<Connection>, watch::Receiver<bool>) {
+        let (queue, rx) = mpsc::unbounded_channel();
+        let (aborted, aborted_rx) = watch::channel(false);
+        let pipe = Arc::new(Pipe::default());
+        let conn = Arc::new(Connection { queue, aborted });
+        tokio::spawn(write_loop(
+            wr,
+            rx,
+            pipe.clone(),
+            aborted_rx.clone(),
+            link.clone(),
+        ));
+        tokio::spawn(read_loop(rd, pipe, conn.clone(), link.clone()));
+        (conn, aborted_rx)
+    }
+
+    pub(super) fn abort(&self) {
+        self.aborted.send_replace(true);
+    }
+
+    /// Whether it was aborted (nothing new goes on it).
+    pub(super) fn is_aborted(&self) -> bool {
+        *self.aborted.borrow()
+    }
+}

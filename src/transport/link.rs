@@ -1,0 +1,292 @@
+//! The link API: [`Link`], the handle every caller sends through (its current connection,
+//! the clean-ups waiting for one, connection counts), and [`Pending`], one request's reply.
+//!
+//! Invariants:
+//! - [`Link::new`] makes the handle and its [`Driver`]; nothing connects until the caller
+//!   spawns the driver's future ([`Driver::run`]). Without a connection a request gets
+//!   [`NoReply::NoLink`] at once, and a clean-up is kept for the next connection.
+//! - Nothing new goes on an aborted connection: a request finds none until the driver
+//!   installs the next one.
+//! - A caller never waits longer than the node timeout for one reply, counted from when it
+//!   handed the request over ([`Pending::wait`]); on a timeout the connection is aborted.
+
+use super::cleanups::Cleanups;
+use super::connection::{Answer, Connection, Outgoing, Payload};
+use super::{Connect, Driver, NoReply, SharedScript};
+use crate::live::LiveDuration;
+use crate::protocol::{Reply, ScriptCall};
+use bytes::Bytes;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::time::{timeout_at, Instant};
+
+/// One master: its current connection, the clean-ups waiting for one, and connection counts.
+/// The [`Driver`] made with it keeps it connected.
+pub struct Link {
+    /// The master's address, for logs and `INFO`.
+    pub addr: String,
+    pub(super) node_timeout: LiveDuration,
+    current: Mutex<Option<Arc<Connection>>>,
+    connected: AtomicBool,
+    pub(super) connects: AtomicU64,
+    /// Connection attempts concluded, successful or not.
+    pub(super) attempts: AtomicU64,
+    pub(super) retired: AtomicU64,
+    /// Why the last connection attempt failed, if the master refused our credentials (cleared
+    /// by the next connection that succeeds).
+    auth_refused: Mutex<Option<String>>,
+    pub(super) new_connection: Notify,
+    /// Clean-ups whose connection ended before they were confirmed.
+    pub(super) cleanups: Cleanups,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link").field("addr", &self.addr).finish()
+    }
+}
+
+impl Link {
+    /// A link to the master at `addr` whose connections `connector` opens (for the masters:
+    /// [`crate::dial::Dial`]), and its driver: the caller spawns [`Driver::run`] to connect.
+    pub fn new(
+        addr: String,
+        connector: Box<dyn Connect>,
+        node_timeout: LiveDuration,
+    ) -> (Arc<Link>, Driver) {
+        let link = Arc::new(Link {
+            addr,
+            node_timeout,
+            current: Mutex::new(None),
+            connected: AtomicBool::new(false),
+            connects: AtomicU64::new(0),
+            attempts: AtomicU64::new(0),
+            retired: AtomicU64::new(0),
+            auth_refused: Mutex::new(None),
+            new_connection: Notify::new(),
+            cleanups: Cleanups::default(),
+        });
+        let driver = Driver::new(link.clone(), connector);
+        (link, driver)
+    }
+
+    /// Number of connections made so far (changes on every reconnect).
+    pub fn connect_count(&self) -> u64 {
+        self.connects.load(Ordering::Relaxed)
+    }
+
+    /// Connections aborted or lost so far.
+    pub fn retired_count(&self) -> u64 {
+        self.retired.load(Ordering::Relaxed)
+    }
+
+    /// Whether a usable connection exists right now.
+    pub fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    /// Resolves once a connection newer than connection number `seen` exists.
+    pub async fn wait_new_connection(&self, seen: u64) {
+        loop {
+            let notified = self.new_connection.notified();
+            if self.connect_count() != seen {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Whether a connection attempt has concluded (connected, refused, timed out).
+    pub fn attempted(&self) -> bool {
+        self.attempts.load(Ordering::Relaxed) > 0
+    }
+
+    /// Resolves once a connection attempt has concluded.
+    pub async fn wait_attempted(&self) {
+        loop {
+            let notified = self.new_connection.notified();
+            if self.attempted() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// The master's refusal of our credentials on the last attempt, while not connected.
+    pub fn auth_refused(&self) -> Option<String> {
+        self.auth_refused.lock().ok()?.clone()
+    }
+
+    pub(super) fn set_auth_refused(&self, reason: Option<String>) {
+        if let Ok(mut slot) = self.auth_refused.lock() {
+            *slot = reason;
+        }
+    }
+
+    /// Clean-ups not yet confirmed on any connection (for `INFO`).
+    pub fn pending_cleanups(&self) -> usize {
+        self.cleanups.len()
+    }
+
+    /// Queues `payload` (which produces `replies` replies) on the current connection, now.
+    pub fn send(&self, payload: Bytes, replies: usize) -> Pending {
+        self.send_payload(Payload::Commands(payload), replies)
+    }
+
+    /// Queues commands led by an `EVALSHA` (`by_sha`); if the master answers it `NOSCRIPT`,
+    /// the same commands with the body (`by_body`) go out at once in their place.
+    pub fn send_by_sha(&self, by_sha: Bytes, by_body: Bytes, replies: usize) -> Pending {
+        self.send_payload(Payload::BySha { by_sha, by_body }, replies)
+    }
+
+    /// Queues a call of `script` by SHA1 with this request's keys and arguments; the writer
+    /// merges it with the calls of `script` queued right after it (module header). The reply is
+    /// what the script's reply array holds for this call.
+    pub fn send_script(&self, script: Arc<SharedScript>, call: ScriptCall) -> Pending {
+        let payload = Payload::Script {
+            script,
+            call,
+            invoke_by_body: false,
+        };
+        self.send_payload(payload, 1)
+    }
+
+    fn send_payload(&self, payload: Payload, replies: usize) -> Pending {
+        let (tx, rx) = oneshot::channel();
+        let queued_at = Instant::now();
+        let out = Outgoing {
+            payload,
+            replies,
+            reply: Some(tx),
+            cleanup_expires: None,
+            queued_at,
+        };
+        let sent = self
+            .usable_connection()
+            .and_then(|conn| conn.queue.send(out).ok().map(|()| (rx, conn)));
+        Pending {
+            sent,
+            node_timeout: self.node_timeout.get(),
+            queued_at,
+        }
+    }
+
+    /// Queues a clean-up of a write that lives at most `lives` once applied: kept across
+    /// reconnects until a reply confirms it, or until `lives` from now (module header).
+    pub fn send_cleanup(&self, payload: Bytes, lives: Duration) -> Pending {
+        let (tx, rx) = oneshot::channel();
+        let now = Instant::now();
+        let out = Outgoing {
+            payload: Payload::Commands(payload),
+            replies: 1,
+            reply: Some(tx),
+            cleanup_expires: Some(now + lives),
+            queued_at: now,
+        };
+        let conn = self.current.lock().ok().and_then(|c| c.clone());
+        let sent = match conn {
+            Some(conn) => match conn.queue.send(out) {
+                Ok(()) => Some((rx, conn)),
+                Err(mpsc::error::SendError(out)) => {
+                    self.cleanups.keep_unwritten(&self.addr, out);
+                    None
+                }
+            },
+            None => {
+                self.cleanups.keep_unwritten(&self.addr, out);
+                None
+            }
+        };
+        Pending {
+            sent,
+            node_timeout: self.node_timeout.get(),
+            queued_at: now,
+        }
+    }
+
+    /// The current connection, unless it was aborted and not yet replaced (nothing new goes
+    /// on an aborted one).
+    fn usable_connection(&self) -> Option<Arc<Connection>> {
+        let conn = self.current.lock().ok()?.clone()?;
+        (!conn.is_aborted()).then_some(conn)
+    }
+
+    /// Makes `conn` the connection new requests go on (`None`: there is none).
+    pub(super) fn install(&self, conn: Option<Arc<Connection>>) {
+        self.connected.store(conn.is_some(), Ordering::Relaxed);
+        if let Ok(mut slot) = self.current.lock() {
+            *slot = conn;
+        }
+    }
+}
+
+/// The reply to one request, once it comes.
+#[must_use = "a request's reply is waited for with `wait`; drop it to send without waiting"]
+pub struct Pending {
+    /// `None`: there was no connection to send it on.
+    sent: Option<(oneshot::Receiver<Answer>, Arc<Connection>)>,
+    node_timeout: Duration,
+    /// When it was handed to the link: the start of its node timeout.
+    pub queued_at: Instant,
+}
+
+impl Pending {
+    /// Waits at most the node timeout. On a timeout the connection is aborted: it is stalled.
+    /// Its watchdog would abort it too, but on a busy machine that task may run later than
+    /// this one, and a request handed to the connection in between (the next batch of
+    /// acquires of the same key, say) would wait out a second node timeout.
+    pub async fn wait(self) -> Result<Reply, NoReply> {
+        let deadline = self.timeout_at();
+        let Some((rx, conn)) = self.sent else {
+            return Err(NoReply::NoLink);
+        };
+        let result = receive(rx, deadline).await;
+        if result == Err(NoReply::Timeout) {
+            conn.abort();
+        }
+        result
+    }
+
+    /// When its node timeout runs out.
+    pub fn timeout_at(&self) -> Instant {
+        self.queued_at + self.node_timeout
+    }
+
+    /// The answer if it has come; otherwise `cx` is woken when it does.
+    pub fn poll_answer(&mut self, cx: &mut Context<'_>) -> Poll<Answer> {
+        match &mut self.sent {
+            None => Poll::Ready(Err(NoReply::NoLink)),
+            Some((rx, _)) => std::future::Future::poll(std::pin::Pin::new(rx), cx)
+                .map(|answer| answer.unwrap_or(Err(NoReply::Closed))),
+        }
+    }
+
+    /// Gives up at the node timeout ([`Pending::timeout_at`]), aborting the connection as
+    /// [`Pending::wait`] does.
+    pub fn time_out(self) -> NoReply {
+        if let Some((_, conn)) = self.sent {
+            conn.abort();
+        }
+        NoReply::Timeout
+    }
+
+    /// Waits at most `limit`, leaving the connection as it is.
+    pub async fn wait_at_most(self, limit: Duration) -> Result<Reply, NoReply> {
+        match self.sent {
+            Some((rx, _conn)) => receive(rx, Instant::now() + limit).await,
+            None => Err(NoReply::NoLink),
+        }
+    }
+}
+
+/// The answer on `rx`, waiting until `deadline` at most.
+async fn receive(rx: oneshot::Receiver<Answer>, deadline: Instant) -> Answer {
+    match timeout_at(deadline, rx).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(_)) => Err(NoReply::Closed),
+        Err(_) => Err(NoReply::Timeout),
+    }
+}

@@ -1,0 +1,156 @@
+//! Script merging: calls of one [`SharedScript`] queued one after another leave as one script
+//! call ([`Merging`], filled by the writer), whose reply array is split back, one element per
+//! caller ([`MergedCalls::answer`]).
+//!
+//! Invariants:
+//! - A merged call holds calls of one script only, all by SHA1 or all with the body, at most
+//!   [`MAX_MERGED_CALLS`] of them, in the order their callers queued them: the master runs them
+//!   in that order and atomically, as it would have run them one after another.
+//! - Each caller gets element `i` of the reply array, or, when the reply is not an array of
+//!   one element per caller (an error: `BUSY`, `OOM`, …), the same answer as every caller of
+//!   the call.
+//! - A merged call the master answered `NOSCRIPT` is queued again at once, call by call with
+//!   the body (merged again by the writer), whether or not its callers still wait.
+
+use super::connection::{Answer, InFlight, Outgoing, Payload, Recipients, ReplyTo};
+use super::SharedScript;
+use crate::protocol::{encode_script_call, Invoke, Reply, ScriptCall};
+use bytes::BytesMut;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// Most calls merged into one script call: enough to amortise the script's fixed cost, few
+/// enough that one call keeps the master busy for well under a millisecond.
+pub(super) const MAX_MERGED_CALLS: usize = 64;
+
+/// The calls of one [`SharedScript`] gathered by the writer, not yet encoded.
+#[derive(Default)]
+pub(super) struct Merging {
+    script: Option<(Arc<SharedScript>, bool)>,
+    calls: Vec<ScriptCall>,
+    replies: Vec<Option<ReplyTo>>,
+    queued_at: Option<Instant>,
+}
+
+impl Merging {
+    /// Whether no call is gathered.
+    pub(super) fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    /// Whether [`MAX_MERGED_CALLS`] calls are gathered.
+    pub(super) fn is_full(&self) -> bool {
+        self.calls.len() >= MAX_MERGED_CALLS
+    }
+
+    /// Whether a call of `script` can join the calls gathered so far.
+    pub(super) fn takes(&self, script: &Arc<SharedScript>, by_body: bool) -> bool {
+        match &self.script {
+            None => true,
+            Some((gathered, gathered_by_body)) => {
+                Arc::ptr_eq(gathered, script)
+                    && *gathered_by_body == by_body
+                    && self.calls.len() < MAX_MERGED_CALLS
+            }
+        }
+    }
+
+    pub(super) fn push(
+        &mut self,
+        script: Arc<SharedScript>,
+        call: ScriptCall,
+        by_body: bool,
+        reply: Option<ReplyTo>,
+        queued_at: Instant,
+    ) {
+        self.script.get_or_insert((script, by_body));
+        self.queued_at.get_or_insert(queued_at);
+        self.calls.push(call);
+        self.replies.push(reply);
+    }
+
+    /// Encodes the gathered calls as one call, in flight from now on.
+    pub(super) fn flush(&mut self, buf: &mut BytesMut, queue: &mut VecDeque<InFlight>) {
+        let (Some((script, by_body)), Some(queued_at)) =
+            (self.script.take(), self.queued_at.take())
+        else {
+            return;
+        };
+        let invoke = match by_body {
+            true => Invoke::Body(script.body),
+            false => Invoke::Sha(&script.sha),
+        };
+        encode_script_call(buf, invoke, &script.shared_keys, self.calls.iter());
+        let merged = MergedCalls {
+            script,
+            by_body,
+            calls: std::mem::take(&mut self.calls),
+            replies: std::mem::take(&mut self.replies),
+        };
+        queue.push_back(InFlight {
+            replies: 1,
+            got: Vec::with_capacity(1),
+            to: Recipients::Merged(merged),
+            cleanup: None,
+            by_body: None,
+            queued_at,
+        });
+    }
+}
+
+/// The calls of one merged script call, kept until answered (to send again with the body).
+pub(super) struct MergedCalls {
+    script: Arc<SharedScript>,
+    by_body: bool,
+    calls: Vec<ScriptCall>,
+    replies: Vec<Option<ReplyTo>>,
+}
+
+impl MergedCalls {
+    /// Hands each caller its element of the reply array (`Err`: none will come); calls the
+    /// master answered `NOSCRIPT` are queued again on `resend`, with the body, as handed over
+    /// at `queued_at`.
+    pub(super) fn answer(
+        self,
+        answer: Answer,
+        queued_at: Instant,
+        resend: &mpsc::UnboundedSender<Outgoing>,
+    ) {
+        if !self.by_body && matches!(&answer, Ok(r) if r.is_error_code("NOSCRIPT")) {
+            for (call, reply) in self.calls.into_iter().zip(self.replies) {
+                let again = Outgoing {
+                    payload: Payload::Script {
+                        script: self.script.clone(),
+                        call,
+                        invoke_by_body: true,
+                    },
+                    replies: 1,
+                    reply,
+                    cleanup_expires: None,
+                    queued_at,
+                };
+                // A closed queue drops the request: its caller sees the channel close.
+                let _ = resend.send(again);
+            }
+            return;
+        }
+        let txs = self.replies;
+        match answer {
+            Ok(Reply::Array(items)) if items.len() == txs.len() => {
+                for (tx, item) in txs.into_iter().zip(items) {
+                    if let Some(tx) = tx {
+                        let _ = tx.send(Ok(item));
+                    }
+                }
+            }
+            // An error (`BUSY`, `OOM`, …) concerns every caller of the call alike.
+            other => {
+                for tx in txs.into_iter().flatten() {
+                    let _ = tx.send(other.clone());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! One multiplexed, pipelined connection per master ([`Link`]): send, replies in order,
+//! reconnect, watchdog, and the clean-ups that must reach the master. It knows nothing of
+//! votes, health or locks; whether a master's answers count is for [`crate::masters`] to say.
+//!
+//! Invariants:
+//! - Replies are matched to requests strictly in FIFO order on one connection. Requests are
+//!   queued in the in-flight list *before* their bytes are written, so the reader always finds
+//!   the request a reply belongs to. A request may expect several replies (a script followed
+//!   by its guard): they are delivered together.
+//! - A connection on which a request waited longer than the node timeout is **aborted** and a
+//!   fresh connection replaces it (reconnect with backoff). The reason is head-of-line latency:
+//!   FIFO matching cannot mismatch a late reply, but every request queued behind a stalled one
+//!   would wait too. Its callers get no reply ([`NoReply`]). What it had written may still
+//!   run: a paused master (SIGSTOP, swap, a long script) runs the bytes already in its socket
+//!   buffer when it resumes, even after the connection was closed or reset (checked on
+//!   redis-server 7.0). The acquire protects itself against that (a deadline and an attempt
+//!   id in its script: [`crate::lock`]).
+//! - **Clean-ups** ([`Link::send_cleanup`]) survive reconnects: a clean-up goes on the current
+//!   connection; one not confirmed by a reply when its connection ends is kept and written
+//!   first on the next connection, until a reply confirms it. A clean-up is dropped once the
+//!   write it undoes has surely expired (its lifetime from when it was first queued), however
+//!   many connections it went through, and at most [`cleanups::MAX_PENDING_CLEANUPS`] are kept.
+//! - Writes are batched: the writer drains everything queued since its last write into one
+//!   buffer and writes it with one call (one syscall per burst across all clients).
+//! - Calls of a [`SharedScript`] (the acquire) queued one after another leave as **one** script
+//!   call for all of them ([`Link::send_script`]), whose reply array is split back, one element
+//!   per caller. A master pays a script's fixed cost (argument tables, set-up, reply) once per
+//!   burst instead of once per acquire. Nothing else changes for a caller: the master runs the
+//!   calls in queue order and atomically (a script runs alone), as it would have run them one
+//!   after another, and each caller gets its own answer, or the same error as every caller of
+//!   the merged call. A master that lost the script (restart, `SCRIPT FLUSH`) answers
+//!   `NOSCRIPT`: the link sends the same calls again at once with the body, whether or not their
+//!   callers still wait (a release whose quorum was reached without this master must still
+//!   delete the key there).
+//! - A caller never waits longer than the node timeout for one reply ([`Pending::wait`]).
+//!
+//! The byte stream comes from a [`Connect`]: TCP or TLS with its `AUTH` done in production
+//! ([`crate::dial`]); the deterministic tests use in-memory pipes to a scripted master and
+//! tokio's paused clock. A master that refuses the credentials is kept as
+//! [`Link::auth_refused`] (for `INFO`), logged once per change of reason.
+//!
+//! # Layout
+//! A handle and a driver, as in redis-rs's multiplexed connection: [`Link::new`] returns the
+//! handle every caller sends through and the [`Driver`] that keeps it connected; the caller
+//! spawns the driver's future ([`Driver::run`]). One file per concern:
+//! - [`link`]: the link API, the handle ([`Link`]) and one request's reply ([`Pending`]);
+//! - [`driver`]: reconnect supervision (backoff, failures logged once per change);
+//! - [`connection`]: one connection, its queue, its abort flag, and what goes through it;
+//! - [`writer`]: write batching, and the lock operations held to merge them;
+//! - [`merge`]: script merging, and the split of a merged reply back to its callers;
+//! - [`reader`]: reply reading (FIFO matching, the watchdog, `NOSCRIPT` resends);
+//! - [`cleanups`]: clean-ups that survive reconnects.
+
+mod cleanups;
+mod connection;
+mod driver;
+mod link;
+mod merge;
+mod reader;
+mod writer;
+
+pub use driver::Driver;
+pub use link::{Link, Pending};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use std::io;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+/// The reading half of a connection to a master.
+pub type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+/// The writing half of a connection to a master.
+pub type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// A connection failure that is the master refusing our credentials: its error text
+/// (`WRONGPASS …`), with `,` made `;` (it is shown in `INFO`'s comma-separated fields).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct AuthRefused(pub String);
+
+/// Opens byte streams to one master. A connector that authenticates reports a refusal as an
+/// `io::Error` wrapping [`AuthRefused`].
+pub trait Connect: Send + Sync + 'static {
+    fn connect(&self) -> BoxFuture<'static, io::Result<(ReadHalf, WriteHalf)>>;
+}
+
+/// Why a request got no reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoReply {
+    /// There was no usable connection when it was sent.
+    NoLink,
+    /// No reply within the wait (the node timeout).
+    Timeout,
+    /// The connection ended before the reply came.
+    Closed,
+}
+
+/// A script that many requests call (see the module header): its SHA1 for the call, its body
+/// for a master that lost it, and the keys every call shares (they are passed once).
+#[derive(Debug)]
+pub struct SharedScript {
+    pub sha: String,
+    pub body: &'static str,
+    pub shared_keys: Vec<Bytes>,
+}
+
+#[cfg(test)]
+mod tests {
+    //! What the tests of every part of the link share: a link to a scripted master, connected
+    //! (deterministic: in-memory pipes and tokio's paused clock).
+    use super::Link;
+    use crate::fake_master::{command, until, FakeMaster};
+    use bytes::Bytes;
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tokio::sync::watch;
+
+    pub(super) const NODE_TIMEOUT: Duration = Duration::from_millis(500);
+    /// Long enough for any number of reconnects on the paused clock.
+    pub(super) const LIMIT: Duration = Duration::from_secs(10);
+
+    /// A link to `fake`, connected; it runs until the returned sender is dropped.
+    pub(super) async fn connected(fake: &Arc<FakeMaster>) -> (Arc<Link>, watch::Sender<bool>) {
+        let (link, driver) = fake.link("fake", NODE_TIMEOUT);
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(driver.run(stopped));
+        until(LIMIT, || link.is_connected()).await;
+        (link, stop)
+    }
+
+    pub(super) fn ping() -> Bytes {
+        command(&["PING"])
+    }
+}

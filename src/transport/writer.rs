@@ -1,0 +1,261 @@
+//! Write batching: a connection's writer task ([`write_loop`]) drains everything queued since
+//! its last write into one buffer and writes it with one call (one syscall per burst across
+//! all clients), merging the calls of a [`super::SharedScript`] as it goes
+//! ([`super::merge`]).
+//!
+//! Invariants:
+//! - A request is pushed on the in-flight list before its bytes are written, in the order of
+//!   its bytes (the reader's FIFO matching relies on it).
+//! - Lock operations are held only while [`IN_FLIGHT_BEFORE_HOLDING`] earlier requests on the
+//!   connection are unanswered and nothing else is to be written; a held operation's node
+//!   timeout counts from when it was queued, and one never written wrote nothing.
+//! - Once the connection is aborted nothing more is written; requests queued but never written
+//!   are dropped (their callers see their channel close), except clean-ups, which are kept for
+//!   the next connection.
+
+use super::connection::{InFlight, Outgoing, Payload, Pipe};
+use super::merge::Merging;
+use super::{Link, WriteHalf};
+use bytes::BytesMut;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, watch};
+
+/// Largest batch the writer gathers before writing.
+const WRITE_BATCH: usize = 256 * 1024;
+/// How many requests may be unanswered on a connection before the writer holds the lock
+/// operations queued behind them, to merge them into one call ([`write_loop`]). With one, a
+/// connection that is not loaded still waits a round trip for each call (−20 % throughput at 5
+/// clients over 1 master); with two, it never waits, and under load the calls are as large.
+const IN_FLIGHT_BEFORE_HOLDING: usize = 2;
+
+/// Writes what is queued for this connection, as few writes as it can.
+///
+/// Lock operations ([`Payload::Script`]) are held while [`IN_FLIGHT_BEFORE_HOLDING`] earlier
+/// requests on this connection are unanswered, and written as one merged call when an answer
+/// comes (or when 64 are gathered, or anything else must be written). The master would run
+/// them after those requests anyway, so holding them costs at most a reply's trip back; it
+/// makes the merged calls as large as the load allows, and a call's fixed cost is most of what
+/// a lone acquire costs a master (BENCHMARKS.md §10). Nothing waits on a connection that is
+/// not loaded. A held operation's
+/// node timeout counts from when it was queued (`queued_at`), so holding it can only make its
+/// vote count less, never more; and a held acquire that is never written wrote nothing, so it
+/// needs no clean-up (its caller sees the connection close).
+pub(super) async fn write_loop(
+    mut wr: WriteHalf,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    pipe: Arc<Pipe>,
+    mut aborted: watch::Receiver<bool>,
+    link: Arc<Link>,
+) {
+    let mut batch = Batch {
+        buf: BytesMut::with_capacity(16 * 1024),
+        merging: Merging::default(),
+    };
+    loop {
+        // Something to write, or (while calls are held) an answer that may release them.
+        let first = tokio::select! {
+            biased;
+            _ = aborted.wait_for(|r| *r) => break,
+            next = rx.recv() => match next {
+                Some(next) => Some(next),
+                None => break,
+            },
+            _ = pipe.answered.notified(), if !batch.merging.is_empty() => None,
+        };
+        if !batch.gather(first, &mut rx, &pipe.in_flight) {
+            break;
+        }
+        if batch.buf.is_empty() {
+            continue;
+        }
+        pipe.pushed.notify_one();
+        let written = tokio::select! {
+            res = wr.write_all(&batch.buf) => res.is_ok(),
+            _ = aborted.wait_for(|r| *r) => false,
+        };
+        if !written {
+            break;
+        }
+        batch.buf.clear();
+    }
+    // Requests queued but never written: callers see their channel close; clean-ups wait for
+    // the next connection.
+    rx.close();
+    while let Ok(out) = rx.try_recv() {
+        link.cleanups.keep_unwritten(&link.addr, out);
+    }
+}
+
+/// The next write: its bytes, and the script calls gathered to merge.
+struct Batch {
+    buf: BytesMut,
+    merging: Merging,
+}
+
+impl Batch {
+    /// Encodes `first` and what else is queued on `rx` (up to [`WRITE_BATCH`] bytes), each
+    /// in flight from now on, then the gathered script calls unless they are to be held.
+    /// False if the in-flight list cannot be locked (the connection must close).
+    fn gather(
+        &mut self,
+        first: Option<Outgoing>,
+        rx: &mut mpsc::UnboundedReceiver<Outgoing>,
+        in_flight: &Mutex<VecDeque<InFlight>>,
+    ) -> bool {
+        let Ok(mut queue) = in_flight.lock() else {
+            return false;
+        };
+        let mut next = first;
+        while let Some(out) = next {
+            self.put(out, &mut queue);
+            next = if self.buf.len() < WRITE_BATCH {
+                rx.try_recv().ok()
+            } else {
+                None
+            };
+        }
+        let hold = self.buf.is_empty()
+            && queue.len() >= IN_FLIGHT_BEFORE_HOLDING
+            && !self.merging.is_full();
+        if !hold {
+            self.merging.flush(&mut self.buf, &mut queue);
+        }
+        true
+    }
+
+    /// Adds one request: a script call to the gathered ones (flushing those first if it cannot
+    /// join them), anything else to the buffer after them.
+    fn put(&mut self, out: Outgoing, queue: &mut VecDeque<InFlight>) {
+        match out.payload {
+            Payload::Script {
+                script,
+                call,
+                invoke_by_body,
+            } => {
+                if !self.merging.takes(&script, invoke_by_body) {
+                    self.merging.flush(&mut self.buf, queue);
+                }
+                self.merging
+                    .push(script, call, invoke_by_body, out.reply, out.queued_at);
+            }
+            Payload::Commands(payload) => {
+                let cleanup = out.cleanup_expires.map(|at| (payload.clone(), at));
+                self.merging.flush(&mut self.buf, queue);
+                self.buf.extend_from_slice(&payload);
+                queue.push_back(InFlight::one(
+                    out.replies,
+                    out.reply,
+                    out.queued_at,
+                    cleanup,
+                    None,
+                ));
+            }
+            Payload::BySha { by_sha, by_body } => {
+                self.merging.flush(&mut self.buf, queue);
+                self.buf.extend_from_slice(&by_sha);
+                queue.push_back(InFlight::one(
+                    out.replies,
+                    out.reply,
+                    out.queued_at,
+                    None,
+                    Some(by_body),
+                ));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Deterministic: in-memory pipes to a scripted master, and tokio's paused clock.
+    use super::super::tests::{connected, ping, LIMIT, NODE_TIMEOUT};
+    use super::super::{Link, NoReply, Pending, SharedScript};
+    use crate::fake_master::{command, until, FakeMaster};
+    use crate::lock::lock_script;
+    use crate::on_master::LOCK_SCRIPT;
+    use crate::protocol::{Reply, ScriptCall};
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tokio::sync::watch;
+
+    /// A link to `fake` that loaded the lock script, as the health monitor does.
+    async fn loaded(fake: &Arc<FakeMaster>) -> (Arc<Link>, watch::Sender<bool>) {
+        let (link, stop) = connected(fake).await;
+        let load = command(&["SCRIPT", "LOAD", LOCK_SCRIPT.text()]);
+        assert!(matches!(
+            link.send(load, 1).wait().await,
+            Ok(Reply::Bulk(_))
+        ));
+        (link, stop)
+    }
+
+    /// Releases of keys nobody holds (each answers 0), as the lock operations the links merge
+    /// (the calls of one script, the same `Arc`, as the acquirer sends).
+    fn releases(link: &Link, n: usize) -> Vec<Pending> {
+        static SCRIPT: std::sync::LazyLock<Arc<SharedScript>> =
+            std::sync::LazyLock::new(lock_script);
+        let script = &*SCRIPT;
+        (0..n)
+            .map(|i| {
+                let key = format!("k{i}");
+                let call = ScriptCall::new(&[key.as_bytes()], &[b"r", b"v"]);
+                link.send_script(script.clone(), call)
+            })
+            .collect()
+    }
+
+    /// Stalls `fake` and leaves two requests written to it and unanswered.
+    async fn two_unanswered(fake: &FakeMaster, link: &Link) -> [Pending; 2] {
+        fake.stall();
+        let pings = [link.send(ping(), 1), link.send(ping(), 1)];
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        pings
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lock_operations_behind_two_unanswered_requests_wait_and_leave_as_one_call() {
+        let fake = FakeMaster::new();
+        let (link, _stop) = loaded(&fake).await;
+        // Not loaded: a lone operation is written at once, as its own call.
+        let alone = releases(&link, 1).pop().expect("one");
+        assert_eq!(alone.wait().await, Ok(Reply::Integer(0)));
+        assert_eq!(fake.acquires(), 1);
+        let pings = two_unanswered(&fake, &link).await;
+        // What comes now is held, even across the writer's turns, and leaves as one call once
+        // an answer comes.
+        let mut held = Vec::new();
+        for _ in 0..5 {
+            held.extend(releases(&link, 1));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::time::sleep(NODE_TIMEOUT / 4).await;
+        fake.resume();
+        for pending in pings {
+            assert_eq!(pending.wait().await, Ok(Reply::simple("PONG")));
+        }
+        for pending in held {
+            assert_eq!(pending.wait().await, Ok(Reply::Integer(0)));
+        }
+        assert_eq!(fake.acquires(), 2, "{:?}", fake.log());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn held_lock_operations_are_never_written_once_their_connection_is_retired() {
+        let fake = FakeMaster::new();
+        let (link, _stop) = loaded(&fake).await;
+        let pings = two_unanswered(&fake, &link).await;
+        let held = releases(&link, 3);
+        for pending in pings {
+            assert_eq!(pending.wait().await, Err(NoReply::Timeout));
+        }
+        for pending in held {
+            assert!(pending.wait().await.is_err());
+        }
+        fake.resume();
+        until(LIMIT, || link.connect_count() == 2 && link.is_connected()).await;
+        assert_eq!(link.send(ping(), 1).wait().await, Ok(Reply::simple("PONG")));
+        assert_eq!(fake.acquires(), 0, "{:?}", fake.log());
+    }
+}
