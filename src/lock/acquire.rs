@@ -7,7 +7,7 @@ use crate::config::NoQuorumReply;
 use crate::error::ProxyError;
 use crate::health::instance_name;
 use crate::lease::{Granted, Lease, Outcome};
-use crate::masters::{Ask, Masters};
+use crate::masters::{Ask, LateVotes, Masters};
 use crate::on_master::{script_sha, token_key, ARMED_KEY, LOCK_SCRIPT, QUARANTINE_KEY};
 use crate::protocol::{encode_command, Reply, ScriptCall};
 use crate::redlock::{
@@ -249,69 +249,127 @@ async fn retry_above_floor(
     }
 }
 
-/// One round of the acquire with `token`; also the floor a retry must propose above, if some
-/// master refused the token.
+/// One round of the acquire with `token`: encode the request, fan it out, tally the votes.
+/// Also the floor a retry must propose above, if some master refused the token.
 async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Decided, Option<u64>) {
-    let Attempt {
-        key,
-        value,
-        ttl_ms,
-        received_at,
-        with_token,
-    } = attempt;
-    let (ttl_ms, received_at) = (*ttl_ms, *received_at);
-    let masters = &acquirer.masters;
-    let drift_factor = acquirer.policy.drift_factor;
-    let Some(window) = validity_window(ttl_ms, drift_factor) else {
+    let Some(request) = Request::encode(acquirer, attempt, token) else {
         // The drift allowance alone exceeds the TTL: no grant could ever be valid.
         return (Decided::refused(false, AcquireResult::Expired, None), None);
     };
-    let deadline = received_at + window;
-    let px_ms = backend_ttl_ms(ttl_ms, drift_factor);
-    let mut px = itoa::Buffer::new();
-    let px = px.format(px_ms).as_bytes();
-    // With quarantine on, the write is an acquire operation of `LOCK_SCRIPT` (markers,
-    // deadline, token), merged by the link with the operations queued beside it and called by
-    // SHA1 (the health monitor loads it on every master); a master that lost its script cache
-    // answers NOSCRIPT and the link sends the body at once. Each master's
-    // deadline is the latest its clock can show when the node timeout runs out, computed as the
-    // request leaves (after the fan-out permit).
-    let quarantine = masters.quarantine();
-    let token_key = token_key(key);
-    let record = acquirer.tokens.record(token);
-    // The record starts with the token as the script compares it.
-    let token_arg = &record.as_bytes()[..16];
-    let (earliest, latest) = acquirer.tokens.accepted_clocks_ms(token);
-    let mut earliest_digits = itoa::Buffer::new();
-    let earliest = earliest_digits.format(earliest).as_bytes();
-    let mut counter_px = itoa::Buffer::new();
-    let counter_px = counter_px
-        .format(acquirer.tokens.rules.counter_life_ms.max(px_ms))
-        .as_bytes();
+    let ballot = fan_out(acquirer, &request).await;
+    tally(acquirer, attempt, request, ballot)
+}
+
+/// What one round asks every master, encoded once: only each master's write deadline
+/// differs, and it is set as the request leaves ([`fan_out`]).
+struct Request {
+    token: u64,
+    /// The grant deadline: `received_at + TTL − drift`.
+    deadline: Instant,
+    /// The `PX` every master's write gets (TTL + drift).
+    px_ms: u64,
+    /// The operation itself: the acquire operation of [`LOCK_SCRIPT`], or a bare `SET`.
+    operation: Operation,
+    /// The key's token counter and this attempt's record in it.
+    token_key: Bytes,
+    record: Record,
+    /// The latest master clock (ms) at which a master may take the token.
+    latest: u64,
+}
+
+/// How the acquire writes on a master.
+enum Operation {
+    /// With quarantine on: an acquire operation of [`LOCK_SCRIPT`] (markers, deadline,
+    /// token), whose number is the master's write deadline.
+    Script(ScriptCall),
+    /// With quarantine off (tests only): `SET key value NX PX`, which carries no token.
+    Set(Bytes),
+}
+
+impl Request {
+    /// The request of `attempt` with `token`; `None` if no grant could be valid (the drift
+    /// allowance alone exceeds the TTL).
+    fn encode(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> Option<Request> {
+        let Attempt { key, value, .. } = attempt;
+        let drift_factor = acquirer.policy.drift_factor;
+        let window = validity_window(attempt.ttl_ms, drift_factor)?;
+        let px_ms = backend_ttl_ms(attempt.ttl_ms, drift_factor);
+        let mut px = itoa::Buffer::new();
+        let px = px.format(px_ms).as_bytes();
+        // With quarantine on, the write is an acquire operation of `LOCK_SCRIPT` (markers,
+        // deadline, token), merged by the link with the operations queued beside it and called
+        // by SHA1 (the health monitor loads it on every master); a master that lost its script
+        // cache answers NOSCRIPT and the link sends the body at once.
+        let token_key = token_key(key);
+        let record = acquirer.tokens.record(token);
+        // The record starts with the token as the script compares it.
+        let token_arg = &record.as_bytes()[..16];
+        let (earliest, latest) = acquirer.tokens.accepted_clocks_ms(token);
+        let mut earliest_digits = itoa::Buffer::new();
+        let earliest = earliest_digits.format(earliest).as_bytes();
+        let mut counter_px = itoa::Buffer::new();
+        let counter_px = counter_px
+            .format(acquirer.tokens.rules.counter_life_ms.max(px_ms))
+            .as_bytes();
+        let operation = match acquirer.masters.quarantine() {
+            // Encoded once: only the deadline differs from master to master.
+            true => Operation::Script(ScriptCall::with_number_between(
+                &[key, &token_key],
+                &[b"a", value, px, record.as_bytes()],
+                &[token_arg, earliest, counter_px],
+            )),
+            false => Operation::Set(encode_command(&[
+                b"SET".as_ref(),
+                key,
+                value,
+                b"NX",
+                b"PX",
+                px,
+            ])),
+        };
+        Some(Request {
+            token,
+            deadline: attempt.received_at + window,
+            px_ms,
+            operation,
+            token_key,
+            record,
+            latest,
+        })
+    }
+}
+
+/// A round's votes at the decision, those still to come, and each master's write deadline as
+/// sent (0: not sent).
+struct Ballot {
+    votes: Vec<Vote>,
+    late: LateVotes,
+    deadlines: Vec<u64>,
+}
+
+/// Sends every master its request, and collects the votes until the acquire is decided.
+async fn fan_out(acquirer: &Acquirer, request: &Request) -> Ballot {
+    let masters = &acquirer.masters;
+    let drift_factor = acquirer.policy.drift_factor;
     let deadlines: Vec<AtomicU64> = masters.voters().iter().map(|_| AtomicU64::new(0)).collect();
     let node_timeout = masters.node_timeout();
     let sent_at = OnceLock::new();
-    // Encoded once: only the deadline differs from master to master.
-    let call = ScriptCall::with_number_between(
-        &[key, &token_key],
-        &[b"a", value, px, record.as_bytes()],
-        &[token_arg, earliest, counter_px],
-    );
     let ask = |i: usize| {
-        if !quarantine {
-            let set = encode_command(&[b"SET".as_ref(), key, value, b"NX", b"PX", px]);
-            return Some(Ask::Commands(set));
-        }
-        // One clock read for the whole fan-out, at its first request (after the permit): the
-        // requests leave microseconds apart, and a deadline a little earlier than its own
-        // request's is only stricter on the master.
+        let call = match &request.operation {
+            Operation::Set(set) => return Some(Ask::Commands(set.clone())),
+            Operation::Script(call) => call,
+        };
+        // Each master's deadline is the latest its clock can show when the node timeout runs
+        // out, computed as the request leaves (after the fan-out permit). One clock read for
+        // the whole fan-out, at its first request: the requests leave microseconds apart, and
+        // a deadline a little earlier than its own request's is only stricter on the master.
         let sent = *sent_at.get_or_init(Instant::now);
         // A master whose vote cannot count is not asked: nothing to clean up there. The
         // write's deadline is also the latest clock at which the master may take the token:
         // one comparison in the script checks both.
         let deadline = masters.voters()[i]
             .write_deadline(sent, node_timeout, drift_factor)?
-            .min(latest);
+            .min(request.latest);
         deadlines[i].store(deadline, Ordering::Relaxed);
         Some(Ask::Script(
             acquirer.script.clone(),
@@ -323,6 +381,29 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
             acquire_decision(v) != AcquireDecision::Undecided
         })
         .await;
+    Ballot {
+        votes,
+        late,
+        // Collected in place: the same allocation.
+        deadlines: deadlines.into_iter().map(AtomicU64::into_inner).collect(),
+    }
+}
+
+/// The decision on a round's votes: a lease if a quorum took the key before the grant
+/// deadline, else a refusal with the clean-up of what it may have written; also the floor a
+/// retry must propose above, if some master refused the token.
+fn tally(
+    acquirer: &Acquirer,
+    attempt: &Attempt,
+    request: Request,
+    ballot: Ballot,
+) -> (Decided, Option<u64>) {
+    let masters = &acquirer.masters;
+    let Ballot {
+        votes,
+        late,
+        deadlines,
+    } = ballot;
     for (voter, vote) in masters.voters().iter().zip(&votes) {
         if *vote == Vote::Replied(UNARMED) {
             voter.health.recheck();
@@ -333,44 +414,42 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
     let unreachable = majority_unreachable(&votes);
     let floor = token_floor(&votes);
     let quorum = acquire_decision(&votes) == AcquireDecision::Quorum;
+    let quarantine = matches!(request.operation, Operation::Script(_));
     let undo = Box::new(RollbackPlan {
         masters: masters.clone(),
-        drift_factor,
+        drift_factor: acquirer.policy.drift_factor,
         undo: Undo {
-            key: key.clone(),
-            value: value.clone(),
-            record: quarantine.then_some((token_key, record)),
+            key: attempt.key.clone(),
+            value: attempt.value.clone(),
+            record: quarantine.then_some((request.token_key, request.record)),
         },
-        lives: Duration::from_millis(px_ms),
+        lives: Duration::from_millis(request.px_ms),
         stats: acquirer.stats.clone(),
         votes,
         late,
-        // Collected in place: the same allocation.
-        deadlines: deadlines.into_iter().map(AtomicU64::into_inner).collect(),
+        deadlines,
     });
-    if quorum && Instant::now() < deadline {
-        tracing::trace!(key = ?key, token, "granted");
+    if quorum && Instant::now() < request.deadline {
+        tracing::trace!(key = ?attempt.key, token = request.token, "granted");
         // Without quarantine (tests only) the acquire is a bare `SET`, which carries no token.
-        let token = if quarantine { token } else { 0 };
-        let lease = Lease {
-            deadline,
-            granted: if *with_token {
-                Granted::TokenAndValidity(token)
-            } else {
-                Granted::Reply(Reply::ok())
-            },
-            expired: Reply::Null,
-            rollback: Some(undo),
-        };
-        let granted = Decided {
-            outcome: Outcome::Lease(lease),
-            settled: true,
-            result: AcquireResult::Granted,
-            undo: None,
-        };
-        return (granted, None);
+        let token = if quarantine { request.token } else { 0 };
+        return (
+            granted(request.deadline, token, attempt.with_token, undo),
+            None,
+        );
     }
-    let result = if held {
+    let result = refusal(held, unreachable, quorum);
+    // Followers queued behind this acquire get the same null when it tells them nothing
+    // different would happen now: the key is held, or no majority answered in time (they
+    // would wait out the same node timeout, on connections the watchdog is about to abort).
+    let settled = held || unreachable;
+    (Decided::refused(settled, result, Some(undo)), floor)
+}
+
+/// How a round that granted nothing ended, for the metrics: the key held by a majority, no
+/// majority reachable, a quorum too late, or refused otherwise.
+fn refusal(held: bool, unreachable: bool, quorum: bool) -> AcquireResult {
+    if held {
         AcquireResult::Contended
     } else if unreachable {
         AcquireResult::NoQuorum
@@ -378,12 +457,28 @@ async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Dec
         AcquireResult::Expired
     } else {
         AcquireResult::Refused
+    }
+}
+
+/// A grant: a lease until `deadline` of `OK`, or of `[token, validity]` (`with_token`), whose
+/// rollback is `undo` if the client is not told in time.
+fn granted(deadline: Instant, token: u64, with_token: bool, undo: Box<RollbackPlan>) -> Decided {
+    let lease = Lease {
+        deadline,
+        granted: if with_token {
+            Granted::TokenAndValidity(token)
+        } else {
+            Granted::Reply(Reply::ok())
+        },
+        expired: Reply::Null,
+        rollback: Some(undo),
     };
-    // Followers queued behind this acquire get the same null when it tells them nothing
-    // different would happen now: the key is held, or no majority answered in time (they
-    // would wait out the same node timeout, on connections the watchdog is about to abort).
-    let settled = held || unreachable;
-    (Decided::refused(settled, result, Some(undo)), floor)
+    Decided {
+        outcome: Outcome::Lease(lease),
+        settled: true,
+        result: AcquireResult::Granted,
+        undo: None,
+    }
 }
 
 #[cfg(test)]

@@ -34,101 +34,119 @@ fn extended_from(vote: &Vote) -> Option<i64> {
     }
 }
 
-impl Acquirer {
-    /// Extends `key` to `ttl_ms` if `value` holds it on a majority of armed, unquarantined
-    /// masters: a lease of the new validity (written only while it lasts, undone otherwise),
-    /// or null (undone where it took effect).
-    pub async fn extend(
-        &self,
-        key: &Bytes,
-        value: &Bytes,
-        ttl_ms: u64,
-        received_at: Instant,
-    ) -> Outcome {
-        let drift_factor = self.policy.drift_factor;
-        let Some(window) = validity_window(ttl_ms, drift_factor) else {
-            return Outcome::Reply(Reply::Null);
-        };
-        let deadline = received_at + window;
-        let px_ms = backend_ttl_ms(ttl_ms, drift_factor);
-        let px = px_ms.to_string();
-        let masters = &self.masters;
-        let node_timeout = masters.node_timeout();
-        let counter = token_key(key);
-        let sent = Instant::now();
-        // Each master's write deadline: the latest its clock can show when the node timeout
-        // runs out ([`crate::lock`]'s acquire does the same); a master that may not vote is
-        // not asked.
-        let ask = |i: usize| {
-            let write_by = masters.voters()[i]
-                .write_deadline(sent, node_timeout, drift_factor)?
-                .to_string();
-            Some(Ask::Commands(encode_command(&[
-                b"EVAL".as_ref(),
-                EXTEND_SCRIPT.text().as_bytes(),
-                b"4",
-                key,
-                &counter,
-                ARMED_KEY.as_bytes(),
-                QUARANTINE_KEY.as_bytes(),
-                value,
-                px.as_bytes(),
-                write_by.as_bytes(),
-            ])))
-        };
-        let n = masters.voters().len();
-        let q = quorum(n);
-        let extended = |votes: &[Vote]| votes.iter().filter_map(extended_from).count();
-        let refused = |votes: &[Vote]| {
-            votes
-                .iter()
-                .filter(|v| **v != Vote::Pending && extended_from(v).is_none())
-                .count()
-        };
-        // When each answer came (seen here as it comes), for the undo.
-        let answered: Vec<OnceLock<Instant>> = (0..n).map(|_| OnceLock::new()).collect();
-        // Decided as soon as a majority extended, or can no longer.
-        let decided = |votes: &[Vote]| {
-            for (vote, at) in votes.iter().zip(&answered) {
-                if *vote != Vote::Pending {
-                    at.get_or_init(Instant::now);
-                }
-            }
-            extended(votes) >= q || refused(votes) > n - q
-        };
-        let (votes, late) = masters.fan_out_each(ask, 1, decided).await;
-        for (vote, voter) in votes.iter().zip(masters.voters()) {
-            if *vote == Vote::Replied(UNARMED) {
-                voter.health.recheck();
-            }
+/// How many masters extended.
+fn extended(votes: &[Vote]) -> usize {
+    votes.iter().filter_map(extended_from).count()
+}
+
+/// How many masters answered without extending.
+fn refused(votes: &[Vote]) -> usize {
+    votes
+        .iter()
+        .filter(|v| **v != Vote::Pending && extended_from(v).is_none())
+        .count()
+}
+
+/// [`Acquirer::extend`]: extends `key` to `ttl_ms` if `value` holds it on a majority of armed,
+/// unquarantined masters: a lease of the new validity (written only while it lasts, undone
+/// otherwise), or null (undone where it took effect).
+pub(super) async fn extend(
+    acquirer: &Acquirer,
+    key: &Bytes,
+    value: &Bytes,
+    ttl_ms: u64,
+    received_at: Instant,
+) -> Outcome {
+    let drift_factor = acquirer.policy.drift_factor;
+    let Some(window) = validity_window(ttl_ms, drift_factor) else {
+        return Outcome::Reply(Reply::Null);
+    };
+    let deadline = received_at + window;
+    let px_ms = backend_ttl_ms(ttl_ms, drift_factor);
+    let masters = &acquirer.masters;
+    let (votes, answered, late) = fan_out(masters, key, value, px_ms, drift_factor).await;
+    for (vote, voter) in votes.iter().zip(masters.voters()) {
+        if *vote == Vote::Replied(UNARMED) {
+            voter.health.recheck();
         }
-        let granted = extended(&votes) >= q;
-        let now = Instant::now();
-        let undo = Box::new(Unextend {
-            masters: masters.clone(),
-            key: key.clone(),
-            value: value.clone(),
-            votes: votes
-                .into_iter()
-                .zip(answered)
-                .map(|(vote, at)| (vote, at.get().copied().unwrap_or(now)))
-                .collect(),
-            late,
-            lives: Duration::from_millis(px_ms),
-        });
-        if !granted {
-            // Not extended on a majority: the caller must not count on the new TTL, and the
-            // masters that took it give it back.
-            Box::new(*undo).run().await;
-            return Outcome::Reply(Reply::Null);
-        }
-        Outcome::Lease(Lease {
-            deadline,
-            granted: Granted::Validity,
-            expired: Reply::Null,
-            rollback: Some(undo),
-        })
     }
+    let granted = extended(&votes) >= quorum(votes.len());
+    let now = Instant::now();
+    let undo = Box::new(Unextend {
+        masters: masters.clone(),
+        key: key.clone(),
+        value: value.clone(),
+        votes: votes
+            .into_iter()
+            .zip(answered)
+            .map(|(vote, at)| (vote, at.get().copied().unwrap_or(now)))
+            .collect(),
+        late,
+        lives: Duration::from_millis(px_ms),
+    });
+    if !granted {
+        // Not extended on a majority: the caller must not count on the new TTL, and the
+        // masters that took it give it back.
+        Box::new(*undo).run().await;
+        return Outcome::Reply(Reply::Null);
+    }
+    Outcome::Lease(Lease {
+        deadline,
+        granted: Granted::Validity,
+        expired: Reply::Null,
+        rollback: Some(undo),
+    })
+}
+
+/// Asks every master that may vote to extend (with `PX` `px_ms` and its own write deadline)
+/// and collects the votes until a majority extended, or can no longer; also when each answer
+/// came (seen here as it comes), for the undo, and the votes still to come.
+async fn fan_out(
+    masters: &Masters,
+    key: &Bytes,
+    value: &Bytes,
+    px_ms: u64,
+    drift_factor: f64,
+) -> (Vec<Vote>, Vec<OnceLock<Instant>>, LateVotes) {
+    let px = px_ms.to_string();
+    let node_timeout = masters.node_timeout();
+    let counter = token_key(key);
+    let sent = Instant::now();
+    // Each master's write deadline: the latest its clock can show when the node timeout
+    // runs out ([`crate::lock`]'s acquire does the same); a master that may not vote is
+    // not asked.
+    let ask = |i: usize| {
+        let write_by = masters.voters()[i]
+            .write_deadline(sent, node_timeout, drift_factor)?
+            .to_string();
+        Some(Ask::Commands(encode_command(&[
+            b"EVAL".as_ref(),
+            EXTEND_SCRIPT.text().as_bytes(),
+            b"4",
+            key,
+            &counter,
+            ARMED_KEY.as_bytes(),
+            QUARANTINE_KEY.as_bytes(),
+            value,
+            px.as_bytes(),
+            write_by.as_bytes(),
+        ])))
+    };
+    let n = masters.voters().len();
+    let q = quorum(n);
+    // When each answer came (seen here as it comes), for the undo.
+    let answered: Vec<OnceLock<Instant>> = (0..n).map(|_| OnceLock::new()).collect();
+    // Decided as soon as a majority extended, or can no longer.
+    let decided = |votes: &[Vote]| {
+        for (vote, at) in votes.iter().zip(&answered) {
+            if *vote != Vote::Pending {
+                at.get_or_init(Instant::now);
+            }
+        }
+        extended(votes) >= q || refused(votes) > n - q
+    };
+    let (votes, late) = masters.fan_out_each(ask, 1, decided).await;
+    (votes, answered, late)
 }
 
 /// The undo of an extend: every master that extended (those that answered after the decision

@@ -66,88 +66,87 @@ pub(super) struct Flights {
     keys: DashMap<Bytes, Vec<Member>, foldhash::fast::RandomState>,
 }
 
-impl Acquirer {
-    /// Starts an acquire of `attempt.key`: at once if none is in flight (the caller leads),
-    /// or queued behind the one in flight (the returned future waits for its turn).
-    pub fn acquire(self: &Arc<Self>, attempt: Attempt) -> Started {
-        // The map's shard lock is held only inside this block, never across an await.
-        let turn = match self.flights.keys.entry(attempt.key.clone()) {
-            Entry::Vacant(slot) => {
-                slot.insert(Vec::new());
-                None
+/// Starts an acquire of `attempt.key` ([`Acquirer::acquire`]): at once if none is in flight
+/// (the caller leads), or queued behind the one in flight (the returned future waits for its
+/// turn).
+pub(super) fn start(acquirer: &Arc<Acquirer>, attempt: Attempt) -> Started {
+    // The map's shard lock is held only inside this block, never across an await.
+    let turn = match acquirer.flights.keys.entry(attempt.key.clone()) {
+        Entry::Vacant(slot) => {
+            slot.insert(Vec::new());
+            None
+        }
+        Entry::Occupied(mut queue) => {
+            let (member, turn) = oneshot::channel();
+            queue.get_mut().push(member);
+            Some(turn)
+        }
+    };
+    let acquirer = acquirer.clone();
+    match turn {
+        None => {
+            let flight = Flight::new(acquirer.clone(), attempt.key.clone(), Vec::new());
+            Started::Leading(Box::pin(lead(acquirer, attempt, flight)))
+        }
+        Some(turn) => Started::Queued(Box::pin(async move {
+            match turn.await {
+                Ok(Turn::Lead(flight)) => lead(acquirer, attempt, flight).await,
+                Ok(Turn::TryYourself) => decide(&acquirer, attempt).await.finish().await,
+                Ok(Turn::Done(outcome, result)) => {
+                    acquirer.stats.record(result, attempt.received_at);
+                    outcome
+                }
+                Err(_) => Reply::from(ProxyError::AcquireAbandoned).into(),
             }
-            Entry::Occupied(mut queue) => {
-                let (member, turn) = oneshot::channel();
-                queue.get_mut().push(member);
-                Some(turn)
-            }
+        })),
+    }
+}
+
+/// Runs an acquire as the leader of its key's flight, for itself and the flight's members.
+async fn lead(acquirer: Arc<Acquirer>, attempt: Attempt, mut flight: Flight) -> Outcome {
+    let decided = decide(&acquirer, attempt).await;
+    for member in std::mem::take(&mut flight.members) {
+        // A member of a granted batch finds the key held by its leader.
+        let result = match decided.result {
+            AcquireResult::Granted => AcquireResult::Contended,
+            other => other,
         };
-        let acquirer = self.clone();
-        match turn {
-            None => {
-                let flight = Flight::new(self.clone(), attempt.key.clone(), Vec::new());
-                Started::Leading(Box::pin(acquirer.lead(attempt, flight)))
-            }
-            Some(turn) => Started::Queued(Box::pin(async move {
-                match turn.await {
-                    Ok(Turn::Lead(flight)) => acquirer.lead(attempt, flight).await,
-                    Ok(Turn::TryYourself) => decide(&acquirer, attempt).await.finish().await,
-                    Ok(Turn::Done(outcome, result)) => {
-                        acquirer.stats.record(result, attempt.received_at);
-                        outcome
-                    }
-                    Err(_) => Reply::from(ProxyError::AcquireAbandoned).into(),
-                }
-            })),
-        }
+        let turn = if decided.settled {
+            Turn::Done(Reply::Null.into(), result)
+        } else {
+            Turn::TryYourself
+        };
+        let _ = member.send(turn);
     }
+    // The next batch goes out as soon as this one is decided, not after its clean-up.
+    drop(flight);
+    decided.finish().await
+}
 
-    /// Runs an acquire as the leader of its key's flight, for itself and the flight's members.
-    async fn lead(self: Arc<Self>, attempt: Attempt, mut flight: Flight) -> Outcome {
-        let decided = decide(&self, attempt).await;
-        for member in std::mem::take(&mut flight.members) {
-            // A member of a granted batch finds the key held by its leader.
-            let result = match decided.result {
-                AcquireResult::Granted => AcquireResult::Contended,
-                other => other,
-            };
-            let turn = if decided.settled {
-                Turn::Done(Reply::Null.into(), result)
-            } else {
-                Turn::TryYourself
-            };
-            let _ = member.send(turn);
-        }
-        // The next batch goes out as soon as this one is decided, not after its clean-up.
-        drop(flight);
-        decided.finish().await
-    }
-
-    /// Hands the key's queued acquires on as the next batch (its first live member leads), or
-    /// marks the key idle.
-    fn next_batch(self: &Arc<Self>, key: Bytes) {
-        loop {
-            let batch = match self.flights.keys.entry(key.clone()) {
-                Entry::Occupied(mut queue) if !queue.get().is_empty() => {
-                    std::mem::take(queue.get_mut())
-                }
-                Entry::Occupied(queue) => {
-                    queue.remove();
-                    return;
-                }
-                Entry::Vacant(_) => return,
-            };
-            let mut batch = batch.into_iter();
-            while let Some(leader) = batch.next() {
-                let flight = Flight::new(self.clone(), key.clone(), batch.collect());
-                match leader.send(Turn::Lead(flight)) {
-                    Ok(()) => return,
-                    // That client is gone: the next member leads.
-                    Err(turn) => batch = turn.into_members().into_iter(),
-                }
+/// Hands the key's queued acquires on as the next batch (its first live member leads), or
+/// marks the key idle.
+fn next_batch(acquirer: &Arc<Acquirer>, key: Bytes) {
+    loop {
+        let batch = match acquirer.flights.keys.entry(key.clone()) {
+            Entry::Occupied(mut queue) if !queue.get().is_empty() => {
+                std::mem::take(queue.get_mut())
             }
-            // Every member had gone: the key is idle, or has new arrivals.
+            Entry::Occupied(queue) => {
+                queue.remove();
+                return;
+            }
+            Entry::Vacant(_) => return,
+        };
+        let mut batch = batch.into_iter();
+        while let Some(leader) = batch.next() {
+            let flight = Flight::new(acquirer.clone(), key.clone(), batch.collect());
+            match leader.send(Turn::Lead(flight)) {
+                Ok(()) => return,
+                // That client is gone: the next member leads.
+                Err(turn) => batch = turn.into_members().into_iter(),
+            }
         }
+        // Every member had gone: the key is idle, or has new arrivals.
     }
 }
 
@@ -194,6 +193,6 @@ impl Drop for Flight {
         for member in self.members.drain(..) {
             let _ = member.send(Turn::TryYourself);
         }
-        self.acquirer.next_batch(key);
+        next_batch(&self.acquirer, key);
     }
 }

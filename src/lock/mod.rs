@@ -2,106 +2,23 @@
 //! ([`Acquirer`]), the rollback of refused attempts, and the scripts they run on the masters.
 //! Used by the `SET` command ([`crate::commands::lock`]); knows nothing of connections or
 //! the command table.
+//!
+//! [`Acquirer`]'s whole API is one `impl` ([`acquirer`]); each method calls the free functions
+//! of its concern: [`flights`] (the per-key single flight), [`acquire`] (one attempt's Redlock
+//! rounds and its tokens), [`extend`], and [`rollback`] (the clean-up of a refused attempt).
+//! [`stats`] counts them.
 
 mod acquire;
+mod acquirer;
 mod extend;
 mod flights;
-mod release;
 mod rollback;
 mod stats;
 
 pub use acquire::{lock_script, Attempt, UNARMED};
+pub use acquirer::{Acquirer, Options};
 pub use flights::Started;
 pub use stats::{AcquireResult, LockStats};
-
-use crate::config::NoQuorumReply;
-use crate::masters::Masters;
-use crate::redlock::{Policy, TokenRules};
-use crate::script_keys::TokenOffer;
-use crate::transport::SharedScript;
-use acquire::Tokens;
-use bytes::Bytes;
-use flights::Flights;
-use std::sync::Arc;
-
-/// How acquires answer, from the configuration.
-#[derive(Debug, Clone, Copy)]
-pub struct Options {
-    /// Off only in the negative control of the tests (see [`TokenRules`]).
-    pub token_clock: bool,
-    pub no_quorum_reply: NoQuorumReply,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            token_clock: true,
-            no_quorum_reply: NoQuorumReply::Null,
-        }
-    }
-}
-
-/// The acquire service shared by every connection.
-pub struct Acquirer {
-    masters: Arc<Masters>,
-    policy: Policy,
-    tokens: Tokens,
-    /// [`LOCK_SCRIPT`], as the links merge its calls.
-    script: Arc<SharedScript>,
-    flights: Flights,
-    no_quorum_reply: NoQuorumReply,
-    /// Acquires by result, their duration, rollbacks (exported by [`crate::ops`]).
-    pub stats: Arc<LockStats>,
-}
-
-impl Acquirer {
-    /// `stats` may be common to several acquirers (one per shard: [`crate::shared::Shard`]).
-    pub fn new(
-        masters: Arc<Masters>,
-        policy: Policy,
-        options: Options,
-        stats: Arc<LockStats>,
-    ) -> Arc<Acquirer> {
-        let rules = TokenRules::for_lease_bound(policy.lease_bound());
-        Arc::new(Acquirer {
-            masters,
-            policy,
-            tokens: Tokens::new(rules, options.token_clock),
-            script: lock_script(),
-            flights: Flights::default(),
-            no_quorum_reply: options.no_quorum_reply,
-            stats,
-        })
-    }
-
-    /// Scripts the health monitors keep loaded on every master (acquires call them by SHA1).
-    pub fn preload() -> Vec<&'static str> {
-        vec![crate::on_master::LOCK_SCRIPT.text()]
-    }
-
-    /// The token a client script's run may take where it makes a new holder of a key
-    /// (docs/SAFETY.md, "Tokens for locks taken by scripts"): proposed as an acquire's, once
-    /// per run. None with quarantine off (tests only), where acquires take no token either.
-    pub fn offer_script_token(&self) -> Option<TokenOffer> {
-        if !self.masters.quarantine() {
-            return None;
-        }
-        let token = self.tokens.propose(&self.masters, 0);
-        let (earliest_ms, latest_ms) = self.tokens.accepted_clocks_ms(token);
-        Some(TokenOffer {
-            record: Bytes::copy_from_slice(self.tokens.record(token).as_bytes()),
-            earliest_ms,
-            latest_ms,
-            life_ms: self.tokens.rules.counter_life_ms,
-        })
-    }
-
-    /// A master refused a script's token at `seen` (its counter, or its clock): later
-    /// proposals go above it (a script is not retried: it ran).
-    pub fn script_token_refused(&self, seen: u64) {
-        self.tokens.raise_floor(seen);
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -109,9 +26,12 @@ mod tests {
     use super::*;
     use crate::fake_master::{self, until, FakeMaster};
     use crate::lease::Outcome;
+    use crate::masters::Masters;
     use crate::protocol::Reply;
+    use crate::redlock::Policy;
     use bytes::Bytes;
     use std::sync::atomic::Ordering;
+    use std::sync::Arc;
     use std::time::Duration;
     use tokio::time::Instant;
 

@@ -118,27 +118,7 @@ impl RollbackPlan {
         self.stats.rollbacks.inc();
         let payload = self.undo.payload();
         let node_timeout = self.masters.node_timeout();
-        // Where the answer never came, the write may still run until its deadline: the clean-up
-        // goes out now (it deletes only this attempt's write, so it is harmless if it runs
-        // first) and once more when the master's clock is surely past the deadline, when it is
-        // final. The second one runs on its own, bounded by the deadline: the refusal does not
-        // wait for it.
-        for (voter, step) in self.masters.voters().iter().zip(&steps) {
-            let UndoStep::AfterDeadline(deadline) = *step else {
-                continue;
-            };
-            let Some(at) = voter.health.surely_past(deadline, self.drift_factor) else {
-                continue;
-            };
-            let at = at.min(Instant::now() + 2 * node_timeout);
-            let (link, payload, lives) = (voter.link.clone(), payload.clone(), self.lives);
-            let late_cleanups = self.stats.late_cleanups.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep_until(at).await;
-                late_cleanups.inc();
-                drop(link.send_cleanup(payload, lives));
-            });
-        }
+        self.send_after_deadlines(&steps, &payload, node_timeout);
         // The null waits for the confirmations (so a read right after it sees the value gone),
         // but at most half a node timeout: a master that stalls right after its `OK` must not
         // delay the refusal by another node timeout. Its clean-up stays queued regardless, and
@@ -161,6 +141,30 @@ impl RollbackPlan {
             })
             .collect();
         futures::future::join_all(waits).await;
+    }
+
+    /// Where the answer never came, the write may still run until its deadline: the clean-up
+    /// goes out now (it deletes only this attempt's write, so it is harmless if it runs
+    /// first) and once more when the master's clock is surely past the deadline, when it is
+    /// final. The second one runs on its own, bounded by the deadline: the refusal does not
+    /// wait for it. This schedules those second ones (at most two node timeouts from now).
+    fn send_after_deadlines(&self, steps: &[UndoStep], payload: &Bytes, node_timeout: Duration) {
+        for (voter, step) in self.masters.voters().iter().zip(steps) {
+            let UndoStep::AfterDeadline(deadline) = *step else {
+                continue;
+            };
+            let Some(at) = voter.health.surely_past(deadline, self.drift_factor) else {
+                continue;
+            };
+            let at = at.min(Instant::now() + 2 * node_timeout);
+            let (link, payload, lives) = (voter.link.clone(), payload.clone(), self.lives);
+            let late_cleanups = self.stats.late_cleanups.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                late_cleanups.inc();
+                drop(link.send_cleanup(payload, lives));
+            });
+        }
     }
 }
 

@@ -1,0 +1,137 @@
+//! The acquire service every connection shares ([`Acquirer`]), and its whole API in one
+//! `impl`: acquire (single flight, [`super::flights`]; the Redlock round, [`super::acquire`]),
+//! release ([`Acquirer::release`]), extend ([`super::extend`]), and the tokens of client
+//! scripts. Each method is an entry point: the work is done by the free functions of the
+//! module of its concern.
+//!
+//! Invariants:
+//! - One acquirer per shard, over that shard's links to the masters; the token proposals
+//!   ([`Tokens`]) and the statistics may be common to several.
+//! - Every lock operation on the masters is a call of [`LOCK_SCRIPT`] through the same
+//!   [`SharedScript`] (`script`), so the links merge the calls of acquires and releases.
+
+use super::acquire::{Attempt, Tokens};
+use super::flights::{self, Flights, Started};
+use super::{extend, lock_script, LockStats};
+use crate::config::NoQuorumReply;
+use crate::lease::Outcome;
+use crate::masters::{Ask, Masters};
+use crate::on_master::LOCK_SCRIPT;
+use crate::protocol::{Reply, ScriptCall};
+use crate::redlock::{MergeRule, Policy, TokenRules};
+use crate::script_keys::TokenOffer;
+use crate::transport::SharedScript;
+use bytes::Bytes;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+/// How acquires answer, from the configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Off only in the negative control of the tests (see [`TokenRules`]).
+    pub token_clock: bool,
+    pub no_quorum_reply: NoQuorumReply,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            token_clock: true,
+            no_quorum_reply: NoQuorumReply::Null,
+        }
+    }
+}
+
+/// The acquire service shared by every connection.
+pub struct Acquirer {
+    pub(super) masters: Arc<Masters>,
+    pub(super) policy: Policy,
+    pub(super) tokens: Tokens,
+    /// [`LOCK_SCRIPT`], as the links merge its calls.
+    pub(super) script: Arc<SharedScript>,
+    pub(super) flights: Flights,
+    pub(super) no_quorum_reply: NoQuorumReply,
+    /// Acquires by result, their duration, rollbacks (exported by [`crate::ops`]).
+    pub stats: Arc<LockStats>,
+}
+
+impl Acquirer {
+    /// `stats` may be common to several acquirers (one per shard: [`crate::shared::Shard`]).
+    pub fn new(
+        masters: Arc<Masters>,
+        policy: Policy,
+        options: Options,
+        stats: Arc<LockStats>,
+    ) -> Arc<Acquirer> {
+        let rules = TokenRules::for_lease_bound(policy.lease_bound());
+        Arc::new(Acquirer {
+            masters,
+            policy,
+            tokens: Tokens::new(rules, options.token_clock),
+            script: lock_script(),
+            flights: Flights::default(),
+            no_quorum_reply: options.no_quorum_reply,
+            stats,
+        })
+    }
+
+    /// Scripts the health monitors keep loaded on every master (acquires call them by SHA1).
+    pub fn preload() -> Vec<&'static str> {
+        vec![LOCK_SCRIPT.text()]
+    }
+
+    /// Starts an acquire of `attempt.key`: at once if none is in flight (the caller leads),
+    /// or queued behind the one in flight (the returned future waits for its turn).
+    pub fn acquire(self: &Arc<Self>, attempt: Attempt) -> Started {
+        flights::start(self, attempt)
+    }
+
+    /// Releases `key` if it holds `value`, on every master (those that cannot vote too), and
+    /// answers by the release rule ([`MergeRule::Release`]).
+    ///
+    /// The release of a lock: the compare-and-delete every client library sends (recognised
+    /// by [`crate::lease_script::is_compare_and_delete`]) and `LOCK.RELEASE`, as release
+    /// operations of the proxy's own [`LOCK_SCRIPT`], which the links merge with the acquires.
+    pub async fn release(&self, key: &[u8], value: &[u8]) -> Reply {
+        let call = ScriptCall::new(&[key], &[b"r", value]);
+        let rule = MergeRule::Release;
+        let ask = |_| Some(Ask::Script(self.script.clone(), call.clone()));
+        self.masters.quorum_reply_each(ask, rule).await
+    }
+
+    /// Extends `key` to `ttl_ms` if `value` holds it on a majority of armed, unquarantined
+    /// masters: a lease of the new validity (written only while it lasts, undone otherwise),
+    /// or null (undone where it took effect). See [`super::extend`].
+    pub async fn extend(
+        &self,
+        key: &Bytes,
+        value: &Bytes,
+        ttl_ms: u64,
+        received_at: Instant,
+    ) -> Outcome {
+        extend::extend(self, key, value, ttl_ms, received_at).await
+    }
+
+    /// The token a client script's run may take where it makes a new holder of a key
+    /// (docs/SAFETY.md, "Tokens for locks taken by scripts"): proposed as an acquire's, once
+    /// per run. None with quarantine off (tests only), where acquires take no token either.
+    pub fn offer_script_token(&self) -> Option<TokenOffer> {
+        if !self.masters.quarantine() {
+            return None;
+        }
+        let token = self.tokens.propose(&self.masters, 0);
+        let (earliest_ms, latest_ms) = self.tokens.accepted_clocks_ms(token);
+        Some(TokenOffer {
+            record: Bytes::copy_from_slice(self.tokens.record(token).as_bytes()),
+            earliest_ms,
+            latest_ms,
+            life_ms: self.tokens.rules.counter_life_ms,
+        })
+    }
+
+    /// A master refused a script's token at `seen` (its counter, or its clock): later
+    /// proposals go above it (a script is not retried: it ran).
+    pub fn script_token_refused(&self, seen: u64) {
+        self.tokens.raise_floor(seen);
+    }
+}
