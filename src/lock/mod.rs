@@ -1,6 +1,6 @@
 //! Lock operations over the masters: the Redlock acquire with its per-key single flight
 //! ([`Acquirer`]), the rollback of refused attempts, and the scripts they run on the masters.
-//! Used by the `SET` command ([`crate::commands::lock`]); knows nothing of connections or
+//! Used by the `SET` command ([`crate::commands::set`]); knows nothing of connections or
 //! the command table.
 //!
 //! [`Acquirer`]'s whole API is one `impl` ([`acquirer`]); each method calls the free functions
