@@ -48,9 +48,10 @@ use crate::redlock::{
     Vote,
 };
 use crate::script_cache::Script;
-use crate::script_keys::{access_args, DEADLINE_AT};
+use crate::script_keys::{access_args, TokenOffer, DEADLINE_AT};
 use bytes::Bytes;
 use futures::future::BoxFuture;
+use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -119,10 +120,6 @@ fn run(
     if let Some(action) = known_lock(ctx, &script, &request.args, numkeys, read_only) {
         return action;
     }
-    // An EVAL reaches the handler only authenticated: no user would be a bug, and gets no key.
-    let no_keys = KeyPatterns::Some(Vec::new());
-    let patterns = session.user.as_ref().map_or(&no_keys, |user| &user.keys);
-    let masters = ctx.masters();
     let policy = ctx.shared.policy;
     // A TTL argument the recogniser understood is refused above the cap before anything runs
     // (the guard would cap it afterwards, and answer an error then).
@@ -131,74 +128,28 @@ fn run(
     {
         return Action::error(err);
     }
-    let mut args = request.args;
-    // The masters get the checked body whole (`EVAL`) on its first call, then by its SHA1
-    // (`EVALSHA`), and whole again where one answers `NOSCRIPT`: the prelude makes every body
-    // some 5 KB, which would cost each master more to read and hash on every call than the
-    // script costs to run.
-    let checked = script.checked.clone();
-    args[1] = checked.clone();
     let guarded = script.may_write && !read_only;
-    // The prelude pads the leases a script sets, and reports them, only where it may write.
-    let pad = if guarded { policy.drift_factor } else { 0.0 };
     // A run that makes a new holder of a key takes a fencing token, as an acquire does.
     let acquirer = ctx.shard.acquirer.clone();
     let offer = guarded.then(|| acquirer.offer_script_token()).flatten();
-    // The write deadline's place among the prelude's arguments, set per master below.
-    let due_at = args.len() + DEADLINE_AT;
-    args.extend(access_args(patterns, pad, 0, offer.as_ref()));
-    let guard = match guarded {
-        true => guard_command(&args[3..3 + numkeys], &policy),
-        false => Bytes::new(),
-    };
-    let (by_sha, by_body) = match read_only {
-        true => (b"EVALSHA_RO".as_ref(), b"EVAL_RO".as_ref()),
-        false => (b"EVALSHA".as_ref(), b"EVAL".as_ref()),
-    };
-    let whole_first = !script
-        .sent_whole
-        .swap(true, std::sync::atomic::Ordering::Relaxed);
-    let (sha, ran) = (script.checked_sha.clone(), checked.clone());
-    // The request for one master, with its write deadline (`0`: none).
-    let request = move |due: u64| {
-        let mut call = args.clone();
-        call[due_at] = Bytes::from(due.to_string());
-        let mut encoded = |command: &'static [u8], script: Bytes| {
-            call[0] = Bytes::from_static(command);
-            call[1] = script;
-            let mut payload = bytes::BytesMut::from(encode_command(&call).as_ref());
-            payload.extend_from_slice(&guard);
-            payload.freeze()
-        };
-        let whole = encoded(by_body, checked.clone());
-        match whole_first {
-            true => Ask::Commands(whole),
-            false => Ask::BySha {
-                by_sha: encoded(by_sha, sha.clone()),
-                by_body: whole,
-            },
-        }
-    };
-    let rule = script.merge;
-    let stats = ctx.shared.stats.clone();
-    let received_at = ctx.received_at;
+    // An EVAL reaches the handler only authenticated: no user would be a bug, and gets no key.
+    let no_keys = KeyPatterns::Some(Vec::new());
+    let patterns = session.user.as_ref().map_or(&no_keys, |user| &user.keys);
+    let call = MasterCall::new(
+        &script,
+        request.args,
+        numkeys,
+        patterns,
+        offer,
+        &policy,
+        read_only,
+    );
+    let (masters, stats, received_at) = (ctx.masters(), ctx.shared.stats.clone(), ctx.received_at);
     Action::Defer(Box::pin(async move {
-        let (reply, lease_ms) = if guarded {
-            // A script that may write carries a deadline in each master's clock, as an
-            // acquire does: the latest the master's clock can show when the node timeout runs
-            // out (from its last reading; a master that may not vote is not asked).
-            let sent = OnceLock::new();
-            let (node_timeout, drift) = (masters.node_timeout(), policy.drift_factor);
-            let ask = |i: usize| {
-                let sent = *sent.get_or_init(Instant::now);
-                let due = masters.voters()[i].write_deadline(sent, node_timeout, drift)?;
-                Some(request(due))
-            };
-            guarded_reply(&masters, &acquirer, ask, rule, policy.max_lock_ttl_ms).await
-        } else {
-            let ask = request(0);
-            let reply = masters.quorum_reply_each(|_| Some(ask.clone()), rule).await;
-            (reply, None)
+        let rule = script.merge;
+        let (reply, lease_ms) = match guarded {
+            true => call.run_guarded(&masters, &acquirer, rule, policy).await,
+            false => call.run_plain(&masters, rule).await,
         };
         stats.count_if_release(rule, &reply);
         // A lease a majority of masters took is promised only within its validity, as an
@@ -206,8 +157,114 @@ fn run(
         let deadline = lease_ms.map(|ms| {
             received_at + validity_window(ms, policy.drift_factor).unwrap_or(Duration::ZERO)
         });
-        settle(clients_sha(reply, &ran, &script.body), deadline)
+        settle(clients_sha(reply, &call.checked, &script.body), deadline)
     }))
+}
+
+/// What the masters get for one run of a client script: the checked body's call, with the
+/// prelude's arguments after the client's, and the guard after it where it may write.
+struct MasterCall {
+    args: Vec<Bytes>,
+    /// Where the write deadline sits in `args` (set per master).
+    due_at: usize,
+    /// [`guard_command`] over the script's keys, or nothing (a read-only run).
+    guard: Bytes,
+    /// `EVALSHA` and `EVAL` (or their `_RO` forms).
+    by_sha: &'static [u8],
+    by_body: &'static [u8],
+    /// Send the body whole to every master (the script's first call).
+    whole_first: bool,
+    checked: Bytes,
+    checked_sha: Bytes,
+}
+
+impl MasterCall {
+    fn new(
+        script: &Script,
+        mut args: Vec<Bytes>,
+        numkeys: usize,
+        patterns: &KeyPatterns,
+        offer: Option<TokenOffer>,
+        policy: &Policy,
+        read_only: bool,
+    ) -> MasterCall {
+        let guarded = script.may_write && !read_only;
+        // The prelude pads the leases a script sets, and reports them, only where it may write.
+        let pad = if guarded { policy.drift_factor } else { 0.0 };
+        let due_at = args.len() + DEADLINE_AT;
+        args.extend(access_args(patterns, pad, 0, offer.as_ref()));
+        let guard = match guarded {
+            true => guard_command(&args[3..3 + numkeys], policy),
+            false => Bytes::new(),
+        };
+        let (by_sha, by_body): (&'static [u8], &'static [u8]) = match read_only {
+            true => (b"EVALSHA_RO", b"EVAL_RO"),
+            false => (b"EVALSHA", b"EVAL"),
+        };
+        // The masters get the checked body whole (`EVAL`) on its first call, then by its SHA1
+        // (`EVALSHA`), and whole again where one answers `NOSCRIPT`: the prelude makes every
+        // body some 5 KB, which would cost each master more to read and hash on every call
+        // than the script costs to run.
+        let whole_first = !script.sent_whole.swap(true, Ordering::Relaxed);
+        MasterCall {
+            args,
+            due_at,
+            guard,
+            by_sha,
+            by_body,
+            whole_first,
+            checked: script.checked.clone(),
+            checked_sha: script.checked_sha.clone(),
+        }
+    }
+
+    /// The request for one master, with its write deadline (`0`: none).
+    fn ask(&self, due: u64) -> Ask {
+        let mut call = self.args.clone();
+        call[self.due_at] = Bytes::from(due.to_string());
+        let mut encoded = |command: &'static [u8], script: &Bytes| {
+            call[0] = Bytes::from_static(command);
+            call[1] = script.clone();
+            let mut payload = bytes::BytesMut::from(encode_command(&call).as_ref());
+            payload.extend_from_slice(&self.guard);
+            payload.freeze()
+        };
+        let whole = encoded(self.by_body, &self.checked);
+        match self.whole_first {
+            true => Ask::Commands(whole),
+            false => Ask::BySha {
+                by_sha: encoded(self.by_sha, &self.checked_sha),
+                by_body: whole,
+            },
+        }
+    }
+
+    /// A run that may write: each master's call carries a deadline in that master's clock, as
+    /// an acquire does (the latest its clock can show when the node timeout runs out, from its
+    /// last reading; a master that may not vote is not asked), and is followed by the guard.
+    async fn run_guarded(
+        &self,
+        masters: &Masters,
+        acquirer: &Acquirer,
+        rule: MergeRule,
+        policy: Policy,
+    ) -> (Reply, Option<u64>) {
+        let sent = OnceLock::new();
+        let (node_timeout, drift) = (masters.node_timeout(), policy.drift_factor);
+        let ask = |i: usize| {
+            let sent = *sent.get_or_init(Instant::now);
+            let due = masters.voters()[i].write_deadline(sent, node_timeout, drift)?;
+            Some(self.ask(due))
+        };
+        guarded_reply(masters, acquirer, ask, rule, policy.max_lock_ttl_ms).await
+    }
+
+    /// A read-only run: the same call on every master, no deadline, no guard.
+    async fn run_plain(&self, masters: &Masters, rule: MergeRule) -> (Reply, Option<u64>) {
+        let ask = self.ask(0);
+        let reply = masters.quorum_reply_each(|_| Some(ask.clone()), rule).await;
+        (reply, None)
+    }
 }
 
 /// Redis names the script in its error texts (`… script: <sha1>, on @user_script:1.`): the

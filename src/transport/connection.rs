@@ -1,6 +1,6 @@
 //! One connection to a master ([`Connection`]): the queue its writer drains, its abort flag,
 //! the [`Pipe`] between its writer and its reader, and what goes through it: requests queued
-//! ([`Outgoing`]) and requests written, waiting for their replies ([`InFlight`]).
+//! ([`Outgoing`]) and requests written, waiting for their replies ([`AwaitingReply`]).
 //!
 //! Invariants:
 //! - A connection is started with both of its tasks ([`Connection::start`]): the writer
@@ -64,7 +64,7 @@ pub(super) enum Recipients {
 }
 
 /// A written request waiting for its replies.
-pub(super) struct InFlight {
+pub(super) struct AwaitingReply {
     pub(super) replies: usize,
     pub(super) got: Vec<Reply>,
     pub(super) to: Recipients,
@@ -77,7 +77,7 @@ pub(super) struct InFlight {
     pub(super) queued_at: Instant,
 }
 
-impl InFlight {
+impl AwaitingReply {
     /// A written request with one caller.
     pub(super) fn one(
         replies: usize,
@@ -85,8 +85,8 @@ impl InFlight {
         queued_at: Instant,
         cleanup: Option<(Bytes, Instant)>,
         by_body: Option<Bytes>,
-    ) -> InFlight {
-        InFlight {
+    ) -> AwaitingReply {
+        AwaitingReply {
             replies,
             got: Vec::with_capacity(replies),
             to: Recipients::One(reply),
@@ -101,7 +101,7 @@ impl InFlight {
 /// oldest first, and a signal each way.
 #[derive(Default)]
 pub(super) struct Pipe {
-    pub(super) in_flight: Mutex<VecDeque<InFlight>>,
+    pub(super) in_flight: Mutex<VecDeque<AwaitingReply>>,
     /// The writer queued a request: the reader arms its watchdog for it.
     pub(super) pushed: Notify,
     /// The reader answered a request: the writer may send the calls it was holding.

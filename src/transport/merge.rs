@@ -12,7 +12,7 @@
 //! - A merged call the master answered `NOSCRIPT` is queued again at once, call by call with
 //!   the body (merged again by the writer), whether or not its callers still wait.
 
-use super::connection::{Answer, InFlight, Outgoing, Payload, Recipients, ReplyTo};
+use super::connection::{Answer, AwaitingReply, Outgoing, Payload, Recipients, ReplyTo};
 use super::SharedScript;
 use crate::protocol::{encode_script_call, Invoke, Reply, ScriptCall};
 use bytes::BytesMut;
@@ -72,7 +72,7 @@ impl Merging {
     }
 
     /// Encodes the gathered calls as one call, in flight from now on.
-    pub(super) fn flush(&mut self, buf: &mut BytesMut, queue: &mut VecDeque<InFlight>) {
+    pub(super) fn flush(&mut self, buf: &mut BytesMut, queue: &mut VecDeque<AwaitingReply>) {
         let (Some((script, by_body)), Some(queued_at)) =
             (self.script.take(), self.queued_at.take())
         else {
@@ -89,7 +89,7 @@ impl Merging {
             calls: std::mem::take(&mut self.calls),
             replies: std::mem::take(&mut self.replies),
         };
-        queue.push_back(InFlight {
+        queue.push_back(AwaitingReply {
             replies: 1,
             got: Vec::with_capacity(1),
             to: Recipients::Merged(merged),

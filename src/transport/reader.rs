@@ -1,5 +1,5 @@
 //! Reply reading: a connection's reader task ([`read_loop`]) decodes the master's replies,
-//! hands each to the oldest request in flight ([`deliver`], [`InFlight::answer`]), and keeps
+//! hands each to the oldest request in flight ([`deliver`], [`AwaitingReply::answer`]), and keeps
 //! the watchdog that retires a stalled connection.
 //!
 //! Invariants:
@@ -16,7 +16,7 @@
 //!   the same connection, whether or not its caller still waits.
 
 use super::connection::{
-    Answer, Connection, InFlight, Outgoing, Payload, Pipe, Recipients, ReplyTo,
+    Answer, AwaitingReply, Connection, Outgoing, Payload, Pipe, Recipients, ReplyTo,
 };
 use super::{Link, NoReply, ReadHalf};
 use crate::protocol::{decode_reply, Reply};
@@ -66,7 +66,7 @@ pub(super) async fn read_loop(
     // Whatever is still in flight gets no reply: a timeout if the watchdog retired the
     // connection (every request on it waited behind the stalled one), closed otherwise.
     // Unconfirmed clean-ups are kept for the next connection.
-    let left: Vec<InFlight> = pipe
+    let left: Vec<AwaitingReply> = pipe
         .in_flight
         .lock()
         .map(|mut q| q.drain(..).collect())
@@ -105,7 +105,7 @@ fn watchdog(pipe: &Pipe, link: &Link) -> Option<Instant> {
 /// Returns false on a protocol error or a reply nobody asked for (the connection must close).
 fn deliver(
     buf: &mut BytesMut,
-    in_flight: &Mutex<VecDeque<InFlight>>,
+    in_flight: &Mutex<VecDeque<AwaitingReply>>,
     resend: &mpsc::UnboundedSender<Outgoing>,
     addr: &str,
 ) -> bool {
@@ -142,7 +142,7 @@ fn deliver(
     }
 }
 
-impl InFlight {
+impl AwaitingReply {
     /// Hands over the reply (`Err`: none will come); requests the master answered `NOSCRIPT`
     /// are queued again on `resend`, with the body.
     fn answer(self, answer: Answer, resend: &mpsc::UnboundedSender<Outgoing>) {

@@ -13,7 +13,7 @@
 //!   are dropped (their callers see their channel close), except clean-ups, which are kept for
 //!   the next connection.
 
-use super::connection::{InFlight, Outgoing, Payload, Pipe};
+use super::connection::{AwaitingReply, Outgoing, Payload, Pipe};
 use super::merge::Merging;
 use super::{Link, WriteHalf};
 use bytes::BytesMut;
@@ -102,7 +102,7 @@ impl Batch {
         &mut self,
         first: Option<Outgoing>,
         rx: &mut mpsc::UnboundedReceiver<Outgoing>,
-        in_flight: &Mutex<VecDeque<InFlight>>,
+        in_flight: &Mutex<VecDeque<AwaitingReply>>,
     ) -> bool {
         let Ok(mut queue) = in_flight.lock() else {
             return false;
@@ -127,7 +127,7 @@ impl Batch {
 
     /// Adds one request: a script call to the gathered ones (flushing those first if it cannot
     /// join them), anything else to the buffer after them.
-    fn put(&mut self, out: Outgoing, queue: &mut VecDeque<InFlight>) {
+    fn put(&mut self, out: Outgoing, queue: &mut VecDeque<AwaitingReply>) {
         match out.payload {
             Payload::Script {
                 script,
@@ -144,7 +144,7 @@ impl Batch {
                 let cleanup = out.cleanup_expires.map(|at| (payload.clone(), at));
                 self.merging.flush(&mut self.buf, queue);
                 self.buf.extend_from_slice(&payload);
-                queue.push_back(InFlight::one(
+                queue.push_back(AwaitingReply::one(
                     out.replies,
                     out.reply,
                     out.queued_at,
@@ -155,7 +155,7 @@ impl Batch {
             Payload::BySha { by_sha, by_body } => {
                 self.merging.flush(&mut self.buf, queue);
                 self.buf.extend_from_slice(&by_sha);
-                queue.push_back(InFlight::one(
+                queue.push_back(AwaitingReply::one(
                     out.replies,
                     out.reply,
                     out.queued_at,
