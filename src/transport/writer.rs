@@ -142,28 +142,29 @@ impl Batch {
             }
             Payload::Commands(payload) => {
                 let cleanup = out.cleanup_expires.map(|at| (payload.clone(), at));
-                self.merging.flush(&mut self.buf, queue);
-                self.buf.extend_from_slice(&payload);
-                queue.push_back(AwaitingReply::one(
-                    out.replies,
-                    out.reply,
-                    out.queued_at,
-                    cleanup,
-                    None,
-                ));
+                let awaiting =
+                    AwaitingReply::one(out.replies, out.reply, out.queued_at, cleanup, None);
+                self.write_alone(&payload, awaiting, queue);
             }
             Payload::BySha { by_sha, by_body } => {
-                self.merging.flush(&mut self.buf, queue);
-                self.buf.extend_from_slice(&by_sha);
-                queue.push_back(AwaitingReply::one(
-                    out.replies,
-                    out.reply,
-                    out.queued_at,
-                    None,
-                    Some(by_body),
-                ));
+                let by_body = Some(by_body);
+                let awaiting =
+                    AwaitingReply::one(out.replies, out.reply, out.queued_at, None, by_body);
+                self.write_alone(&by_sha, awaiting, queue);
             }
         }
+    }
+
+    /// A request that is not merged: after the calls gathered so far, awaiting its own replies.
+    fn write_alone(
+        &mut self,
+        bytes: &[u8],
+        awaiting: AwaitingReply,
+        queue: &mut VecDeque<AwaitingReply>,
+    ) {
+        self.merging.flush(&mut self.buf, queue);
+        self.buf.extend_from_slice(bytes);
+        queue.push_back(awaiting);
     }
 }
 
