@@ -198,96 +198,130 @@ fn tokens(text: &str) -> Option<Vec<Token<'_>>> {
     } else {
         0
     };
-    let is_name_byte = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
     while let Some(&c) = b.get(i) {
-        match c {
-            b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c => i += 1,
-            b'-' if b.get(i + 1) == Some(&b'-') => {
-                i += 2;
-                if let Some((level, start)) = long_bracket_open(b, i) {
-                    i = long_bracket(text, start, level)?.1;
-                } else {
-                    while b.get(i).is_some_and(|&c| c != b'\n' && c != b'\r') {
-                        i += 1;
-                    }
-                }
-            }
-            b'[' => match long_bracket_open(b, i) {
-                Some((level, start)) => {
-                    let (content, end) = long_bracket(text, start, level)?;
-                    out.push(Token::Str(content));
-                    i = end;
-                }
-                None if b.get(i + 1) == Some(&b'=') => return None,
-                None => {
-                    out.push(Token::Symbol("["));
-                    i += 1;
-                }
-            },
-            b'\'' | b'"' => {
-                let mut j = i + 1;
-                loop {
-                    match *b.get(j)? {
-                        q if q == c => break,
-                        b'\n' | b'\r' => return None,
-                        b'\\' => {
-                            // `\` + newline continues the string; `\r\n` and `\n\r` are one.
-                            let escaped = *b.get(j + 1)?;
-                            j += 2;
-                            if matches!(escaped, b'\n' | b'\r')
-                                && b.get(j)
-                                    .is_some_and(|&n| matches!(n, b'\n' | b'\r') && n != escaped)
-                            {
-                                j += 1;
-                            }
-                        }
-                        _ => j += 1,
-                    }
-                }
-                out.push(Token::Str(&text[i + 1..j]));
-                i = j + 1;
-            }
-            // A numeral, `.5` included, read as `read_numeral` does.
-            c if c.is_ascii_digit()
-                || (c == b'.' && b.get(i + 1).is_some_and(u8::is_ascii_digit)) =>
-            {
-                let start = i;
-                while b.get(i).is_some_and(|&c| c.is_ascii_digit() || c == b'.') {
-                    i += 1;
-                }
-                if matches!(b.get(i), Some(b'e' | b'E')) {
-                    i += 1;
-                    if matches!(b.get(i), Some(b'+' | b'-')) {
-                        i += 1;
-                    }
-                }
-                while b.get(i).is_some_and(|&c| is_name_byte(c)) {
-                    i += 1;
-                }
-                out.push(Token::Number(&text[start..i]));
-            }
-            c if c.is_ascii_alphabetic() || c == b'_' => {
-                let start = i;
-                while b.get(i).is_some_and(|&c| is_name_byte(c)) {
-                    i += 1;
-                }
-                out.push(Token::Name(&text[start..i]));
-            }
+        i = match c {
+            b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c => i + 1,
+            b'-' if b.get(i + 1) == Some(&b'-') => comment_end(text, i + 2)?,
             _ => {
-                let rest = &text[i..];
-                let symbol = ["...", "..", "==", "~=", "<=", ">="]
-                    .into_iter()
-                    .find(|s| rest.starts_with(s))
-                    .or_else(|| {
-                        let single = "+-*/%^#<>=(){}[];:,.";
-                        single.contains(c as char).then(|| &rest[..1])
-                    })?;
-                out.push(Token::Symbol(symbol));
-                i += symbol.len();
+                let (token, end) = token(text, i, c)?;
+                out.push(token);
+                end
             }
-        }
+        };
     }
     Some(out)
+}
+
+/// Where the comment whose text starts at `i` (after its `--`) ends: after its long bracket's
+/// close, or at the end of its line.
+fn comment_end(text: &str, mut i: usize) -> Option<usize> {
+    let b = text.as_bytes();
+    if let Some((level, start)) = long_bracket_open(b, i) {
+        return long_bracket(text, start, level).map(|(_, end)| end);
+    }
+    while b.get(i).is_some_and(|&c| c != b'\n' && c != b'\r') {
+        i += 1;
+    }
+    Some(i)
+}
+
+/// The token starting with `c` at `text[i]` (neither a space nor a comment), and where it
+/// ends.
+fn token(text: &str, i: usize, c: u8) -> Option<(Token<'_>, usize)> {
+    let b = text.as_bytes();
+    match c {
+        b'[' => bracket(text, i),
+        b'\'' | b'"' => quoted(text, i, c),
+        // A numeral, `.5` included, read as `read_numeral` does.
+        c if c.is_ascii_digit() || (c == b'.' && b.get(i + 1).is_some_and(u8::is_ascii_digit)) => {
+            let end = numeral_end(b, i);
+            Some((Token::Number(&text[i..end]), end))
+        }
+        c if c.is_ascii_alphabetic() || c == b'_' => {
+            let end = name_end(b, i);
+            Some((Token::Name(&text[i..end]), end))
+        }
+        _ => {
+            let symbol = symbol(&text[i..], c)?;
+            Some((Token::Symbol(symbol), i + symbol.len()))
+        }
+    }
+}
+
+/// At `text[i] == '['`: a long bracket string, or the symbol `[`. `None` for `[=` that opens
+/// no long bracket, and for an unfinished one.
+fn bracket(text: &str, i: usize) -> Option<(Token<'_>, usize)> {
+    match long_bracket_open(text.as_bytes(), i) {
+        Some((level, start)) => {
+            long_bracket(text, start, level).map(|(content, end)| (Token::Str(content), end))
+        }
+        None if text.as_bytes().get(i + 1) == Some(&b'=') => None,
+        None => Some((Token::Symbol("["), i + 1)),
+    }
+}
+
+/// The string opened by `quote` at `text[i]`, and where it ends after its closing quote.
+/// `None` if it is unfinished or a line ends in it.
+fn quoted(text: &str, i: usize, quote: u8) -> Option<(Token<'_>, usize)> {
+    let b = text.as_bytes();
+    let mut j = i + 1;
+    loop {
+        match *b.get(j)? {
+            q if q == quote => break,
+            b'\n' | b'\r' => return None,
+            b'\\' => {
+                // `\` + newline continues the string; `\r\n` and `\n\r` are one.
+                let escaped = *b.get(j + 1)?;
+                j += 2;
+                if matches!(escaped, b'\n' | b'\r')
+                    && b.get(j)
+                        .is_some_and(|&n| matches!(n, b'\n' | b'\r') && n != escaped)
+                {
+                    j += 1;
+                }
+            }
+            _ => j += 1,
+        }
+    }
+    Some((Token::Str(&text[i + 1..j]), j + 1))
+}
+
+/// Where the numeral starting at `b[i]` ends: digits and dots, an exponent and its sign, then
+/// any name characters (`llex.c` reads them all as part of it).
+fn numeral_end(b: &[u8], mut i: usize) -> usize {
+    while b.get(i).is_some_and(|&c| c.is_ascii_digit() || c == b'.') {
+        i += 1;
+    }
+    if matches!(b.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        if matches!(b.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+    }
+    name_end(b, i)
+}
+
+/// Where the run of name characters (letters, digits, `_`) starting at `b[i]` ends.
+fn name_end(b: &[u8], mut i: usize) -> usize {
+    while b
+        .get(i)
+        .is_some_and(|&c| c.is_ascii_alphanumeric() || c == b'_')
+    {
+        i += 1;
+    }
+    i
+}
+
+/// The operator or punctuation starting with `c` at the start of `rest`; `None` for a
+/// character Lua does not accept.
+fn symbol(rest: &str, c: u8) -> Option<&str> {
+    ["...", "..", "==", "~=", "<=", ">="]
+        .into_iter()
+        .find(|s| rest.starts_with(s))
+        .or_else(|| {
+            let single = "+-*/%^#<>=(){}[];:,.";
+            single.contains(c as char).then(|| &rest[..1])
+        })
 }
 
 /// At `b[at] == '['`: a long bracket `[==[` opens here → (its level, where its content starts).

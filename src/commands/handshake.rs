@@ -142,19 +142,24 @@ pub fn hello(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
     if name.is_some() {
         session.name = name;
     }
+    Action::Ready(hello_map(protocol, session.client.id))
+}
+
+/// HELLO's reply: the server map Redis 7 gives, with the client's protocol and id.
+fn hello_map(protocol: Protocol, client_id: u64) -> Reply {
     let proto = match protocol {
         Protocol::Resp2 => 2,
         Protocol::Resp3 => 3,
     };
-    Action::Ready(Reply::Map(vec![
+    Reply::Map(vec![
         (Reply::bulk("server"), Reply::bulk("redis")),
         (Reply::bulk("version"), Reply::bulk(REDIS_VERSION)),
         (Reply::bulk("proto"), Reply::Integer(proto)),
-        (Reply::bulk("id"), Reply::Integer(session.client.id as i64)),
+        (Reply::bulk("id"), Reply::Integer(client_id as i64)),
         (Reply::bulk("mode"), Reply::bulk("standalone")),
         (Reply::bulk("role"), Reply::bulk("master")),
         (Reply::bulk("modules"), Reply::Array(vec![])),
-    ]))
+    ])
 }
 
 /// Redis allows only printable ASCII without spaces in client names and library info.

@@ -8,7 +8,9 @@ use super::{Action, Ctx, Session, COMMANDS};
 use crate::error::ProxyError;
 use crate::health::Deployment;
 use crate::lock::AcquireResult;
+use crate::masters::Voter;
 use crate::protocol::{Reply, Request};
+use crate::shared::Shared;
 use crate::stats::ReleaseResult;
 use bytes::Bytes;
 use std::fmt::Write as _;
@@ -29,23 +31,9 @@ pub fn info(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
                 .any(|w| w == section || w == "all" || w == "default" || w == "everything")
     };
     let shared = ctx.shared;
-    let masters = shared.masters();
-    let policy = &shared.policy;
     let mut out = String::new();
     if show("server") {
-        let uptime = shared.started.elapsed().as_secs();
-        let _ = write!(
-            out,
-            "# Server\r\nredis_version:{REDIS_VERSION}\r\nredlock_proxy_version:{}\r\nredis_mode:standalone\r\narch_bits:64\r\nprocess_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{uptime}\r\nuptime_in_days:{}\r\n",
-            env!("CARGO_PKG_VERSION"),
-            std::process::id(),
-            session.client.local.port(),
-            uptime / 86_400,
-        );
-        if let Some(addr) = shared.metrics_addr.get() {
-            let _ = write!(out, "metrics_addr:{addr}\r\n");
-        }
-        out.push_str("\r\n");
+        server_section(&mut out, shared, session.client.local.port());
     }
     if show("clients") {
         let _ = write!(
@@ -59,74 +47,107 @@ pub fn info(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
         out.push_str("# Persistence\r\nloading:0\r\n\r\n");
     }
     if show("stats") {
-        let (stats, locks) = (&shared.stats, shared.acquire_stats());
-        let _ = write!(
-            out,
-            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:{}\r\nrejected_connections:{}\r\n",
-            stats.connections_received.get(),
-            stats.total_commands(),
-            stats.ops_per_sec(),
-            stats.rejected_connections.get(),
-        );
-        let acquires = AcquireResult::ALL.map(|r| ("acquires", r.label(), locks.acquires(r)));
-        let releases = ReleaseResult::ALL.map(|r| ("releases", r.label(), stats.releases(r)));
-        for (what, result, n) in acquires.into_iter().chain(releases) {
-            let _ = write!(out, "{what}_{result}:{n}\r\n");
-        }
-        let _ = write!(
-            out,
-            "rollbacks:{}\r\nlate_cleanups:{}\r\n\r\n",
-            locks.rollbacks.get(),
-            locks.late_cleanups.get()
-        );
+        stats_section(&mut out, shared);
     }
     if show("replication") {
         out.push_str("# Replication\r\nrole:master\r\nconnected_slaves:0\r\n\r\n");
     }
     if show("masters") {
-        let _ = write!(
-            out,
-            "# Masters\r\nmasters:{}\r\nquorum:{}\r\nnode_timeout_ms:{}\r\ndrift_factor:{}\r\nmax_lock_ttl_ms:{}\r\nquarantine_ms:{}\r\ndeployment:{}\r\n",
-            masters.voters().len(),
-            masters.quorum(),
-            masters.node_timeout().as_millis(),
-            policy.drift_factor,
-            policy.max_lock_ttl_ms,
-            policy.lease_bound().as_millis(),
-            match masters.deployment() {
-                None => "undecided",
-                Some(Deployment::Fresh) => "founded_by_this_proxy",
-                Some(Deployment::Live) => "live",
-            },
-        );
-        for (i, voter) in masters.voters().iter().enumerate() {
-            let clock = voter.health.clock_reading();
-            let (link, stats) = (&voter.link, &voter.stats);
-            let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
-            let _ = write!(
-                out,
-                "master{i}:addr={},state={},replies={},missing={},missing_not_eligible={},missing_no_link={},missing_timeout={},missing_closed={},connects={},retired_connections={},pending_cleanups={},clock_age_ms={},clock_error_ms={}\r\n",
-                link.addr,
-                voter.state(),
-                count(&stats.replies),
-                stats.missing(),
-                count(&stats.not_eligible),
-                count(&stats.no_link),
-                count(&stats.timeout),
-                count(&stats.closed),
-                link.connect_count(),
-                link.retired_count(),
-                link.pending_cleanups(),
-                clock.map_or(-1, |(age, _)| age.as_millis() as i64),
-                clock.map_or(-1, |(_, error)| error.as_millis() as i64),
-            );
-        }
-        out.push_str("\r\n");
+        masters_section(&mut out, shared);
     }
     if out.ends_with("\r\n\r\n") {
         out.truncate(out.len() - 2);
     }
     Action::Ready(Reply::Verbatim(Bytes::from(out)))
+}
+
+/// Appends INFO's `server` section; `port` is the one the client connected to.
+fn server_section(out: &mut String, shared: &Shared, port: u16) {
+    let uptime = shared.started.elapsed().as_secs();
+    let _ = write!(
+        out,
+        "# Server\r\nredis_version:{REDIS_VERSION}\r\nredlock_proxy_version:{}\r\nredis_mode:standalone\r\narch_bits:64\r\nprocess_id:{}\r\ntcp_port:{port}\r\nuptime_in_seconds:{uptime}\r\nuptime_in_days:{}\r\n",
+        env!("CARGO_PKG_VERSION"),
+        std::process::id(),
+        uptime / 86_400,
+    );
+    if let Some(addr) = shared.metrics_addr.get() {
+        let _ = write!(out, "metrics_addr:{addr}\r\n");
+    }
+    out.push_str("\r\n");
+}
+
+/// Appends INFO's `stats` section: Redis' counters, then acquires and releases by result.
+fn stats_section(out: &mut String, shared: &Shared) {
+    let (stats, locks) = (&shared.stats, shared.acquire_stats());
+    let _ = write!(
+        out,
+        "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:{}\r\nrejected_connections:{}\r\n",
+        stats.connections_received.get(),
+        stats.total_commands(),
+        stats.ops_per_sec(),
+        stats.rejected_connections.get(),
+    );
+    let acquires = AcquireResult::ALL.map(|r| ("acquires", r.label(), locks.acquires(r)));
+    let releases = ReleaseResult::ALL.map(|r| ("releases", r.label(), stats.releases(r)));
+    for (what, result, n) in acquires.into_iter().chain(releases) {
+        let _ = write!(out, "{what}_{result}:{n}\r\n");
+    }
+    let _ = write!(
+        out,
+        "rollbacks:{}\r\nlate_cleanups:{}\r\n\r\n",
+        locks.rollbacks.get(),
+        locks.late_cleanups.get()
+    );
+}
+
+/// Appends INFO's `masters` section: the quorum and lock policy, then one line per master.
+fn masters_section(out: &mut String, shared: &Shared) {
+    let masters = shared.masters();
+    let policy = &shared.policy;
+    let _ = write!(
+        out,
+        "# Masters\r\nmasters:{}\r\nquorum:{}\r\nnode_timeout_ms:{}\r\ndrift_factor:{}\r\nmax_lock_ttl_ms:{}\r\nquarantine_ms:{}\r\ndeployment:{}\r\n",
+        masters.voters().len(),
+        masters.quorum(),
+        masters.node_timeout().as_millis(),
+        policy.drift_factor,
+        policy.max_lock_ttl_ms,
+        policy.lease_bound().as_millis(),
+        match masters.deployment() {
+            None => "undecided",
+            Some(Deployment::Fresh) => "founded_by_this_proxy",
+            Some(Deployment::Live) => "live",
+        },
+    );
+    for (i, voter) in masters.voters().iter().enumerate() {
+        master_line(out, i, voter);
+    }
+    out.push_str("\r\n");
+}
+
+/// Appends the `master{i}` line: the master's address, state, votes and connections.
+fn master_line(out: &mut String, i: usize, voter: &Voter) {
+    let clock = voter.health.clock_reading();
+    let (link, stats) = (&voter.link, &voter.stats);
+    let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let _ = write!(
+        out,
+        "master{i}:addr={},state={},replies={},missing={},missing_not_eligible={},missing_no_link={},missing_timeout={},missing_closed={},connects={},retired_connections={},pending_cleanups={},clock_age_ms={},clock_error_ms={}\r\n",
+        link.addr,
+        voter.state(),
+        count(&stats.replies),
+        stats.missing(),
+        count(&stats.not_eligible),
+        count(&stats.no_link),
+        count(&stats.timeout),
+        count(&stats.closed),
+        link.connect_count(),
+        link.retired_count(),
+        link.pending_cleanups(),
+        clock.map_or(-1, |(age, _)| age.as_millis() as i64),
+        clock.map_or(-1, |(_, error)| error.as_millis() as i64),
+    );
 }
 
 fn command_entry(spec: &super::Spec) -> Reply {

@@ -133,23 +133,8 @@ impl RequestParser {
         let partial = match &mut self.partial {
             Some(p) => p,
             None => {
-                let (line_end, count) = match short_number(buf, 1) {
-                    Some(short) => short,
-                    None => {
-                        let Some(line_end) = find_cr(buf, 1) else {
-                            if buf.len() > INLINE_MAX_SIZE {
-                                return Err(ParseError::TooBigMultibulkCount);
-                            }
-                            return Ok(None);
-                        };
-                        if line_end + 1 >= buf.len() {
-                            return Ok(None);
-                        }
-                        let count = parse_strict_i64(&buf[1..line_end])
-                            .filter(|n| *n <= MAX_MULTIBULK_COUNT)
-                            .ok_or(ParseError::InvalidMultibulkLength)?;
-                        (line_end, count)
-                    }
+                let Some((line_end, count)) = multibulk_count(buf)? else {
+                    return Ok(None);
                 };
                 if unauthenticated && count > UNAUTHENTICATED_MAX_ARGS {
                     return Err(ParseError::UnauthenticatedMultibulkLength);
@@ -168,50 +153,17 @@ impl RequestParser {
             }
         };
         while self.ranges.len() < partial.expected {
-            let pos = partial.pos;
-            if pos >= buf.len() {
+            let Some(arg) = bulk(buf, partial.pos, max_bulk_len, unauthenticated)? else {
                 return Ok(None);
-            }
-            let short = match buf[pos] {
-                b'$' => short_number(buf, pos + 1),
-                _ => None,
             };
-            let (line_end, len) = match short {
-                Some(short) => short,
-                None => {
-                    let Some(line_end) = find_cr(buf, pos) else {
-                        if buf.len() - pos > INLINE_MAX_SIZE {
-                            return Err(ParseError::TooBigBulkCount);
-                        }
-                        return Ok(None);
-                    };
-                    if line_end + 1 >= buf.len() {
-                        return Ok(None);
-                    }
-                    if buf[pos] != b'$' {
-                        return Err(ParseError::ExpectedDollar(buf[pos]));
-                    }
-                    let len = parse_strict_i64(&buf[pos + 1..line_end])
-                        .ok_or(ParseError::InvalidBulkLength)?;
-                    (line_end, len)
-                }
-            };
-            if len < 0 || len as u64 > max_bulk_len {
-                return Err(ParseError::InvalidBulkLength);
-            }
-            if unauthenticated && len > UNAUTHENTICATED_MAX_BULK {
-                return Err(ParseError::UnauthenticatedBulkLength);
-            }
-            let len = len as usize;
-            let start = line_end + 2;
-            // Redis skips the two bytes after the payload without checking them.
-            let end = start + len;
-            if buf.len() < end + 2 {
-                return Ok(None);
-            }
-            self.ranges.push(start..end);
-            partial.pos = end + 2;
+            partial.pos = arg.end + 2;
+            self.ranges.push(arg);
         }
+        Ok(Some(Some(self.finish_multibulk(buf))))
+    }
+
+    /// Splits the complete request off `buf`: its exact bytes, and its arguments as slices of them.
+    fn finish_multibulk(&mut self, buf: &mut BytesMut) -> Request {
         let Partial { pos, .. } = self.partial.take().unwrap_or_default();
         let raw = buf.split_to(pos).freeze();
         let args = self.ranges.drain(..).map(|r| raw.slice(r)).collect();
@@ -219,11 +171,92 @@ impl RequestParser {
         if self.ranges.capacity() > PREALLOC_ARGS {
             self.ranges = Vec::new();
         }
-        Ok(Some(Some(Request {
+        Request {
             args,
             raw: Some(raw),
-        })))
+        }
     }
+}
+
+/// The `*` line at the start of `buf`: where it ends (its `\r`) and the argument count it
+/// announces, `None` until the line and the byte after it are here.
+fn multibulk_count(buf: &[u8]) -> Result<Option<(usize, i64)>, ParseError> {
+    if let Some(short) = short_number(buf, 1) {
+        return Ok(Some(short));
+    }
+    let Some(line_end) = line_end(buf, 0, 1, ParseError::TooBigMultibulkCount)? else {
+        return Ok(None);
+    };
+    let count = parse_strict_i64(&buf[1..line_end])
+        .filter(|n| *n <= MAX_MULTIBULK_COUNT)
+        .ok_or(ParseError::InvalidMultibulkLength)?;
+    Ok(Some((line_end, count)))
+}
+
+/// The bulk whose `$` line starts at `buf[pos]`: the range of its payload, `None` until the
+/// payload and the two bytes after it are here. Its length is checked against
+/// `max_bulk_len`, and against Redis' pre-auth limit for a client not yet authenticated.
+fn bulk(
+    buf: &[u8],
+    pos: usize,
+    max_bulk_len: u64,
+    unauthenticated: bool,
+) -> Result<Option<Range<usize>>, ParseError> {
+    let Some((line_end, len)) = bulk_length(buf, pos)? else {
+        return Ok(None);
+    };
+    if len < 0 || len as u64 > max_bulk_len {
+        return Err(ParseError::InvalidBulkLength);
+    }
+    if unauthenticated && len > UNAUTHENTICATED_MAX_BULK {
+        return Err(ParseError::UnauthenticatedBulkLength);
+    }
+    let start = line_end + 2;
+    // Redis skips the two bytes after the payload without checking them.
+    let end = start + len as usize;
+    if buf.len() < end + 2 {
+        return Ok(None);
+    }
+    Ok(Some(start..end))
+}
+
+/// The `$` line starting at `buf[pos]`: where it ends (its `\r`) and the length it announces,
+/// `None` until the line and the byte after it are here.
+fn bulk_length(buf: &[u8], pos: usize) -> Result<Option<(usize, i64)>, ParseError> {
+    let Some(&first) = buf.get(pos) else {
+        return Ok(None);
+    };
+    if first == b'$' {
+        if let Some(short) = short_number(buf, pos + 1) {
+            return Ok(Some(short));
+        }
+    }
+    let Some(line_end) = line_end(buf, pos, pos, ParseError::TooBigBulkCount)? else {
+        return Ok(None);
+    };
+    if first != b'$' {
+        return Err(ParseError::ExpectedDollar(first));
+    }
+    let len = parse_strict_i64(&buf[pos + 1..line_end]).ok_or(ParseError::InvalidBulkLength)?;
+    Ok(Some((line_end, len)))
+}
+
+/// The end (the `\r`, searched for from `from`) of the line starting at `buf[start]`, `None`
+/// until it and the byte after it are here; a line longer than Redis' limit with no end yet
+/// is `too_big`.
+fn line_end(
+    buf: &[u8],
+    start: usize,
+    from: usize,
+    too_big: ParseError,
+) -> Result<Option<usize>, ParseError> {
+    let Some(end) = find_cr(buf, from) else {
+        if buf.len() - start > INLINE_MAX_SIZE {
+            return Err(too_big);
+        }
+        return Ok(None);
+    };
+    Ok((end + 1 < buf.len()).then_some(end))
 }
 
 /// Inline command (`PING\r\n`, `set "a b" c\n`): `Some(None)` = blank line consumed.
@@ -306,72 +339,97 @@ pub fn parse_strict_i64(s: &[u8]) -> Option<i64> {
 fn split_args(line: &[u8]) -> Option<Vec<Bytes>> {
     let mut args = Vec::new();
     let mut i = 0;
-    let n = line.len();
     loop {
-        while i < n && line[i].is_ascii_whitespace() {
+        while line.get(i).is_some_and(u8::is_ascii_whitespace) {
             i += 1;
         }
-        if i >= n {
+        if i >= line.len() {
             return Some(args);
         }
-        let mut current = Vec::new();
-        let mut in_double = false;
-        let mut in_single = false;
-        loop {
-            if in_double {
-                let c = *line.get(i)?;
-                if c == b'\\' && i + 3 < n && line[i + 1] == b'x' {
-                    if let (Some(h), Some(l)) = (hex(line[i + 2]), hex(line[i + 3])) {
-                        current.push(h * 16 + l);
-                        i += 4;
-                        continue;
-                    }
-                }
-                if c == b'\\' && i + 1 < n {
-                    i += 1;
-                    current.push(match line[i] {
-                        b'n' => b'\n',
-                        b'r' => b'\r',
-                        b't' => b'\t',
-                        b'b' => 0x08,
-                        b'a' => 0x07,
-                        other => other,
-                    });
-                } else if c == b'"' {
-                    if i + 1 < n && !line[i + 1].is_ascii_whitespace() {
-                        return None;
-                    }
-                    i += 1;
-                    break;
-                } else {
-                    current.push(c);
-                }
-            } else if in_single {
-                let c = *line.get(i)?;
-                if c == b'\\' && i + 1 < n && line[i + 1] == b'\'' {
-                    i += 1;
-                    current.push(b'\'');
-                } else if c == b'\'' {
-                    if i + 1 < n && !line[i + 1].is_ascii_whitespace() {
-                        return None;
-                    }
-                    i += 1;
-                    break;
-                } else {
-                    current.push(c);
-                }
-            } else {
-                match line.get(i) {
-                    None => break,
-                    Some(c) if c.is_ascii_whitespace() => break,
-                    Some(b'"') => in_double = true,
-                    Some(b'\'') => in_single = true,
-                    Some(&c) => current.push(c),
-                }
-            }
-            i += 1;
+        let (arg, next) = split_arg(line, i)?;
+        args.push(Bytes::from(arg));
+        i = next;
+    }
+}
+
+/// The word starting at `line[i]`: its bytes, and where the scan goes on after it.
+fn split_arg(line: &[u8], mut i: usize) -> Option<(Vec<u8>, usize)> {
+    let mut arg = Vec::new();
+    while let Some(&c) = line.get(i) {
+        match c {
+            b'"' => return double_quoted(line, i + 1, &mut arg).map(|next| (arg, next)),
+            b'\'' => return single_quoted(line, i + 1, &mut arg).map(|next| (arg, next)),
+            c if c.is_ascii_whitespace() => break,
+            c => arg.push(c),
         }
-        args.push(Bytes::from(current));
+        i += 1;
+    }
+    Some((arg, i))
+}
+
+/// The rest of a `"..."` from `line[i]` (after the opening quote) appended to `arg`, escapes
+/// decoded: where the scan goes on after the closing quote.
+fn double_quoted(line: &[u8], mut i: usize, arg: &mut Vec<u8>) -> Option<usize> {
+    loop {
+        match *line.get(i)? {
+            b'\\' => i = escape(line, i, arg),
+            b'"' => return after_closing_quote(line, i),
+            c => {
+                arg.push(c);
+                i += 1;
+            }
+        }
+    }
+}
+
+/// The escape at `line[i]` (a `\` within double quotes) appended to `arg`: where the scan
+/// goes on after it.
+fn escape(line: &[u8], i: usize, arg: &mut Vec<u8>) -> usize {
+    if let [b'\\', b'x', h, l, ..] = line[i..] {
+        if let (Some(h), Some(l)) = (hex(h), hex(l)) {
+            arg.push(h * 16 + l);
+            return i + 4;
+        }
+    }
+    let Some(&c) = line.get(i + 1) else {
+        arg.push(b'\\');
+        return i + 1;
+    };
+    arg.push(match c {
+        b'n' => b'\n',
+        b'r' => b'\r',
+        b't' => b'\t',
+        b'b' => 0x08,
+        b'a' => 0x07,
+        other => other,
+    });
+    i + 2
+}
+
+/// The rest of a `'...'` from `line[i]` (after the opening quote) appended to `arg`, `\'`
+/// decoded: where the scan goes on after the closing quote.
+fn single_quoted(line: &[u8], mut i: usize, arg: &mut Vec<u8>) -> Option<usize> {
+    loop {
+        match *line.get(i)? {
+            b'\\' if line.get(i + 1) == Some(&b'\'') => {
+                arg.push(b'\'');
+                i += 2;
+            }
+            b'\'' => return after_closing_quote(line, i),
+            c => {
+                arg.push(c);
+                i += 1;
+            }
+        }
+    }
+}
+
+/// After the closing quote at `line[i]`: where the scan goes on, `None` if neither a space
+/// nor the end of the line follows it.
+fn after_closing_quote(line: &[u8], i: usize) -> Option<usize> {
+    match line.get(i + 1) {
+        Some(c) if !c.is_ascii_whitespace() => None,
+        _ => Some(i + 1),
     }
 }
 
