@@ -98,7 +98,7 @@ impl Gen {
     /// - TTLs above `max_lock_ttl_ms`, and `SET … NX` without `PX`/`EX`, `NX GET`,
     ///   `NX EXAT/PXAT`, `SETNX`, `PERSIST`: refused (§7);
     /// - keys starting with `redlock-proxy:`: refused (§7, §9);
-    /// - commands Redis has and the proxy does not serve (`INCR`, `HSET`, …): the unknown-command
+    /// - commands Redis has and the proxy does not serve (`INCR`, `LPUSH`, …): the unknown-command
     ///   error (§3); names neither knows are generated;
     /// - `HELLO`, `CLIENT`, `INFO`, `COMMAND`, `SCRIPT`: the proxy answers for itself (§8);
     /// - `EVAL` of scripts that use the proxy's knowledge of leases (§5).

@@ -219,11 +219,15 @@ fn summary(spec: &super::Spec) -> &'static str {
             }
             "script" => "Manage the script cache of the proxy and the masters",
             "get" | "exists" | "pttl" | "ttl" | "type" | "strlen" | "zcard" | "zscore"
-            | "zrank" | "zrange" => "Read from every master; reply by quorum",
-            "del" | "unlink" | "pexpire" | "expire" | "zrem" | "zremrangebyscore" => {
+            | "zrank" | "zrange" | "hget" | "hexists" | "hlen" | "hgetall" => {
+                "Read from every master; reply by quorum"
+            }
+            "del" | "unlink" | "pexpire" | "expire" | "zrem" | "zremrangebyscore" | "hdel" => {
                 "Write to every master; reply by quorum"
             }
-            "zadd" => "Write to every master, the key capped at the lease bound; reply by quorum",
+            "zadd" | "hset" | "hincrby" => {
+                "Write to every master, the key capped at the lease bound; reply by quorum"
+            }
             "lock.acquire" => {
                 "Acquire a lock by Redlock majority; reply [fencing token, validity ms] or null"
             }

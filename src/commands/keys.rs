@@ -1,14 +1,22 @@
 //! Plain key commands (`GET`, `DEL`, `EXISTS`, `PTTL`, `PEXPIRE`, …): sent unchanged to every
 //! master (the request's own bytes, no re-encoding) and answered by the quorum reply rule.
 //! `PTTL`/`TTL` then take the drift padding off, so they never promise more than the lock holds.
+//!
+//! Also the two fan-outs the typed families ([`super::sorted_sets`], [`super::hashes`]) share:
+//! a reply read in RESP2 and shaped for a RESP3 client ([`shaped`]), and a command that can
+//! create a key, followed on every master by the script guard over it ([`guarded_write`]).
 
+use super::scripts::{guard_command, guarded};
 use super::{Action, Ctx, Session};
 use crate::lease::Outcome;
-use crate::masters::Masters;
-use crate::protocol::{encode_command, Request};
+use crate::masters::{Ask, Masters};
+use crate::protocol::{encode_command, Protocol, Reply, Request};
 use crate::redlock::{conservative_ttl, MergeRule};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
+
+/// How a reply read in RESP2 becomes Redis 7's reply to a RESP3 client.
+pub(super) type Shape = fn(Reply) -> Reply;
 
 /// Fans the request out and merges the replies.
 pub fn forward(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
@@ -25,6 +33,45 @@ pub fn forward_request(masters: Arc<Masters>, request: Request) -> Action {
     let payload = payload(request);
     Action::Defer(Box::pin(async move {
         Outcome::Reply(masters.quorum_reply(&payload, MergeRule::Known).await)
+    }))
+}
+
+/// `shape` for a RESP3 session when `applies`, else the reply as the masters gave it.
+pub(super) fn resp3(session: &Session, applies: bool, shape: Shape) -> Shape {
+    match (session.protocol, applies) {
+        (Protocol::Resp3, true) => shape,
+        _ => |reply| reply,
+    }
+}
+
+/// Fans `request` out under the quorum rule and shapes the merged reply.
+pub(super) fn shaped(ctx: &Ctx<'_>, request: Request, shape: Shape) -> Action {
+    match forward_request(ctx.masters(), request) {
+        Action::Defer(reply) => Action::Defer(Box::pin(async move {
+            match reply.await {
+                Outcome::Reply(reply) => Outcome::Reply(shape(reply)),
+                other => other,
+            }
+        })),
+        other => other,
+    }
+}
+
+/// A command that can create its key (`args[1]`), sent to every master followed in the same
+/// pipeline by the script guard over that key ([`guard_command`]): a key without expiry, or
+/// with one longer than the lease bound, gets the bound; a shorter TTL is kept. The merged
+/// reply (quorum rule, counting only the masters the guard vouched for) is the command's own,
+/// shaped.
+pub(super) fn guarded_write(ctx: &Ctx<'_>, request: Request, shape: Shape) -> Action {
+    let masters = ctx.masters();
+    let guard = guard_command(&request.args[1..2], &ctx.shared.policy);
+    let mut both = BytesMut::from(payload(request).as_ref());
+    both.extend_from_slice(&guard);
+    let both = both.freeze();
+    Action::Defer(Box::pin(async move {
+        let ask = |_| Some(Ask::Commands(both.clone()));
+        let reply = guarded(&masters, ask, MergeRule::Known).await.reply;
+        Outcome::Reply(shape(reply))
     }))
 }
 

@@ -4,12 +4,14 @@
 //!
 //! Families: [`lock`] (`SET`, the acquire), [`scripts`] (`EVAL`, `EVALSHA`, `SCRIPT`), [`keys`]
 //! (plain key commands under the quorum reply rule), [`sorted_sets`] (`ZADD`, `ZREM`, … for
-//! semaphores over sorted sets), [`handshake`] (connection commands
-//! answered by the proxy itself), [`introspection`] (`INFO`, `COMMAND`).
+//! semaphores over sorted sets), [`hashes`] (`HSET`, `HINCRBY`, … for locks kept as hashes),
+//! [`handshake`] (connection commands answered by the proxy itself), [`introspection`] (`INFO`,
+//! `COMMAND`).
 
 pub mod clients;
 pub mod fencing;
 pub mod handshake;
+pub mod hashes;
 pub mod introspection;
 pub mod keys;
 pub mod scripts;
@@ -208,6 +210,25 @@ pub static COMMANDS: &[Spec] = &[
     spec("zscore", 3, READ, ONE_KEY, sorted_sets::zscore),
     spec("zrank", 3, READ, ONE_KEY, keys::forward),
     spec("zrange", -4, &["readonly"], ONE_KEY, sorted_sets::zrange),
+    spec(
+        "hset",
+        -4,
+        &["write", "denyoom", "fast"],
+        ONE_KEY,
+        hashes::write,
+    ),
+    spec(
+        "hincrby",
+        4,
+        &["write", "denyoom", "fast"],
+        ONE_KEY,
+        hashes::write,
+    ),
+    spec("hdel", -3, &["write", "fast"], ONE_KEY, keys::forward),
+    spec("hget", 3, READ, ONE_KEY, keys::forward),
+    spec("hexists", 3, READ, ONE_KEY, keys::forward),
+    spec("hlen", 2, READ, ONE_KEY, keys::forward),
+    spec("hgetall", 2, &["readonly"], ONE_KEY, hashes::hgetall),
     script("eval", scripts::eval),
     script("eval_ro", scripts::eval),
     script("evalsha", scripts::evalsha),

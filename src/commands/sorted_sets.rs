@@ -10,7 +10,7 @@
 //!
 //! `ZADD` is the one that can create a key, and a key it creates has no expiry: it is followed
 //! on every master, in the same pipeline, by the script guard over its key
-//! ([`super::scripts::guard_command`]), so no key written through the proxy outlives the lease
+//! ([`super::keys::guarded_write`]), so no key written through the proxy outlives the lease
 //! bound (a key without expiry, or with a longer one, gets the bound; a shorter TTL is kept),
 //! and a master the guard finds unarmed or quarantined does not vote. Unlike a script's, the
 //! reply is `ZADD`'s own even where the guard gave the key its TTL: `ZADD` cannot carry an
@@ -20,17 +20,9 @@
 //! The masters are spoken to in RESP2; a RESP3 client gets Redis 7's RESP3 shapes back: scores
 //! as doubles (`ZSCORE`, `ZADD … INCR`) and `ZRANGE … WITHSCORES` as `[member, score]` pairs.
 
-use super::keys::{forward_request, payload};
-use super::scripts::{guard_command, guarded};
+use super::keys::{guarded_write, resp3, shaped};
 use super::{Action, Ctx, Session};
-use crate::lease::Outcome;
-use crate::masters::Ask;
-use crate::protocol::{Protocol, Reply, Request};
-use crate::redlock::MergeRule;
-use bytes::BytesMut;
-
-/// How a reply read in RESP2 becomes Redis 7's reply to a RESP3 client.
-type Shape = fn(Reply) -> Reply;
+use crate::protocol::{Reply, Request};
 
 /// `ZADD key [NX|XX] [GT|LT] [CH] [INCR] score member …`: fanned out with the guard after it.
 pub fn zadd(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
@@ -39,16 +31,7 @@ pub fn zadd(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
         .take_while(|a| is_any(a, &[b"nx", b"xx", b"gt", b"lt", b"ch", b"incr"]))
         .any(|a| a.eq_ignore_ascii_case(b"incr"));
     let shape = resp3(session, incr, as_double);
-    let masters = ctx.masters();
-    let guard = guard_command(&request.args[1..2], &ctx.shared.policy);
-    let mut both = BytesMut::from(payload(request).as_ref());
-    both.extend_from_slice(&guard);
-    let both = both.freeze();
-    Action::Defer(Box::pin(async move {
-        let ask = |_| Some(Ask::Commands(both.clone()));
-        let reply = guarded(&masters, ask, MergeRule::Known).await.reply;
-        Outcome::Reply(shape(reply))
-    }))
+    guarded_write(ctx, request, shape)
 }
 
 /// `ZSCORE key member`.
@@ -68,27 +51,6 @@ pub fn zrange(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action 
 
 fn is_any(arg: &[u8], words: &[&[u8]]) -> bool {
     words.iter().any(|w| arg.eq_ignore_ascii_case(w))
-}
-
-/// `shape` for a RESP3 session when `applies`, else the reply as the masters gave it.
-fn resp3(session: &Session, applies: bool, shape: Shape) -> Shape {
-    match (session.protocol, applies) {
-        (Protocol::Resp3, true) => shape,
-        _ => |reply| reply,
-    }
-}
-
-/// Fans `request` out under the quorum rule and shapes the merged reply.
-fn shaped(ctx: &Ctx<'_>, request: Request, shape: Shape) -> Action {
-    match forward_request(ctx.masters(), request) {
-        Action::Defer(reply) => Action::Defer(Box::pin(async move {
-            match reply.await {
-                Outcome::Reply(reply) => Outcome::Reply(shape(reply)),
-                other => other,
-            }
-        })),
-        other => other,
-    }
 }
 
 /// A score: Redis' RESP2 bulk string, as a RESP3 double (same text).
