@@ -4,9 +4,10 @@
 //! sets", says what such a semaphore gets through the proxy).
 //!
 //! Each is sent unchanged to every master and answered by the quorum reply rule
-//! ([`MergeRule::Known`]), as the plain key commands of [`super::keys`]: the reply Q masters
-//! agree on, else the Q-th largest count, else null for a mix of one value and null, else
-//! `NOQUORUM`. Arguments are checked by the masters, so every error is Redis' own text.
+//! ([`MergeRule::Known`](crate::redlock::MergeRule::Known)), as the plain key commands of
+//! [`super::keys`]: the reply Q masters agree on, else the Q-th largest count, else null for a
+//! mix of one value and null, else `NOQUORUM`. Arguments are checked by the masters, so every
+//! error is Redis' own text.
 //!
 //! `ZADD` is the one that can create a key, and a key it creates has no expiry: it is followed
 //! on every master, in the same pipeline, by the script guard over its key
