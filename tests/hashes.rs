@@ -4,8 +4,9 @@
 //! every master.
 
 use redlock_proxy::LocalMaster;
+use redlock_testkit::differential::assert_same_replies_in_resp2_and_resp3;
 use redlock_testkit::key;
-use redlock_testkit::launcher::Env;
+use redlock_testkit::launcher::{lease_bound_ms, Env};
 use redlock_testkit::masters::master_cmd;
 use redlock_testkit::resp::{Client, Reply};
 
@@ -17,81 +18,67 @@ const HASH_COMMANDS: [&str; 7] = [
 /// Commands on key `k` (a hash), `n` (a hash `HINCRBY` creates), `s` (a string) and `m`
 /// (missing): valid ones in every form a Redisson-style lock uses, and every kind of error the
 /// masters or the command table answer.
-fn session(k: &str, n: &str, s: &str, m: &str) -> Vec<Vec<String>> {
-    let lines = [
-        "SET {s} v",
-        "HSET {k} f 1",
-        "HSET {k} g 2 h 3",
-        "HSET {k} f 10 g 2",
-        "hset {k} i x",
-        "HSET {k}",
-        "HSET {k} f",
-        "HSET {k} f 1 g",
-        "HSET {s} f 1",
-        "HINCRBY {k} f 5",
-        "HINCRBY {k} f -20",
-        "HINCRBY {k} i 1",
-        "HINCRBY {k} f x",
-        "HINCRBY {k} f 1.5",
-        "HINCRBY {k} f 9223372036854775807",
-        "HINCRBY {s} f 1",
-        "HINCRBY {k} f",
-        "HINCRBY {k} f 1 2",
-        "hincrby {n} holder 1",
-        "HINCRBY {n} holder 1",
-        "HGET {k} f",
-        "HGET {k} i",
-        "HGET {k} nope",
-        "HGET {m} f",
-        "HGET {s} f",
-        "HGET {k}",
-        "HGET {k} f g",
-        "HEXISTS {k} f",
-        "HEXISTS {k} nope",
-        "HEXISTS {m} f",
-        "HEXISTS {s} f",
-        "HEXISTS {k}",
-        "HEXISTS {k} f g",
-        "HLEN {k}",
-        "HLEN {m}",
-        "HLEN {s}",
-        "HLEN",
-        "HLEN {k} {m}",
-        "HGETALL {k}",
-        "HGETALL {n}",
-        "HGETALL {m}",
-        "HGETALL {s}",
-        "HGETALL",
-        "HGETALL {k} {m}",
-        "HDEL {k} g nope",
-        "HDEL {k} g",
-        "HDEL {m} f",
-        "HDEL {s} f",
-        "HDEL {k}",
-        "HGETALL {k}",
-        "HLEN {k}",
-        "HDEL {k} f h i",
-        "EXISTS {k}",
-        "HGETALL {k}",
-        "HLEN {k}",
-        "HINCRBY {n} holder -2",
-        "HDEL {n} holder",
-        "EXISTS {n}",
-        "HGET {n} holder",
-    ];
-    lines
-        .iter()
-        .map(|line| {
-            line.replace("{k}", k)
-                .replace("{n}", n)
-                .replace("{s}", s)
-                .replace("{m}", m)
-                .split(' ')
-                .map(String::from)
-                .collect()
-        })
-        .collect()
-}
+const SESSION: &[&str] = &[
+    "SET {s} v",
+    "HSET {k} f 1",
+    "HSET {k} g 2 h 3",
+    "HSET {k} f 10 g 2",
+    "hset {k} i x",
+    "HSET {k}",
+    "HSET {k} f",
+    "HSET {k} f 1 g",
+    "HSET {s} f 1",
+    "HINCRBY {k} f 5",
+    "HINCRBY {k} f -20",
+    "HINCRBY {k} i 1",
+    "HINCRBY {k} f x",
+    "HINCRBY {k} f 1.5",
+    "HINCRBY {k} f 9223372036854775807",
+    "HINCRBY {s} f 1",
+    "HINCRBY {k} f",
+    "HINCRBY {k} f 1 2",
+    "hincrby {n} holder 1",
+    "HINCRBY {n} holder 1",
+    "HGET {k} f",
+    "HGET {k} i",
+    "HGET {k} nope",
+    "HGET {m} f",
+    "HGET {s} f",
+    "HGET {k}",
+    "HGET {k} f g",
+    "HEXISTS {k} f",
+    "HEXISTS {k} nope",
+    "HEXISTS {m} f",
+    "HEXISTS {s} f",
+    "HEXISTS {k}",
+    "HEXISTS {k} f g",
+    "HLEN {k}",
+    "HLEN {m}",
+    "HLEN {s}",
+    "HLEN",
+    "HLEN {k} {m}",
+    "HGETALL {k}",
+    "HGETALL {n}",
+    "HGETALL {m}",
+    "HGETALL {s}",
+    "HGETALL",
+    "HGETALL {k} {m}",
+    "HDEL {k} g nope",
+    "HDEL {k} g",
+    "HDEL {m} f",
+    "HDEL {s} f",
+    "HDEL {k}",
+    "HGETALL {k}",
+    "HLEN {k}",
+    "HDEL {k} f h i",
+    "EXISTS {k}",
+    "HGETALL {k}",
+    "HLEN {k}",
+    "HINCRBY {n} holder -2",
+    "HDEL {n} holder",
+    "EXISTS {n}",
+    "HGET {n} holder",
+];
 
 /// The same commands through the proxy over 3 masters and to one redis-server, one by one, in
 /// RESP2 and in RESP3: identical replies (values, types, error and arity texts).
@@ -99,33 +86,16 @@ fn session(k: &str, n: &str, s: &str, m: &str) -> Vec<Vec<String>> {
 async fn hash_replies_match_one_redis_in_resp2_and_resp3() {
     let env = Env::start(3).await;
     let reference = LocalMaster::start(None, &[]).unwrap();
-    for protocol in ["2", "3"] {
-        let mut ours = Client::connect(env.proxy.port).await;
-        let mut theirs = Client::connect(reference.port).await;
-        for c in [&mut ours, &mut theirs] {
-            c.cmd(&["HELLO", protocol]).await;
-        }
-        let name = |what: &str| key(&format!("{what}{protocol}"));
-        let (k, n, s, m) = (
-            name("hash"),
-            name("counter"),
-            name("string"),
-            name("missing"),
-        );
-        let mut compared = 0;
-        for words in session(&k, &n, &s, &m) {
-            let args: Vec<&str> = words.iter().map(String::as_str).collect();
-            let (got, want) = (ours.cmd(&args).await, theirs.cmd(&args).await);
-            assert_eq!(got, want, "RESP{protocol}: {args:?}");
-            compared += 1;
-        }
-        assert!(compared > 55);
-        // The RESP3 shape of HGETALL is told apart from RESP2's array.
-        ours.cmd(&["HSET", &k, "f", "1"]).await;
-        let all = ours.cmd(&["HGETALL", &k]).await;
-        let shown = if protocol == "3" { "%" } else { "*" };
-        assert!(all.starts_with(shown), "RESP{protocol}: {all}");
-    }
+    let (ours, theirs) = (env.proxy.port, reference.port);
+    assert!(SESSION.len() > 55);
+    let names = ["{k}", "{n}", "{s}", "{m}"];
+    let mut resp3 = assert_same_replies_in_resp2_and_resp3(ours, theirs, SESSION, &names).await;
+    // The RESP3 shape of HGETALL is told apart from RESP2's array.
+    let k = key("shape");
+    resp3.cmd(&["HSET", &k, "f", "1"]).await;
+    assert!(resp3.cmd(&["HGETALL", &k]).await.starts_with('%'));
+    let mut resp2 = Client::connect(ours).await;
+    assert!(resp2.cmd(&["HGETALL", &k]).await.starts_with('*'));
 }
 
 /// `COMMAND INFO` of the hash commands through the proxy: name, arity, flags and key positions
@@ -149,28 +119,8 @@ async fn hash_command_rows_are_redis_own() {
     }
 }
 
-/// The lease bound B the proxy applies (`quarantine_ms` in `INFO masters`).
-async fn bound_ms(c: &mut Client) -> i64 {
-    let info = c.cmd(&["INFO", "masters"]).await;
-    let line = info
-        .split("quarantine_ms:")
-        .nth(1)
-        .expect("quarantine_ms in INFO");
-    let digits: String = line.chars().take_while(char::is_ascii_digit).collect();
-    digits.parse().expect("an integer")
-}
-
-async fn pttls(env: &Env, key: &str) -> Vec<i64> {
-    let mut out = Vec::new();
-    for port in env.ports() {
-        let reply = master_cmd(port, &["PTTL", key]).await;
-        out.push(reply.trim_start_matches(':').parse().expect("an integer"));
-    }
-    out
-}
-
 async fn assert_bound(env: &Env, key: &str, bound: i64) {
-    for pttl in pttls(env, key).await {
+    for pttl in env.pttls(key).await {
         assert!(
             pttl > bound - 5_000 && pttl <= bound,
             "{key}: {pttl} of {bound}"
@@ -185,7 +135,7 @@ async fn assert_bound(env: &Env, key: &str, bound: i64) {
 async fn hash_writes_never_leave_a_key_without_expiry() {
     let env = Env::start(3).await;
     let mut c = Client::connect(env.proxy.port).await;
-    let bound = bound_ms(&mut c).await;
+    let bound = lease_bound_ms(&mut c).await;
     assert!(bound > 60_000, "{bound}");
     let k = key("hset-bound");
     assert_eq!(c.cmd(&["HSET", &k, "holder", "1"]).await, ":1");
@@ -193,7 +143,7 @@ async fn hash_writes_never_leave_a_key_without_expiry() {
     assert_eq!(c.cmd(&["PEXPIRE", &k, "5000"]).await, ":1");
     assert_eq!(c.cmd(&["HINCRBY", &k, "holder", "1"]).await, ":2");
     assert_eq!(c.cmd(&["HSET", &k, "other", "1"]).await, ":1");
-    for pttl in pttls(&env, &k).await {
+    for pttl in env.pttls(&k).await {
         assert!(pttl > 0 && pttl <= 5_000, "{pttl}");
     }
     for port in env.ports() {
@@ -202,7 +152,7 @@ async fn hash_writes_never_leave_a_key_without_expiry() {
     }
     assert_eq!(c.cmd(&["HDEL", &k, "holder"]).await, ":1");
     assert_eq!(c.cmd(&["HDEL", &k, "other"]).await, ":1");
-    assert_eq!(pttls(&env, &k).await, [-2, -2, -2]);
+    assert_eq!(env.pttls(&k).await, [-2, -2, -2]);
     // HINCRBY creates a key as HSET does (a Redisson-style reentrant acquire).
     let counted = key("hincrby-bound");
     assert_eq!(c.cmd(&["HINCRBY", &counted, "holder", "1"]).await, ":1");
@@ -212,5 +162,5 @@ async fn hash_writes_never_leave_a_key_without_expiry() {
     let refused = c.cmd(&["HINCRBY", &failed, "holder", "x"]).await;
     assert!(refused.starts_with("-ERR"), "{refused}");
     assert!(c.cmd(&["HSET", &failed, "f"]).await.starts_with("-ERR"));
-    assert_eq!(pttls(&env, &failed).await, [-2, -2, -2]);
+    assert_eq!(env.pttls(&failed).await, [-2, -2, -2]);
 }

@@ -7,7 +7,7 @@
 //!   them, optionally behind fault relays, with checks on the masters directly;
 //! - [`ready_for_load`]: waits until a fresh proxy has every master up.
 
-use crate::masters::master_get;
+use crate::masters::{master_cmd, master_get};
 use crate::relay::Relay;
 use crate::resp::{Client, Reply};
 use redlock_proxy::on_master::COMPARE_AND_DELETE;
@@ -219,6 +219,16 @@ impl Env {
         }
     }
 
+    /// `PTTL key` on every master, in order.
+    pub async fn pttls(&self, key: &str) -> Vec<i64> {
+        let mut out = Vec::new();
+        for port in self.ports() {
+            let reply = master_cmd(port, &["PTTL", key]).await;
+            out.push(reply.trim_start_matches(':').parse().expect("an integer"));
+        }
+        out
+    }
+
     /// How many masters hold `key` = `value`.
     pub async fn holders(&self, key: &str, value: &str) -> usize {
         self.values(key)
@@ -378,6 +388,17 @@ fn listening_port(line: &str) -> Option<u16> {
         .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
         .collect();
     addr.rsplit(':').next()?.parse().ok()
+}
+
+/// The lease bound B a proxy applies (`quarantine_ms` in its `INFO masters`), in ms.
+pub async fn lease_bound_ms(client: &mut Client) -> i64 {
+    let info = client.cmd(&["INFO", "masters"]).await;
+    let line = info
+        .split("quarantine_ms:")
+        .nth(1)
+        .expect("quarantine_ms in INFO");
+    let digits: String = line.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().expect("an integer")
 }
 
 /// Waits (at most 5 s) until the proxy's `INFO masters` on `client` shows `needle` exactly

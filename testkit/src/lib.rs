@@ -20,6 +20,7 @@
 //! and `redlock_proxy::on_master`).
 
 pub mod checker;
+pub mod differential;
 pub mod http;
 pub mod launcher;
 pub mod masters;
