@@ -7,7 +7,7 @@ use redlock_testkit::launcher::{Proxy, BEHAVIOUR_NODE_TIMEOUT_MS};
 use redlock_testkit::masters::{master_cmd, signal};
 use redlock_testkit::resp::Client;
 use redlock_testkit::scripts::ACQUIRE_OR_EXTEND;
-use redlock_testkit::{key, lock_grant};
+use redlock_testkit::{eventually, key, lock_grant};
 use std::time::{Duration, Instant};
 
 /// A short TTL cap, so the quarantine of a master that lost its data (the cap + drift) is
@@ -243,6 +243,21 @@ async fn token_of(c: &mut Client, k: &str, v: &str) -> Option<u64> {
     (reply != "$nil").then(|| reply.trim_start_matches(':').parse().expect(&reply))
 }
 
+/// Waits (at most 10 s) until no master holds `k`: a release is answered once a majority
+/// deleted it, and the next step must not find it on the last one.
+async fn released_everywhere(ports: &[u16], k: &str) {
+    let gone = eventually(Duration::from_secs(10), async || {
+        for port in ports {
+            if master_cmd(*port, &["EXISTS", k]).await != ":0" {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    assert!(gone, "{k} still held on a master");
+}
+
 /// A lock taken by a client's own script gets a fencing token of its own, above the key's
 /// earlier grants, whatever the script's spelling; an extend keeps it; a run whose token the
 /// masters refuse leaves `LOCK.TOKEN` answering null (never an earlier holder's token) and
@@ -265,6 +280,7 @@ async fn a_lock_taken_by_a_script_gets_a_token_of_its_own() {
     let first = c.cmd(&["LOCK.ACQUIRE", &k, "a", "1000"]).await;
     let (first, _) = lock_grant(&first).expect(&first);
     assert_eq!(c.cmd(&["LOCK.RELEASE", &k, "a"]).await, ":1");
+    released_everywhere(&ports, &k).await;
 
     assert_eq!(eval(&mut c, ACQUIRE_OR_EXTEND, &k, "b", "1000").await, ":1");
     let second = token_of(&mut c, &k, "b").await.expect("a token for b");
@@ -272,23 +288,33 @@ async fn a_lock_taken_by_a_script_gets_a_token_of_its_own() {
         second > first,
         "{second} <= {first}: an earlier grant's token"
     );
-    for port in &ports {
-        let counter = master_cmd(*port, &["PTTL", &format!("redlock-proxy:token:{k}")]).await;
-        let counter: i64 = counter.trim_start_matches(':').parse().unwrap();
-        assert!(counter > 1000, "the counter outlives the lock: {counter}");
-    }
+    // Every master (the reply came once a majority answered: the last may still be running).
+    let counter = format!("redlock-proxy:token:{k}");
+    let outlives = eventually(Duration::from_secs(10), async || {
+        for port in &ports {
+            let pttl = master_cmd(*port, &["PTTL", &counter]).await;
+            if pttl.trim_start_matches(':').parse::<i64>().unwrap() <= 1000 {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    assert!(outlives, "the counter outlives the lock on every master");
     // An extend through the same script keeps the token; a contender gets none.
     assert_eq!(eval(&mut c, ACQUIRE_OR_EXTEND, &k, "b", "1500").await, ":1");
     assert_eq!(token_of(&mut c, &k, "b").await, Some(second));
     assert_eq!(eval(&mut c, ACQUIRE_OR_EXTEND, &k, "c", "1000").await, ":0");
     assert_eq!(token_of(&mut c, &k, "c").await, None);
     assert_eq!(c.cmd(&["LOCK.RELEASE", &k, "b"]).await, ":1");
+    released_everywhere(&ports, &k).await;
 
     let granted = eval(&mut c, SET_THEN_PEXPIRE, &k, "d", "1000").await;
     assert!(granted.starts_with("*[:1,"), "{granted}");
     let third = token_of(&mut c, &k, "d").await.expect("a token for d");
     assert!(third > second, "{third} <= {second}");
     assert_eq!(c.cmd(&["LOCK.RELEASE", &k, "d"]).await, ":1");
+    released_everywhere(&ports, &k).await;
 
     // Another proxy's counter 5 s ahead of this one's proposals (within the window): the
     // masters refuse the next script's token. The script still ran (the lock is held), and
@@ -314,15 +340,19 @@ async fn a_lock_taken_by_a_script_gets_a_token_of_its_own() {
     }
     assert_eq!(eval(&mut c, ACQUIRE_OR_EXTEND, &k, "e", "1000").await, ":1");
     assert_eq!(token_of(&mut c, &k, "e").await, None);
-    for port in &ports {
-        let counter = master_cmd(*port, &["GET", &format!("redlock-proxy:token:{k}")]).await;
-        assert_eq!(
-            counter,
-            format!("${ahead:016}"),
-            "the bare token stays the floor"
-        );
-    }
+    let bare = format!("${ahead:016}");
+    let floor_kept = eventually(Duration::from_secs(10), async || {
+        for port in &ports {
+            if master_cmd(*port, &["GET", &counter]).await != bare {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    assert!(floor_kept, "the bare token stays the floor on every master");
     assert_eq!(c.cmd(&["LOCK.RELEASE", &k, "e"]).await, ":1");
+    released_everywhere(&ports, &k).await;
     // The refusal lifted this proxy's proposals above the counter: the next run takes a token.
     assert_eq!(eval(&mut c, ACQUIRE_OR_EXTEND, &k, "f", "1000").await, ":1");
     let fourth = token_of(&mut c, &k, "f").await.expect("a token for f");
