@@ -19,7 +19,7 @@
 //! The masters are spoken to in RESP2; a RESP3 client gets Redis 7's RESP3 shape of `HGETALL`,
 //! a map.
 
-use super::keys::{guarded_write, resp3, shaped};
+use super::keys::{guarded_write, pairs, resp3, shaped};
 use super::{Action, Ctx, Session};
 use crate::protocol::{Reply, Request};
 
@@ -37,17 +37,7 @@ pub fn hgetall(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action
 
 /// `field, value, …` as RESP3's map of field → value.
 fn as_map(reply: Reply) -> Reply {
-    match reply {
-        Reply::Array(flat) if flat.len() % 2 == 0 => {
-            let mut pairs = Vec::with_capacity(flat.len() / 2);
-            let mut items = flat.into_iter();
-            while let (Some(field), Some(value)) = (items.next(), items.next()) {
-                pairs.push((field, value));
-            }
-            Reply::Map(pairs)
-        }
-        other => other,
-    }
+    pairs(reply).map_or_else(|other| other, Reply::Map)
 }
 
 #[cfg(test)]

@@ -18,6 +18,22 @@ use std::sync::Arc;
 /// How a reply read in RESP2 becomes Redis 7's reply to a RESP3 client.
 pub(super) type Shape = fn(Reply) -> Reply;
 
+/// A flat `a, b, a, b, …` array (as the masters answer in RESP2) as its pairs, for the RESP3
+/// shapes built from them; any other reply comes back as it is.
+pub(super) fn pairs(reply: Reply) -> Result<Vec<(Reply, Reply)>, Reply> {
+    match reply {
+        Reply::Array(flat) if flat.len() % 2 == 0 => {
+            let mut pairs = Vec::with_capacity(flat.len() / 2);
+            let mut items = flat.into_iter();
+            while let (Some(a), Some(b)) = (items.next(), items.next()) {
+                pairs.push((a, b));
+            }
+            Ok(pairs)
+        }
+        other => Err(other),
+    }
+}
+
 /// Fans the request out and merges the replies.
 pub fn forward(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     forward_request(ctx.masters(), request)

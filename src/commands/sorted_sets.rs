@@ -21,7 +21,7 @@
 //! The masters are spoken to in RESP2; a RESP3 client gets Redis 7's RESP3 shapes back: scores
 //! as doubles (`ZSCORE`, `ZADD … INCR`) and `ZRANGE … WITHSCORES` as `[member, score]` pairs.
 
-use super::keys::{guarded_write, resp3, shaped};
+use super::keys::{guarded_write, pairs, resp3, shaped};
 use super::{Action, Ctx, Session};
 use crate::protocol::{Reply, Request};
 
@@ -64,16 +64,10 @@ fn as_double(reply: Reply) -> Reply {
 
 /// `member, score, …` as RESP3's `[member, score]` pairs.
 fn score_pairs(reply: Reply) -> Reply {
-    match reply {
-        Reply::Array(flat) if flat.len() % 2 == 0 => {
-            let mut pairs = Vec::with_capacity(flat.len() / 2);
-            let mut items = flat.into_iter();
-            while let (Some(member), Some(score)) = (items.next(), items.next()) {
-                pairs.push(Reply::Array(vec![member, as_double(score)]));
-            }
-            Reply::Array(pairs)
-        }
-        other => other,
+    let pair = |(member, score)| Reply::Array(vec![member, as_double(score)]);
+    match pairs(reply) {
+        Ok(pairs) => Reply::Array(pairs.into_iter().map(pair).collect()),
+        Err(other) => other,
     }
 }
 
