@@ -48,7 +48,7 @@ use crate::redlock::{
     Vote,
 };
 use crate::script_cache::Script;
-use crate::script_keys::{access_args, TokenOffer, DEADLINE_AT};
+use crate::script_keys::{access_args, DEADLINE_AT};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::sync::atomic::Ordering;
@@ -128,10 +128,7 @@ fn run(
     {
         return Action::error(err);
     }
-    let guarded = script.may_write && !read_only;
-    // A run that makes a new holder of a key takes a fencing token, as an acquire does.
     let acquirer = ctx.shard.acquirer.clone();
-    let offer = guarded.then(|| acquirer.offer_script_token()).flatten();
     // An EVAL reaches the handler only authenticated: no user would be a bug, and gets no key.
     let no_keys = KeyPatterns::Some(Vec::new());
     let patterns = session.user.as_ref().map_or(&no_keys, |user| &user.keys);
@@ -140,14 +137,14 @@ fn run(
         request.args,
         numkeys,
         patterns,
-        offer,
+        &acquirer,
         &policy,
         read_only,
     );
     let (masters, stats, received_at) = (ctx.masters(), ctx.shared.stats.clone(), ctx.received_at);
     Action::Defer(Box::pin(async move {
         let rule = script.merge;
-        let (reply, lease_ms) = match guarded {
+        let (reply, lease_ms) = match call.guarded {
             true => call.run_guarded(&masters, &acquirer, rule, policy).await,
             false => call.run_plain(&masters, rule).await,
         };
@@ -164,6 +161,9 @@ fn run(
 /// What the masters get for one run of a client script: the checked body's call, with the
 /// prelude's arguments after the client's, and the guard after it where it may write.
 struct MasterCall {
+    /// The script may write and the call is not `_RO`: a deadline per master, the guard after
+    /// it, leases padded and reported, a token offered.
+    guarded: bool,
     args: Vec<Bytes>,
     /// Where the write deadline sits in `args` (set per master).
     due_at: usize,
@@ -184,13 +184,15 @@ impl MasterCall {
         mut args: Vec<Bytes>,
         numkeys: usize,
         patterns: &KeyPatterns,
-        offer: Option<TokenOffer>,
+        acquirer: &Acquirer,
         policy: &Policy,
         read_only: bool,
     ) -> MasterCall {
         let guarded = script.may_write && !read_only;
         // The prelude pads the leases a script sets, and reports them, only where it may write.
         let pad = if guarded { policy.drift_factor } else { 0.0 };
+        // A run that makes a new holder of a key takes a fencing token, as an acquire does.
+        let offer = guarded.then(|| acquirer.offer_script_token()).flatten();
         let due_at = args.len() + DEADLINE_AT;
         args.extend(access_args(patterns, pad, 0, offer.as_ref()));
         let guard = match guarded {
@@ -207,6 +209,7 @@ impl MasterCall {
         // than the script costs to run.
         let whole_first = !script.sent_whole.swap(true, Ordering::Relaxed);
         MasterCall {
+            guarded,
             args,
             due_at,
             guard,
