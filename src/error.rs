@@ -34,6 +34,10 @@ pub enum ProxyError {
     WrongArity(String),
     #[error("ERR value is not an integer or out of range")]
     NotAnInteger,
+    /// `server.c processCommand`: a RESP2 client in subscribed mode sent another command (its
+    /// full name, lower case).
+    #[error("ERR Can't execute '{0}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context")]
+    SubscribedContext(String),
     #[error("ERR syntax error")]
     Syntax,
     /// `t_string.c`: an expiry that is not positive or overflows.

@@ -378,16 +378,10 @@ impl Masters {
         stats: Vec<Arc<VoteStats>>,
     ) -> Arc<Masters> {
         let node_timeout = settings.node_timeout.clone();
-        let env_password = std::env::var(PASSWORD_ENV).ok().map(Secret::new);
-        let tls = match config.backends.iter().any(|b| b.tls) {
-            true => Some(master_client_config(&config.master_tls()).map_err(|e| e.to_string())),
-            false => None,
-        };
-        let links = config
-            .backends
-            .iter()
-            .map(|backend| {
-                let dial = Dial::new(backend, tls.as_ref(), env_password.as_ref());
+        let links = dials(config)
+            .into_iter()
+            .zip(&config.backends)
+            .map(|(dial, backend)| {
                 Link::new(backend.to_string(), Box::new(dial), node_timeout.clone())
             })
             .collect();
@@ -571,6 +565,22 @@ impl Masters {
             .await;
         merge(&votes, rule).unwrap_or_else(|| no_quorum(votes.len()))
     }
+}
+
+/// How to reach each master of `config.backends`, in order (TCP or TLS, with its
+/// credentials: [`crate::dial`]). TLS material that cannot be loaded leaves the `rediss://`
+/// masters unreachable, with the reason on every attempt.
+pub fn dials(config: &Config) -> Vec<Dial> {
+    let env_password = std::env::var(PASSWORD_ENV).ok().map(Secret::new);
+    let tls = match config.backends.iter().any(|b| b.tls) {
+        true => Some(master_client_config(&config.master_tls()).map_err(|e| e.to_string())),
+        false => None,
+    };
+    config
+        .backends
+        .iter()
+        .map(|backend| Dial::new(backend, tls.as_ref(), env_password.as_ref()))
+        .collect()
 }
 
 impl Drop for Masters {

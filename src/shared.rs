@@ -8,7 +8,9 @@ use crate::client_registry::Clients;
 use crate::config::Config;
 use crate::health;
 use crate::lock::{self, Acquirer, LockStats};
-use crate::masters::Masters;
+use crate::masters::{self, Masters};
+use crate::pubsub::Hub;
+use crate::transport::Connect;
 use crate::redlock::Policy;
 use crate::script_cache::ScriptCache;
 use crate::stats::ServerStats;
@@ -58,6 +60,8 @@ pub struct Shared {
     pub registry: Arc<Clients>,
     /// Where the metrics endpoint listens, once it does (`INFO server`).
     pub metrics_addr: OnceLock<std::net::SocketAddr>,
+    /// Pub/sub: every client's subscriptions, one subscriber link per master for them all.
+    pub pubsub: Arc<Hub>,
 }
 
 impl Shared {
@@ -106,7 +110,13 @@ impl Shared {
         });
         let stats = Arc::new(ServerStats::new(commands));
         ServerStats::spawn_sampler(Arc::downgrade(&stats));
+        let connects = masters::dials(&config)
+            .into_iter()
+            .map(|dial| Box::new(dial) as Box<dyn Connect>)
+            .collect();
+        let pubsub = Hub::start(connects, shards[0].masters.live_node_timeout().clone());
         Arc::new(Shared {
+            pubsub,
             live: RwLock::new(Arc::new(config.clone())),
             client_slots: Arc::new(Semaphore::new(config.maxclients)),
             stats,
@@ -140,6 +150,7 @@ impl Shared {
         for shard in &self.shards {
             shard.masters.stop();
         }
+        self.pubsub.stop();
     }
 
     /// The users now, and their generation.

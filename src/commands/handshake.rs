@@ -13,12 +13,18 @@ use crate::protocol::{Protocol, Reply, Request};
 /// The Redis version the proxy presents itself as (the protocol level it implements).
 pub const REDIS_VERSION: &str = "7.0.15";
 
-pub fn ping(_ctx: &Ctx<'_>, _s: &mut Session, request: Request) -> Action {
-    Action::Ready(match request.args.len() {
-        1 => Reply::simple("PONG"),
-        2 => Reply::Bulk(request.args[1].clone()),
-        _ => ProxyError::WrongArity("ping".into()).into(),
-    })
+pub fn ping(_ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
+    let message = match request.args.len() {
+        1 => None,
+        2 => Some(request.args[1].clone()),
+        _ => return Action::error(ProxyError::WrongArity("ping".into())),
+    };
+    // A RESP2 client in subscribed mode reads arrays only: Redis answers `[pong, message]`.
+    if session.protocol == Protocol::Resp2 && session.pubsub.active() {
+        let message = Reply::Bulk(message.unwrap_or_default());
+        return Action::Ready(Reply::Array(vec![Reply::bulk("pong"), message]));
+    }
+    Action::Ready(message.map_or(Reply::simple("PONG"), Reply::Bulk))
 }
 
 pub fn echo(_ctx: &Ctx<'_>, _s: &mut Session, request: Request) -> Action {
@@ -226,6 +232,7 @@ pub fn quit(_ctx: &Ctx<'_>, _s: &mut Session, _request: Request) -> Action {
 /// password), as a new connection.
 pub fn reset(ctx: &Ctx<'_>, session: &mut Session, _request: Request) -> Action {
     let (users, generation) = ctx.shared.users();
+    session.pubsub.leave_all(&ctx.shared.pubsub);
     session.protocol = Protocol::Resp2;
     session.name = None;
     session.user = users.initial();

@@ -6,7 +6,7 @@
 //! (plain key commands under the quorum reply rule), [`sorted_sets`] (`ZADD`, `ZREM`, … for
 //! semaphores over sorted sets), [`hashes`] (`HSET`, `HINCRBY`, … for locks kept as hashes),
 //! [`handshake`] (connection commands answered by the proxy itself), [`introspection`] (`INFO`,
-//! `COMMAND`).
+//! `COMMAND`), [`pubsub`] (`SUBSCRIBE`, `PUBLISH`, …).
 
 pub mod clients;
 pub mod fencing;
@@ -14,6 +14,7 @@ pub mod handshake;
 pub mod hashes;
 pub mod introspection;
 pub mod keys;
+pub mod pubsub;
 pub mod scripts;
 pub mod set;
 pub mod sorted_sets;
@@ -44,6 +45,8 @@ pub struct Session {
     pub user: Option<Arc<User>>,
     /// The generation of the user table `user` was resolved in (see [`Shared::users`]).
     pub users_generation: u64,
+    /// What the client subscribed to, and its messages.
+    pub pubsub: pubsub::Subscriptions,
 }
 
 impl Session {
@@ -58,6 +61,7 @@ impl Session {
             lib_ver: None,
             user: users.initial(),
             users_generation,
+            pubsub: pubsub::Subscriptions::default(),
         }
     }
 }
@@ -170,6 +174,20 @@ const READ: &[&str] = &["readonly", "fast"];
 const LOCAL: &[&str] = &["fast", "loading", "stale"];
 /// Served before authentication (Redis' `CMD_NO_AUTH`).
 const NO_AUTH: &[&str] = &["fast", "loading", "stale", "no_auth"];
+const PUBSUB: &[&str] = &["pubsub", "noscript", "loading", "stale"];
+const PUBLISH: &[&str] = &["pubsub", "loading", "stale", "fast", "may_replicate"];
+/// What a RESP2 client in subscribed mode may send (`server.c processCommand`).
+const SUBSCRIBED_MODE: &[&str] = &[
+    "subscribe",
+    "psubscribe",
+    "ssubscribe",
+    "unsubscribe",
+    "punsubscribe",
+    "sunsubscribe",
+    "ping",
+    "quit",
+    "reset",
+];
 const SCRIPT: &[&str] = &[
     "noscript",
     "stale",
@@ -181,7 +199,6 @@ const SCRIPT: &[&str] = &[
 
 const NOT_MAJORITY_SAFE: &str = "it cannot be made majority-safe across independent masters";
 const NO_TRANSACTIONS: &str = "transactions cannot be atomic across independent masters";
-const NO_PUBSUB: &str = "pub/sub is not part of the lock service";
 const ADMIN: &str = "administrative commands must go to each master directly";
 
 /// The command table.
@@ -269,12 +286,15 @@ pub static COMMANDS: &[Spec] = &[
     refused("discard", NO_TRANSACTIONS),
     refused("watch", NO_TRANSACTIONS),
     refused("unwatch", NO_TRANSACTIONS),
-    refused("subscribe", NO_PUBSUB),
-    refused("psubscribe", NO_PUBSUB),
-    refused("ssubscribe", NO_PUBSUB),
-    refused("unsubscribe", NO_PUBSUB),
-    refused("punsubscribe", NO_PUBSUB),
-    refused("publish", NO_PUBSUB),
+    spec("subscribe", -2, PUBSUB, NO_KEYS, pubsub::subscribe),
+    spec("psubscribe", -2, PUBSUB, NO_KEYS, pubsub::subscribe),
+    spec("ssubscribe", -2, PUBSUB, NO_KEYS, pubsub::subscribe),
+    spec("unsubscribe", -1, PUBSUB, NO_KEYS, pubsub::unsubscribe),
+    spec("punsubscribe", -1, PUBSUB, NO_KEYS, pubsub::unsubscribe),
+    spec("sunsubscribe", -1, PUBSUB, NO_KEYS, pubsub::unsubscribe),
+    spec("publish", 3, PUBLISH, NO_KEYS, pubsub::publish),
+    spec("spublish", 3, PUBLISH, NO_KEYS, pubsub::publish),
+    spec("pubsub", -2, PUBSUB, NO_KEYS, pubsub::pubsub),
     refused("monitor", ADMIN),
     refused("config", ADMIN),
     refused("debug", ADMIN),
@@ -429,6 +449,12 @@ fn serve(ctx: &Ctx<'_>, session: &mut Session, spec: &'static Spec, request: Req
             }
             if keys.iter().any(is_reserved_key) {
                 return Action::error(ProxyError::ReservedKey);
+            }
+            if session.protocol == Protocol::Resp2
+                && session.pubsub.active()
+                && !SUBSCRIBED_MODE.contains(&spec.name)
+            {
+                return Action::error(ProxyError::SubscribedContext(spec.name.into()));
             }
             handler(ctx, session, request)
         }

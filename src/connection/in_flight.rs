@@ -74,8 +74,12 @@ impl InFlight {
     /// Whether one more request may be dispatched: fewer than `max` are in flight (the
     /// backpressure bound) and no barrier waits for its reply.
     pub(super) fn accepts(&self, max: usize) -> bool {
-        let barrier_pending = self.barrier.is_some_and(|b| self.answered <= b);
-        !barrier_pending && self.len() < max
+        !self.barrier_pending() && self.len() < max
+    }
+
+    /// Whether a barrier waits for its reply.
+    pub(super) fn barrier_pending(&self) -> bool {
+        self.barrier.is_some_and(|b| self.answered <= b)
     }
 
     pub(super) fn push(&mut self, slot: Slot) {

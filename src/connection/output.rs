@@ -73,6 +73,11 @@ impl Output {
         self.sent + self.buf.len() as u64
     }
 
+    /// Encodes a reply that promises nothing (a pub/sub message).
+    pub(super) fn encode(&mut self, protocol: Protocol, reply: &Reply) {
+        reply.encode(protocol, &mut self.buf);
+    }
+
     /// Encodes a reply. A lease is settled now: a grant whose deadline has passed is rolled
     /// back and becomes its refusal; a valid one is written as granted, re-checked at the write.
     pub(super) async fn push(&mut self, protocol: Protocol, outcome: Outcome) {

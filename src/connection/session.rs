@@ -35,6 +35,7 @@ use crate::commands::{self, Action, Ctx, Session};
 use crate::error::ProxyError;
 use crate::lease::Outcome;
 use crate::protocol::{Protocol, Request, RequestParser};
+use crate::pubsub::{Inbox, Message};
 use crate::shared::Shared;
 use bytes::BytesMut;
 use futures::FutureExt;
@@ -61,6 +62,8 @@ const UNAUTHENTICATED_BUFFER_LIMIT: u64 = 1024 * 1024;
 /// What woke the session.
 enum Event {
     Done((Protocol, Outcome)),
+    /// A pub/sub message for the client.
+    Message(Message),
     Writable(bool),
     Read(bool),
     Stop,
@@ -169,6 +172,7 @@ where
             }
             let flow = match self.next_event().await {
                 Event::Done(done) => self.reply_burst(done).await,
+                Event::Message(message) => self.message_burst(message),
                 Event::Writable(true) => {
                     self.out.unblock();
                     Flow::Flush
@@ -262,12 +266,20 @@ where
         });
         // Idle: nothing in flight, nothing to write, nothing read for `timeout` (Redis'
         // `clientsCronHandleTimeout`).
-        let idle = !closing && !in_flight && self.out.is_empty();
+        // A subscriber waits for messages, not for itself: never idle (Redis exempts
+        // `CLIENT_PUBSUB` clients).
+        let idle = !closing && !in_flight && self.out.is_empty() && !self.session.pubsub.active();
+        // Messages wait while a barrier (a subscribe) is unanswered: a client reads a
+        // channel's confirmation before its messages.
+        let messages = !closing && !self.in_flight.barrier_pending();
         let idle_deadline = self.limits.idle_timeout.map(|t| self.last_activity + t);
         let client = &self.session.client;
         tokio::select! {
             biased;
             Some(done) = self.in_flight.next(), if in_flight => Event::Done(done),
+            message = next_message(&mut self.session.pubsub.inbox), if messages => {
+                Event::Message(message)
+            }
             ready = self.wr.ready(), if to_write => Event::Writable(ready.is_ok()),
             read = read_more(&mut self.rd, &mut self.rbuf), if can_read => Event::Read(read),
             _ = client.stopped(), if !closing => Event::Stop,
@@ -305,6 +317,32 @@ where
             next = self.in_flight.next().now_or_never().flatten();
         }
         // No further reply is ready: the burst is written now, not on another turn of the loop.
+        Flow::Flush
+    }
+
+    /// Encodes `first` and every further message already waiting (up to [`FLUSH_AT`] bytes),
+    /// written as one burst. A client whose messages overflowed its inbox is closed, as Redis
+    /// closes a subscriber past its `pubsub` output limit.
+    fn message_burst(&mut self, first: Message) -> Flow {
+        let protocol = self.session.protocol;
+        let mut next = Some(first);
+        while let Some(message) = next.take() {
+            self.out.encode(protocol, &message.reply());
+            if self.out.len() < FLUSH_AT {
+                next = self.session.pubsub.inbox.as_mut().and_then(Inbox::try_next);
+            }
+        }
+        if self.over_output_limit()
+            || self.session.pubsub.inbox.as_ref().is_some_and(Inbox::overflowed)
+        {
+            tracing::warn!(
+                client = self.session.client.id,
+                peer = %self.session.client.peer,
+                limit = crate::pubsub::INBOX_MESSAGES,
+                "subscriber does not read its messages: closing the connection"
+            );
+            return Flow::Close;
+        }
         Flow::Flush
     }
 
@@ -357,6 +395,7 @@ where
     /// Whatever was not handed to the socket is dropped with the connection: the grants in it
     /// and those still in flight are rolled back.
     fn close(&mut self) {
+        self.session.pubsub.leave_all(&self.shared.pubsub);
         std::mem::take(&mut self.out).abandon();
         let in_flight = std::mem::take(&mut self.in_flight);
         if !in_flight.is_empty() {
@@ -381,6 +420,14 @@ fn buffer_limit(session: &Session, authenticated: u64) -> u64 {
 async fn sleep_until_some(deadline: Option<Instant>) {
     match deadline {
         Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next message of `inbox`, or never without one.
+async fn next_message(inbox: &mut Option<Inbox>) -> Message {
+    match inbox {
+        Some(inbox) => inbox.next().await,
         None => std::future::pending().await,
     }
 }

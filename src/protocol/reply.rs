@@ -32,6 +32,13 @@ pub enum Reply {
     /// RESP3 double (`,1.5`), as Redis 7 answers a sorted set's scores; RESP2 gets a bulk
     /// string of the same text (the text a master answered in RESP2).
     Double(Bytes),
+    /// RESP3 push (`>`), as Redis sends a RESP3 client its pub/sub messages and subscription
+    /// confirmations; RESP2 gets an array (a client in subscribed mode tells them apart by
+    /// their first element).
+    Push(Vec<Reply>),
+    /// Several top-level replies to one request, written one after the other (`SUBSCRIBE a b`
+    /// answers one confirmation per channel).
+    Frames(Vec<Reply>),
 }
 
 impl Reply {
@@ -85,6 +92,20 @@ impl Reply {
                 header(out, b'*', items.len());
                 for item in items {
                     item.encode(protocol, out);
+                }
+            }
+            Reply::Push(items) => {
+                match protocol {
+                    Protocol::Resp2 => header(out, b'*', items.len()),
+                    Protocol::Resp3 => header(out, b'>', items.len()),
+                }
+                for item in items {
+                    item.encode(protocol, out);
+                }
+            }
+            Reply::Frames(replies) => {
+                for reply in replies {
+                    reply.encode(protocol, out);
                 }
             }
             Reply::Map(pairs) => {
@@ -195,6 +216,16 @@ mod tests {
                 Reply::Double(Bytes::from_static(b"1.5")),
                 "$3\r\n1.5\r\n",
                 ",1.5\r\n",
+            ),
+            (
+                Reply::Push(vec![Reply::bulk("message"), Reply::Integer(1)]),
+                "*2\r\n$7\r\nmessage\r\n:1\r\n",
+                ">2\r\n$7\r\nmessage\r\n:1\r\n",
+            ),
+            (
+                Reply::Frames(vec![Reply::Integer(1), Reply::Null]),
+                ":1\r\n$-1\r\n",
+                ":1\r\n_\r\n",
             ),
         ];
         for (reply, two, three) in cases {

@@ -1,0 +1,269 @@
+//! One master's subscriber connection ([`SubscriberLink`]): a connection in RESP2 subscribed
+//! mode that carries the hub's subscribe and unsubscribe commands to the master and the
+//! master's messages and confirmations back.
+//!
+//! Invariants:
+//! - On every (re)connection the link subscribes every topic of the hub's table; commands
+//!   queued while it was down are dropped first (the table is the truth), so its queue stays
+//!   bounded by what happens during one connection.
+//! - A subscription counts as active (the hub's `confirm`) only when the master confirmed the
+//!   *latest* command sent for that topic on this connection: an old subscribe confirmed
+//!   after a newer unsubscribe was sent confirms nothing. Redis answers each channel of a
+//!   (un)subscribe with one confirmation, in order, so confirmations are matched to commands
+//!   by position.
+//! - A lost connection (closed, or a reply that breaks the protocol) clears the master's
+//!   confirmations in the hub before the link reconnects, with a backoff doubling from
+//!   [`BACKOFF_MIN`] to [`BACKOFF_MAX`].
+
+use super::{Hub, Kind, Message};
+use crate::protocol::{decode_reply, encode_command, Reply};
+use crate::transport::{Connect, ReadHalf, WriteHalf};
+use bytes::{Bytes, BytesMut};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+
+const BACKOFF_MIN: Duration = Duration::from_millis(20);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Read buffer headroom asked for before each read.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// A change of the hub's table for one master.
+#[derive(Debug)]
+pub(super) struct LinkCommand {
+    kind: Kind,
+    name: Bytes,
+    subscribe: bool,
+}
+
+impl LinkCommand {
+    pub(super) fn subscribe(kind: Kind, name: Bytes) -> LinkCommand {
+        LinkCommand {
+            kind,
+            name,
+            subscribe: true,
+        }
+    }
+
+    pub(super) fn unsubscribe(kind: Kind, name: Bytes) -> LinkCommand {
+        LinkCommand {
+            kind,
+            name,
+            subscribe: false,
+        }
+    }
+}
+
+/// A command sent on the current connection, waiting for its confirmation.
+struct Sent {
+    kind: Kind,
+    name: Bytes,
+    subscribe: bool,
+    seq: u64,
+}
+
+/// The link of master `master` to the hub.
+pub(super) struct SubscriberLink {
+    hub: Weak<Hub>,
+    master: usize,
+    connect: Box<dyn Connect>,
+}
+
+/// Why a connection ended.
+enum End {
+    Stopped,
+    Lost,
+}
+
+impl SubscriberLink {
+    pub(super) fn new(hub: Weak<Hub>, master: usize, connect: Box<dyn Connect>) -> Self {
+        SubscriberLink {
+            hub,
+            master,
+            connect,
+        }
+    }
+
+    /// Connects, serves the connection until it ends, reconnects; until `stop` or the hub is
+    /// gone.
+    pub(super) async fn run(
+        self,
+        mut commands: mpsc::UnboundedReceiver<LinkCommand>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let mut backoff = BACKOFF_MIN;
+        while !*stop.borrow() {
+            let connected = tokio::select! {
+                connected = self.connect.connect() => connected,
+                _ = stop.changed() => return,
+            };
+            if let Ok((rd, wr)) = connected {
+                backoff = BACKOFF_MIN;
+                match self.serve(rd, wr, &mut commands, &mut stop).await {
+                    End::Stopped => return,
+                    End::Lost => {
+                        let Some(hub) = self.hub.upgrade() else {
+                            return;
+                        };
+                        hub.lost(self.master);
+                    }
+                }
+            }
+            // While down, what is asked of this master is dropped: the table is re-read on
+            // the next connection.
+            let down = tokio::time::sleep(backoff);
+            tokio::pin!(down);
+            loop {
+                tokio::select! {
+                    _ = &mut down => break,
+                    command = commands.recv() => if command.is_none() { return },
+                    _ = stop.changed() => return,
+                }
+            }
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    /// One connection: subscribes the table, then relays commands and messages until it ends.
+    async fn serve(
+        &self,
+        mut rd: ReadHalf,
+        mut wr: WriteHalf,
+        commands: &mut mpsc::UnboundedReceiver<LinkCommand>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> End {
+        while commands.try_recv().is_ok() {}
+        let Some(topics) = self.hub.upgrade().map(|hub| hub.topics()) else {
+            return End::Stopped;
+        };
+        let mut state = Connection::default();
+        let mut out = BytesMut::new();
+        for (kind, name) in topics {
+            state.send(LinkCommand::subscribe(kind, name), &mut out);
+        }
+        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        loop {
+            if !out.is_empty() {
+                if wr.write_all(&out).await.is_err() {
+                    return End::Lost;
+                }
+                out.clear();
+            }
+            tokio::select! {
+                _ = stop.changed() => return End::Stopped,
+                command = commands.recv() => match command {
+                    Some(command) => state.send(command, &mut out),
+                    None => return End::Stopped,
+                },
+                read = read_more(&mut rd, &mut buf) => {
+                    if !read {
+                        return End::Lost;
+                    }
+                    let Some(hub) = self.hub.upgrade() else {
+                        return End::Stopped;
+                    };
+                    loop {
+                        match decode_reply(&mut buf) {
+                            Ok(Some(reply)) => state.received(&hub, self.master, reply),
+                            Ok(None) => break,
+                            Err(_) => return End::Lost,
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What one connection sent and waits for.
+#[derive(Default)]
+struct Connection {
+    next_seq: u64,
+    /// Commands sent, in order, each waiting for its confirmation.
+    sent: VecDeque<Sent>,
+    /// The last command sent per topic (its `seq`), while unconfirmed or subscribed.
+    latest: HashMap<(Kind, Bytes), u64>,
+}
+
+impl Connection {
+    fn send(&mut self, command: LinkCommand, out: &mut BytesMut) {
+        let verb = if command.subscribe {
+            command.kind.subscribe()
+        } else {
+            command.kind.unsubscribe()
+        };
+        out.extend_from_slice(&encode_command(&[verb.as_bytes(), &command.name]));
+        self.next_seq += 1;
+        self.latest
+            .insert((command.kind, command.name.clone()), self.next_seq);
+        self.sent.push_back(Sent {
+            kind: command.kind,
+            name: command.name,
+            subscribe: command.subscribe,
+            seq: self.next_seq,
+        });
+    }
+
+    /// A reply from the master: a message for the hub, or the confirmation of the oldest
+    /// command sent.
+    fn received(&mut self, hub: &Arc<Hub>, master: usize, reply: Reply) {
+        let Reply::Array(items) = reply else {
+            // An error (a command the master refused, an ACL without the channel): the
+            // command it answers is not active.
+            if let Reply::Error(text) = &reply {
+                tracing::warn!(master, error = %String::from_utf8_lossy(text), "a master refused a subscription");
+            }
+            self.sent.pop_front();
+            return;
+        };
+        let mut items = items.into_iter().map(|item| match item {
+            Reply::Bulk(bytes) => Some(bytes),
+            _ => None,
+        });
+        let what = items.next().flatten().unwrap_or_default();
+        let mut next = || items.next().flatten().unwrap_or_default();
+        let message = |kind, pattern, channel, payload| Message {
+            kind,
+            pattern,
+            channel,
+            payload,
+        };
+        match what.as_ref() {
+            b"message" => hub.deliver(master, message(Kind::Channel, None, next(), next())),
+            b"pmessage" => {
+                let pattern = next();
+                hub.deliver(master, message(Kind::Pattern, Some(pattern), next(), next()))
+            }
+            b"smessage" => hub.deliver(master, message(Kind::Shard, None, next(), next())),
+            _ => self.confirmed(hub, master, &what),
+        }
+    }
+
+    /// The master confirmed the oldest command sent (`what` names its kind).
+    fn confirmed(&mut self, hub: &Arc<Hub>, master: usize, what: &[u8]) {
+        let Some(sent) = self.sent.pop_front() else {
+            return;
+        };
+        debug_assert_eq!(
+            Kind::of_confirmation(what),
+            Some((sent.kind, sent.subscribe))
+        );
+        let key = (sent.kind, sent.name);
+        if self.latest.get(&key) != Some(&sent.seq) {
+            return;
+        }
+        if sent.subscribe {
+            hub.confirm(master, key.0, key.1);
+        } else {
+            self.latest.remove(&key);
+        }
+    }
+}
+
+/// Reads more bytes; false at end of stream or on error.
+async fn read_more(rd: &mut ReadHalf, buf: &mut BytesMut) -> bool {
+    buf.reserve(READ_CHUNK);
+    matches!(rd.read_buf(buf).await, Ok(n) if n > 0)
+}

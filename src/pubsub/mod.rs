@@ -1,0 +1,381 @@
+//! Pub/sub through the proxy ([`Hub`]): the proxy's clients subscribe to the proxy, and the
+//! proxy subscribes on every master, once per topic, for what its clients subscribed to.
+//!
+//! - One subscriber connection per master ([`link`]), shared by every client of the proxy: a
+//!   topic costs the masters one subscription per proxy, whatever the number of subscribers.
+//! - A message reaches a client as soon as the first master delivers it; the copies of the
+//!   other masters are dropped ([`dedup`]): one message per publish, not N.
+//! - A subscription is confirmed to the client once a quorum of masters confirmed it (or the
+//!   node timeout passed): a publish answered after that by a quorum of masters shares a
+//!   master with it, so it reaches the subscriber (docs/PROTOCOL.md, "Pub/sub").
+//!
+//! Invariants:
+//! - The masters' subscriptions follow the topics that have subscribers here: a topic's first
+//!   subscriber subscribes it on every master, its last one leaving unsubscribes it; a link
+//!   that reconnects subscribes every topic again.
+//! - A topic's `confirmed` masters are those whose latest subscribe command for it was
+//!   answered on the link's current connection ([`link`]): a lost connection clears them.
+//! - Bounded: a client's undelivered messages are bounded ([`INBOX_MESSAGES`]); past it the
+//!   client is marked overflowed and its session closes it (Redis' `client-output-buffer-limit
+//!   pubsub`); a link's commands while its master is down are dropped, the topics being
+//!   re-subscribed from the table when it returns.
+
+mod dedup;
+mod link;
+
+use crate::auth::glob_match;
+use crate::live::LiveDuration;
+use crate::protocol::Reply;
+use crate::transport::Connect;
+use bytes::Bytes;
+use dedup::Dedup;
+use link::LinkCommand;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+/// Most messages waiting for one client before it is closed.
+pub const INBOX_MESSAGES: usize = 16 * 1024;
+
+/// The three pub/sub namespaces: channels, patterns over channels, shard channels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Channel,
+    Pattern,
+    Shard,
+}
+
+impl Kind {
+    /// The command that subscribes this kind, and the name of its confirmations.
+    fn subscribe(self) -> &'static str {
+        match self {
+            Kind::Channel => "subscribe",
+            Kind::Pattern => "psubscribe",
+            Kind::Shard => "ssubscribe",
+        }
+    }
+
+    fn unsubscribe(self) -> &'static str {
+        match self {
+            Kind::Channel => "unsubscribe",
+            Kind::Pattern => "punsubscribe",
+            Kind::Shard => "sunsubscribe",
+        }
+    }
+
+    /// The kind and direction of a confirmation a master sends (`subscribe`, `punsubscribe`…).
+    fn of_confirmation(name: &[u8]) -> Option<(Kind, bool)> {
+        [Kind::Channel, Kind::Pattern, Kind::Shard]
+            .into_iter()
+            .find_map(|kind| {
+                if name.eq_ignore_ascii_case(kind.subscribe().as_bytes()) {
+                    Some((kind, true))
+                } else if name.eq_ignore_ascii_case(kind.unsubscribe().as_bytes()) {
+                    Some((kind, false))
+                } else {
+                    None
+                }
+            })
+    }
+
+    /// A confirmation as Redis sends it: `[subscribe, name, count]` (`name` null when an
+    /// unsubscribe-all found nothing to leave).
+    pub fn confirmation(self, subscribed: bool, name: Option<Bytes>, count: usize) -> Reply {
+        let what = if subscribed {
+            self.subscribe()
+        } else {
+            self.unsubscribe()
+        };
+        Reply::Push(vec![
+            Reply::bulk(what),
+            name.map_or(Reply::Null, Reply::Bulk),
+            Reply::Integer(count as i64),
+        ])
+    }
+}
+
+/// A message for a subscriber: on `channel`, matched by `pattern` for a pattern subscriber.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Message {
+    pub kind: Kind,
+    pub pattern: Option<Bytes>,
+    pub channel: Bytes,
+    pub payload: Bytes,
+}
+
+impl Message {
+    /// The push a redis-server sends: `message`, `pmessage` (with the pattern) or `smessage`.
+    pub fn reply(&self) -> Reply {
+        let bulk = |b: &Bytes| Reply::Bulk(b.clone());
+        let mut items = Vec::with_capacity(4);
+        match (self.kind, &self.pattern) {
+            (Kind::Pattern, Some(pattern)) => {
+                items.push(Reply::bulk("pmessage"));
+                items.push(bulk(pattern));
+            }
+            (Kind::Shard, _) => items.push(Reply::bulk("smessage")),
+            _ => items.push(Reply::bulk("message")),
+        }
+        items.push(bulk(&self.channel));
+        items.push(bulk(&self.payload));
+        Reply::Push(items)
+    }
+
+    /// The topic it is delivered under: the pattern of a pattern message, else the channel.
+    fn topic(&self) -> (Kind, Bytes) {
+        match (self.kind, &self.pattern) {
+            (Kind::Pattern, Some(pattern)) => (Kind::Pattern, pattern.clone()),
+            _ => (self.kind, self.channel.clone()),
+        }
+    }
+}
+
+/// Where the hub delivers one client's messages (cloned into every topic it subscribes).
+#[derive(Clone)]
+pub struct Subscriber {
+    /// The client's id: one entry per client and topic.
+    id: u64,
+    tx: mpsc::Sender<Message>,
+    overflowed: Arc<AtomicBool>,
+}
+
+impl Subscriber {
+    /// The client's id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+/// One client's messages, as its session reads them.
+pub struct Inbox {
+    pub subscriber: Subscriber,
+    rx: mpsc::Receiver<Message>,
+}
+
+impl Inbox {
+    /// An inbox for client `id`.
+    pub fn new(id: u64) -> Inbox {
+        let (tx, rx) = mpsc::channel(INBOX_MESSAGES);
+        Inbox {
+            subscriber: Subscriber {
+                id,
+                tx,
+                overflowed: Arc::default(),
+            },
+            rx,
+        }
+    }
+
+    /// The next message (never ends: the inbox holds a sender itself).
+    pub async fn next(&mut self) -> Message {
+        match self.rx.recv().await {
+            Some(message) => message,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// A message already waiting, if any.
+    pub fn try_next(&mut self) -> Option<Message> {
+        self.rx.try_recv().ok()
+    }
+
+    /// Whether messages were dropped because the client did not take them.
+    pub fn overflowed(&self) -> bool {
+        self.subscriber.overflowed.load(Ordering::Relaxed)
+    }
+}
+
+/// One topic with subscribers here.
+struct Topic {
+    subscribers: HashMap<u64, Subscriber>,
+    /// The masters where the subscription is active, one bit each.
+    confirmed: watch::Sender<u64>,
+}
+
+/// The topics and the copies counted (one lock: every change is a few map operations).
+struct Table {
+    topics: HashMap<(Kind, Bytes), Topic>,
+    dedup: Dedup,
+}
+
+/// The proxy's pub/sub: its clients' subscriptions and its subscriber links to the masters.
+pub struct Hub {
+    table: Mutex<Table>,
+    links: Vec<mpsc::UnboundedSender<LinkCommand>>,
+    quorum: usize,
+    node_timeout: LiveDuration,
+    stop: watch::Sender<bool>,
+}
+
+impl Hub {
+    /// Starts a subscriber link to each master of `connects` (on the runtime this is called
+    /// in). Copies of one publish are told apart within the node timeout.
+    pub fn start(connects: Vec<Box<dyn Connect>>, node_timeout: LiveDuration) -> Arc<Hub> {
+        assert!(
+            connects.len() <= 64,
+            "confirmations are one bit per master"
+        );
+        let masters = connects.len();
+        let (stop, stopped) = watch::channel(false);
+        let mut receivers = Vec::with_capacity(masters);
+        let mut links = Vec::with_capacity(masters);
+        for _ in 0..masters {
+            let (tx, rx) = mpsc::unbounded_channel();
+            links.push(tx);
+            receivers.push(rx);
+        }
+        let hub = Arc::new(Hub {
+            table: Mutex::new(Table {
+                topics: HashMap::new(),
+                dedup: Dedup::new(masters, node_timeout.get()),
+            }),
+            links,
+            quorum: masters / 2 + 1,
+            node_timeout,
+            stop,
+        });
+        for (master, (connect, commands)) in connects.into_iter().zip(receivers).enumerate() {
+            let link = link::SubscriberLink::new(Arc::downgrade(&hub), master, connect);
+            tokio::spawn(link.run(commands, stopped.clone()));
+        }
+        hub
+    }
+
+    /// Closes every subscriber link.
+    pub fn stop(&self) {
+        self.stop.send_replace(true);
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Subscribes `subscriber` to `(kind, name)`; resolves once the subscription is active on
+    /// a quorum of masters, or the node timeout passed (then it becomes active as masters
+    /// return).
+    pub fn subscribe(
+        &self,
+        kind: Kind,
+        name: Bytes,
+        subscriber: &Subscriber,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut table = self.table();
+        let topic = table
+            .topics
+            .entry((kind, name.clone()))
+            .or_insert_with(|| {
+                for link in &self.links {
+                    let _ = link.send(LinkCommand::subscribe(kind, name.clone()));
+                }
+                Topic {
+                    subscribers: HashMap::new(),
+                    confirmed: watch::channel(0).0,
+                }
+            });
+        topic
+            .subscribers
+            .insert(subscriber.id, subscriber.clone());
+        let mut confirmed = topic.confirmed.subscribe();
+        let (quorum, deadline) = (self.quorum, Instant::now() + self.node_timeout.get());
+        async move {
+            let enough = |bits: &u64| bits.count_ones() as usize >= quorum;
+            let _ = tokio::time::timeout_at(deadline, confirmed.wait_for(enough)).await;
+        }
+    }
+
+    /// Takes client `id` off `(kind, name)`; the topic's last subscriber unsubscribes it on
+    /// the masters.
+    pub fn unsubscribe(&self, kind: Kind, name: &Bytes, id: u64) {
+        let mut table = self.table();
+        let key = (kind, name.clone());
+        let Some(topic) = table.topics.get_mut(&key) else {
+            return;
+        };
+        topic.subscribers.remove(&id);
+        if topic.subscribers.is_empty() {
+            table.topics.remove(&key);
+            for link in &self.links {
+                let _ = link.send(LinkCommand::unsubscribe(kind, name.clone()));
+            }
+        }
+    }
+
+    /// Who receives a publish on `channel` (`Kind::Channel`) or shard channel
+    /// (`Kind::Shard`): the subscribers here (with `patterns`, a pattern subscriber once per
+    /// matching pattern, as Redis counts a publish's receivers; without, the channel's own, as
+    /// `PUBSUB NUMSUB`), and on each master how many of its receivers are this proxy's own
+    /// subscriptions.
+    pub fn receivers(&self, kind: Kind, channel: &[u8], patterns: bool) -> (usize, Vec<i64>) {
+        let table = self.table();
+        let mut local = 0;
+        let mut own = vec![0; self.links.len()];
+        let mut count = |topic: &Topic| {
+            local += topic.subscribers.len();
+            let bits = *topic.confirmed.borrow();
+            for (master, own) in own.iter_mut().enumerate() {
+                *own += i64::from(bits & (1 << master) != 0);
+            }
+        };
+        if let Some(topic) = table.topics.get(&(kind, Bytes::copy_from_slice(channel))) {
+            count(topic);
+        }
+        if kind == Kind::Channel && patterns {
+            for ((_, pattern), topic) in table.topics.iter().filter(|(k, _)| k.0 == Kind::Pattern) {
+                if glob_match(pattern, channel) {
+                    count(topic);
+                }
+            }
+        }
+        (local, own)
+    }
+
+    /// The topics with subscribers, for a link that (re)connects.
+    fn topics(&self) -> Vec<(Kind, Bytes)> {
+        self.table().topics.keys().cloned().collect()
+    }
+
+    /// Master `master` confirmed its subscription to `(kind, name)`.
+    fn confirm(&self, master: usize, kind: Kind, name: Bytes) {
+        if let Some(topic) = self.table().topics.get(&(kind, name)) {
+            topic.confirmed.send_modify(|bits| *bits |= 1 << master);
+        }
+    }
+
+    /// Master `master`'s subscriber connection ended: none of its subscriptions is active.
+    fn lost(&self, master: usize) {
+        for topic in self.table().topics.values() {
+            topic.confirmed.send_modify(|bits| *bits &= !(1 << master));
+        }
+    }
+
+    /// Master `master` delivered `message`: the first copy of a publish goes to every
+    /// subscriber of its topic.
+    fn deliver(&self, master: usize, message: Message) {
+        let mut table = self.table();
+        let Table { topics, dedup } = &mut *table;
+        let Some(topic) = topics.get_mut(&message.topic()) else {
+            return;
+        };
+        if !dedup.admit(master, &message, Instant::now()) {
+            return;
+        }
+        topic.subscribers.retain(|_, subscriber| {
+            match subscriber.tx.try_send(message.clone()) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    subscriber.overflowed.store(true, Ordering::Relaxed);
+                    true
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+            }
+        });
+    }
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
