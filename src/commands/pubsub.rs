@@ -256,7 +256,9 @@ fn channels(votes: &[Vote]) -> Option<Reply> {
             _ => None,
         })
         .collect();
-    Some(Reply::Array(union.into_iter().cloned().map(Reply::Bulk).collect()))
+    Some(Reply::Array(
+        union.into_iter().cloned().map(Reply::Bulk).collect(),
+    ))
 }
 
 /// `NUMSUB`: per channel, this proxy's subscribers plus the receivers another master counts

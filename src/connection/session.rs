@@ -333,7 +333,12 @@ where
             }
         }
         if self.over_output_limit()
-            || self.session.pubsub.inbox.as_ref().is_some_and(Inbox::overflowed)
+            || self
+                .session
+                .pubsub
+                .inbox
+                .as_ref()
+                .is_some_and(Inbox::overflowed)
         {
             tracing::warn!(
                 client = self.session.client.id,

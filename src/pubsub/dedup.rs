@@ -213,7 +213,13 @@ mod tests {
                 "a master that missed a publish delays nothing once another is first",
                 3,
                 // Master 2 missed the first publish; the second is delivered by 0 first.
-                &[(0, "a", 0), (1, "a", 0), (0, "a", 10), (2, "a", 11), (1, "a", 12)],
+                &[
+                    (0, "a", 0),
+                    (1, "a", 0),
+                    (0, "a", 10),
+                    (2, "a", 11),
+                    (1, "a", 12),
+                ],
                 &[true, false, true, false, false],
             ),
             (
@@ -221,7 +227,13 @@ mod tests {
                 3,
                 // Master 2 missed the first publish (at 0); the second comes 400 ms later,
                 // master 2 first: its first copy is not a copy of a publish 400 ms old.
-                &[(0, "a", 0), (1, "a", 0), (2, "a", 400), (0, "a", 401), (1, "a", 402)],
+                &[
+                    (0, "a", 0),
+                    (1, "a", 0),
+                    (2, "a", 400),
+                    (0, "a", 401),
+                    (1, "a", 402),
+                ],
                 &[true, false, true, false, false],
             ),
             (

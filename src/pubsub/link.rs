@@ -234,7 +234,10 @@ impl Connection {
             b"message" => hub.deliver(master, message(Kind::Channel, None, next(), next())),
             b"pmessage" => {
                 let pattern = next();
-                hub.deliver(master, message(Kind::Pattern, Some(pattern), next(), next()))
+                hub.deliver(
+                    master,
+                    message(Kind::Pattern, Some(pattern), next(), next()),
+                )
             }
             b"smessage" => hub.deliver(master, message(Kind::Shard, None, next(), next())),
             _ => self.confirmed(hub, master, &what),

@@ -213,10 +213,7 @@ impl Hub {
     /// Starts a subscriber link to each master of `connects` (on the runtime this is called
     /// in). Copies of one publish are told apart within the node timeout.
     pub fn start(connects: Vec<Box<dyn Connect>>, node_timeout: LiveDuration) -> Arc<Hub> {
-        assert!(
-            connects.len() <= 64,
-            "confirmations are one bit per master"
-        );
+        assert!(connects.len() <= 64, "confirmations are one bit per master");
         let masters = connects.len();
         let (stop, stopped) = watch::channel(false);
         let mut receivers = Vec::with_capacity(masters);
@@ -262,21 +259,16 @@ impl Hub {
         subscriber: &Subscriber,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut table = self.table();
-        let topic = table
-            .topics
-            .entry((kind, name.clone()))
-            .or_insert_with(|| {
-                for link in &self.links {
-                    let _ = link.send(LinkCommand::subscribe(kind, name.clone()));
-                }
-                Topic {
-                    subscribers: HashMap::new(),
-                    confirmed: watch::channel(0).0,
-                }
-            });
-        topic
-            .subscribers
-            .insert(subscriber.id, subscriber.clone());
+        let topic = table.topics.entry((kind, name.clone())).or_insert_with(|| {
+            for link in &self.links {
+                let _ = link.send(LinkCommand::subscribe(kind, name.clone()));
+            }
+            Topic {
+                subscribers: HashMap::new(),
+                confirmed: watch::channel(0).0,
+            }
+        });
+        topic.subscribers.insert(subscriber.id, subscriber.clone());
         let mut confirmed = topic.confirmed.subscribe();
         let (quorum, deadline) = (self.quorum, Instant::now() + self.node_timeout.get());
         async move {
@@ -361,16 +353,16 @@ impl Hub {
         if !dedup.admit(master, &message, Instant::now()) {
             return;
         }
-        topic.subscribers.retain(|_, subscriber| {
-            match subscriber.tx.try_send(message.clone()) {
+        topic.subscribers.retain(
+            |_, subscriber| match subscriber.tx.try_send(message.clone()) {
                 Ok(()) => true,
                 Err(mpsc::error::TrySendError::Full(_)) => {
                     subscriber.overflowed.store(true, Ordering::Relaxed);
                     true
                 }
                 Err(mpsc::error::TrySendError::Closed(_)) => false,
-            }
-        });
+            },
+        );
     }
 }
 
