@@ -165,8 +165,11 @@ mod tests {
 
     const WINDOW: Duration = Duration::from_millis(500);
 
-    /// Feeds `copies` ((master, message, ms after the start)) and returns the pass-on decisions.
-    fn run(masters: usize, copies: &[(usize, &str, u64)]) -> Vec<bool> {
+    /// A copy: (master, message, ms after the start).
+    type Copy = (usize, &'static str, u64);
+
+    /// Feeds `copies` and returns the pass-on decisions.
+    fn run(masters: usize, copies: &[Copy]) -> Vec<bool> {
         let start = Instant::now();
         let mut dedup = Dedup::new(masters, WINDOW);
         copies
@@ -177,7 +180,7 @@ mod tests {
 
     #[test]
     fn copies_of_publishes_are_passed_on_once_each() {
-        let cases: &[(&str, usize, &[(usize, &str, u64)], &[bool])] = &[
+        let cases: &[(&str, usize, &[Copy], &[bool])] = &[
             (
                 "one publish, three masters",
                 3,
