@@ -228,16 +228,18 @@ mod tests {
             (
                 "a master that missed a publish long ago catches up on its next copy",
                 3,
-                // Master 2 missed the first publish (at 0); the second comes 400 ms later,
-                // master 2 first: its first copy is not a copy of a publish 400 ms old.
+                // Master 2 missed the first two publishes (at 0 and 300); the third comes at
+                // 700, master 2 first: its first copy is not a copy of a publish 700 ms old.
                 &[
                     (0, "a", 0),
                     (1, "a", 0),
-                    (2, "a", 400),
-                    (0, "a", 401),
-                    (1, "a", 402),
+                    (0, "a", 300),
+                    (1, "a", 300),
+                    (2, "a", 700),
+                    (0, "a", 701),
+                    (1, "a", 702),
                 ],
-                &[true, false, true, false, false],
+                &[true, false, true, false, true, false, false],
             ),
             (
                 "a copy within the window of its publish is a copy",
