@@ -34,6 +34,13 @@ pub enum ProxyError {
     WrongArity(String),
     #[error("ERR value is not an integer or out of range")]
     NotAnInteger,
+    /// `timeout.c getTimeoutFromObjectOrReply`: a blocking command's timeout.
+    #[error("ERR timeout is not a float or out of range")]
+    TimeoutNotFloat,
+    #[error("ERR timeout is negative")]
+    TimeoutNegative,
+    #[error("ERR timeout is out of range")]
+    TimeoutOutOfRange,
     /// `server.c processCommand`: a RESP2 client in subscribed mode sent another command (its
     /// full name, lower case).
     #[error("ERR Can't execute '{0}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context")]

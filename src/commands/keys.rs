@@ -79,8 +79,18 @@ pub(super) fn shaped(ctx: &Ctx<'_>, request: Request, shape: Shape) -> Action {
 /// reply (quorum rule, counting only the masters the guard vouched for) is the command's own,
 /// shaped.
 pub(super) fn guarded_write(ctx: &Ctx<'_>, request: Request, shape: Shape) -> Action {
+    guarded_write_at(ctx, request, 1, shape)
+}
+
+/// [`guarded_write`] for a command whose key is `args[key]`.
+pub(super) fn guarded_write_at(
+    ctx: &Ctx<'_>,
+    request: Request,
+    key: usize,
+    shape: Shape,
+) -> Action {
     let masters = ctx.masters();
-    let guard = guard_command(&request.args[1..2], &ctx.shared.policy);
+    let guard = guard_command(&request.args[key..=key], &ctx.shared.policy);
     let mut both = BytesMut::from(payload(request).as_ref());
     both.extend_from_slice(&guard);
     let both = both.freeze();

@@ -6,7 +6,8 @@
 //! (plain key commands under the quorum reply rule), [`sorted_sets`] (`ZADD`, `ZREM`, … for
 //! semaphores over sorted sets), [`hashes`] (`HSET`, `HINCRBY`, … for locks kept as hashes),
 //! [`handshake`] (connection commands answered by the proxy itself), [`introspection`] (`INFO`,
-//! `COMMAND`), [`pubsub`] (`SUBSCRIBE`, `PUBLISH`, …).
+//! `COMMAND`), [`pubsub`] (`SUBSCRIBE`, `PUBLISH`, …), [`lists`] (`LPUSH`, `BLPOP`, … as
+//! wake-up signals).
 
 pub mod clients;
 pub mod fencing;
@@ -14,6 +15,7 @@ pub mod handshake;
 pub mod hashes;
 pub mod introspection;
 pub mod keys;
+pub mod lists;
 pub mod pubsub;
 pub mod scripts;
 pub mod set;
@@ -47,6 +49,8 @@ pub struct Session {
     pub users_generation: u64,
     /// What the client subscribed to, and its messages.
     pub pubsub: pubsub::Subscriptions,
+    /// Set once the connection ends: a blocked command stops waiting.
+    pub ended: tokio::sync::watch::Sender<bool>,
 }
 
 impl Session {
@@ -62,6 +66,7 @@ impl Session {
             user: users.initial(),
             users_generation,
             pubsub: pubsub::Subscriptions::default(),
+            ended: tokio::sync::watch::Sender::new(false),
         }
     }
 }
@@ -175,6 +180,8 @@ const LOCAL: &[&str] = &["fast", "loading", "stale"];
 /// Served before authentication (Redis' `CMD_NO_AUTH`).
 const NO_AUTH: &[&str] = &["fast", "loading", "stale", "no_auth"];
 const PUBSUB: &[&str] = &["pubsub", "noscript", "loading", "stale"];
+const BLOCKING: &[&str] = &["write", "noscript", "blocking"];
+const BLOCKING_MOVE: &[&str] = &["write", "denyoom", "noscript", "blocking"];
 const PUBLISH: &[&str] = &["pubsub", "loading", "stale", "fast", "may_replicate"];
 /// What a RESP2 client in subscribed mode may send (`server.c processCommand`).
 const SUBSCRIBED_MODE: &[&str] = &[
@@ -246,6 +253,28 @@ pub static COMMANDS: &[Spec] = &[
     spec("hexists", 3, READ, ONE_KEY, keys::forward),
     spec("hlen", 2, READ, ONE_KEY, keys::forward),
     spec("hgetall", 2, &["readonly"], ONE_KEY, hashes::hgetall),
+    spec(
+        "lpush",
+        -3,
+        &["write", "denyoom", "fast"],
+        ONE_KEY,
+        lists::push,
+    ),
+    spec(
+        "rpush",
+        -3,
+        &["write", "denyoom", "fast"],
+        ONE_KEY,
+        lists::push,
+    ),
+    spec("lpop", -2, &["write", "fast"], ONE_KEY, lists::pop),
+    spec("rpop", -2, &["write", "fast"], ONE_KEY, lists::pop),
+    spec("lmove", 5, &["write", "denyoom"], (1, 2, 1), lists::lmove),
+    spec("llen", 2, READ, ONE_KEY, keys::forward),
+    spec("lrange", 4, &["readonly"], ONE_KEY, keys::forward),
+    spec("blpop", -3, BLOCKING, (1, -2, 1), lists::blocking_pop),
+    spec("brpop", -3, BLOCKING, (1, -2, 1), lists::blocking_pop),
+    spec("blmove", 6, BLOCKING_MOVE, (1, 2, 1), lists::blocking_move),
     script("eval", scripts::eval),
     script("eval_ro", scripts::eval),
     script("evalsha", scripts::evalsha),

@@ -401,6 +401,7 @@ where
     /// and those still in flight are rolled back.
     fn close(&mut self) {
         self.session.pubsub.leave_all(&self.shared.pubsub);
+        self.session.ended.send_replace(true);
         std::mem::take(&mut self.out).abandon();
         let in_flight = std::mem::take(&mut self.in_flight);
         if !in_flight.is_empty() {

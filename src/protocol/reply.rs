@@ -24,6 +24,8 @@ pub enum Reply {
     Bulk(Bytes),
     /// RESP2 `$-1`, RESP3 `_`.
     Null,
+    /// RESP2 `*-1` (Redis' null array: a blocking pop that timed out), RESP3 `_`.
+    NullArray,
     Array(Vec<Reply>),
     /// RESP3 map; RESP2 gets a flat array of alternating keys and values.
     Map(Vec<(Reply, Reply)>),
@@ -86,6 +88,10 @@ impl Reply {
             Reply::Bulk(b) => bulk(out, b'$', b),
             Reply::Null => match protocol {
                 Protocol::Resp2 => out.extend_from_slice(b"$-1\r\n"),
+                Protocol::Resp3 => out.extend_from_slice(b"_\r\n"),
+            },
+            Reply::NullArray => match protocol {
+                Protocol::Resp2 => out.extend_from_slice(b"*-1\r\n"),
                 Protocol::Resp3 => out.extend_from_slice(b"_\r\n"),
             },
             Reply::Array(items) => {
@@ -200,6 +206,7 @@ mod tests {
         let cases = [
             (Reply::ok(), "+OK\r\n", "+OK\r\n"),
             (Reply::Null, "$-1\r\n", "_\r\n"),
+            (Reply::NullArray, "*-1\r\n", "_\r\n"),
             (Reply::Integer(-2), ":-2\r\n", ":-2\r\n"),
             (Reply::error("ERR a\r\nb"), "-ERR a  b\r\n", "-ERR a  b\r\n"),
             (

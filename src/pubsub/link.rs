@@ -14,6 +14,10 @@
 //! - A lost connection (closed, or a reply that breaks the protocol) clears the master's
 //!   confirmations in the hub before the link reconnects, with a backoff doubling from
 //!   [`BACKOFF_MIN`] to [`BACKOFF_MAX`].
+//! - Before subscribing, each connection makes sure the master notifies list changes on its
+//!   keyspace channels (`notify-keyspace-events` gains `K` and `l` if it lacks them, and
+//!   keeps what it had): blocked `BLPOP`s wait on them. A master that refuses `CONFIG` is
+//!   logged once and served anyway (its list changes then wake nobody).
 
 use super::{Hub, Kind, Message};
 use crate::protocol::{decode_reply, encode_command, Reply};
@@ -69,6 +73,8 @@ pub(super) struct SubscriberLink {
     hub: Weak<Hub>,
     master: usize,
     connect: Box<dyn Connect>,
+    /// Whether a refusal of `CONFIG` was logged already.
+    config_refusal_logged: bool,
 }
 
 /// Why a connection ended.
@@ -83,13 +89,14 @@ impl SubscriberLink {
             hub,
             master,
             connect,
+            config_refusal_logged: false,
         }
     }
 
     /// Connects, serves the connection until it ends, reconnects; until `stop` or the hub is
     /// gone.
     pub(super) async fn run(
-        self,
+        mut self,
         mut commands: mpsc::UnboundedReceiver<LinkCommand>,
         mut stop: watch::Receiver<bool>,
     ) {
@@ -128,12 +135,26 @@ impl SubscriberLink {
 
     /// One connection: subscribes the table, then relays commands and messages until it ends.
     async fn serve(
-        &self,
+        &mut self,
         mut rd: ReadHalf,
         mut wr: WriteHalf,
         commands: &mut mpsc::UnboundedReceiver<LinkCommand>,
         stop: &mut watch::Receiver<bool>,
     ) -> End {
+        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        match enable_list_notifications(&mut rd, &mut wr, &mut buf).await {
+            Ok(Ok(())) => {}
+            Ok(Err(refused)) => {
+                if !std::mem::replace(&mut self.config_refusal_logged, true) {
+                    tracing::warn!(
+                        master = self.master,
+                        error = %refused,
+                        "cannot turn on keyspace notifications of lists: a BLPOP through the proxy is not woken by this master's pushes"
+                    );
+                }
+            }
+            Err(()) => return End::Lost,
+        }
         while commands.try_recv().is_ok() {}
         let Some(topics) = self.hub.upgrade().map(|hub| hub.topics()) else {
             return End::Stopped;
@@ -143,7 +164,6 @@ impl SubscriberLink {
         for (kind, name) in topics {
             state.send(LinkCommand::subscribe(kind, name), &mut out);
         }
-        let mut buf = BytesMut::with_capacity(READ_CHUNK);
         loop {
             if !out.is_empty() {
                 if wr.write_all(&out).await.is_err() {
@@ -265,8 +285,93 @@ impl Connection {
     }
 }
 
+/// Adds `K` (keyspace channels) and `l` (list commands) to the master's
+/// `notify-keyspace-events`, keeping its other flags. `Err(())`: the connection failed;
+/// `Ok(Err(text))`: the master refused (its error).
+async fn enable_list_notifications(
+    rd: &mut ReadHalf,
+    wr: &mut WriteHalf,
+    buf: &mut BytesMut,
+) -> Result<Result<(), String>, ()> {
+    let get = request(rd, wr, buf, &["CONFIG", "GET", "notify-keyspace-events"]).await?;
+    let current = match get {
+        Reply::Array(items) => match items.get(1) {
+            Some(Reply::Bulk(flags)) => String::from_utf8_lossy(flags).into_owned(),
+            _ => String::new(),
+        },
+        Reply::Error(text) => return Ok(Err(String::from_utf8_lossy(&text).into_owned())),
+        other => return Ok(Err(format!("unexpected answer to CONFIG GET: {other:?}"))),
+    };
+    let Some(flags) = with_list_notifications(&current) else {
+        return Ok(Ok(()));
+    };
+    match request(rd, wr, buf, &["CONFIG", "SET", "notify-keyspace-events", &flags]).await? {
+        Reply::Error(text) => Ok(Err(String::from_utf8_lossy(&text).into_owned())),
+        _ => Ok(Ok(())),
+    }
+}
+
+/// `notify-keyspace-events` flags that notify list changes on keyspace channels, if `current`
+/// does not: `current` plus `K` and `l` (`A` includes `l`).
+fn with_list_notifications(current: &str) -> Option<String> {
+    let keyspace = current.contains('K');
+    let lists = current.contains('l') || current.contains('A');
+    if keyspace && lists {
+        return None;
+    }
+    let mut flags = current.to_string();
+    if !keyspace {
+        flags.push('K');
+    }
+    if !lists {
+        flags.push('l');
+    }
+    Some(flags)
+}
+
+/// Sends one command and reads its reply (before the connection subscribes anything).
+async fn request(
+    rd: &mut ReadHalf,
+    wr: &mut WriteHalf,
+    buf: &mut BytesMut,
+    args: &[&str],
+) -> Result<Reply, ()> {
+    wr.write_all(&encode_command(args)).await.map_err(drop)?;
+    loop {
+        if let Some(reply) = decode_reply(buf).map_err(drop)? {
+            return Ok(reply);
+        }
+        if !read_more(rd, buf).await {
+            return Err(());
+        }
+    }
+}
+
 /// Reads more bytes; false at end of stream or on error.
 async fn read_more(rd: &mut ReadHalf, buf: &mut BytesMut) -> bool {
     buf.reserve(READ_CHUNK);
     matches!(rd.read_buf(buf).await, Ok(n) if n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_list_notifications;
+
+    #[test]
+    fn list_notifications_are_added_to_the_flags_set() {
+        let cases = [
+            ("", Some("Kl")),
+            ("E", Some("EKl")),
+            ("Kl", None),
+            ("KEA", None),
+            ("AK", None),
+            ("Ex", Some("ExKl")),
+            ("K", Some("Kl")),
+            ("l", Some("lK")),
+            ("gE", Some("gEKl")),
+        ];
+        for (current, wanted) in cases {
+            assert_eq!(with_list_notifications(current).as_deref(), wanted, "{current}");
+        }
+    }
 }

@@ -31,7 +31,7 @@ use bytes::Bytes;
 use dedup::Dedup;
 use link::LinkCommand;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -135,11 +135,18 @@ impl Message {
 /// Where the hub delivers one client's messages (cloned into every topic it subscribes).
 #[derive(Clone)]
 pub struct Subscriber {
-    /// The client's id: one entry per client and topic.
+    /// The client's id (or a waiter's, from [`WAITER_IDS`]): one entry per id and topic.
     id: u64,
     tx: mpsc::Sender<Message>,
     overflowed: Arc<AtomicBool>,
+    /// A waiter ([`Hub::waiter`]) is also woken (an empty message) when a master confirms its
+    /// topic again after a reconnection: what changed on that master meanwhile was not
+    /// notified.
+    wakes_on_confirm: bool,
 }
+
+/// Waiters' ids: above every client id.
+const WAITER_IDS: u64 = 1 << 63;
 
 impl Subscriber {
     /// The client's id.
@@ -157,12 +164,17 @@ pub struct Inbox {
 impl Inbox {
     /// An inbox for client `id`.
     pub fn new(id: u64) -> Inbox {
+        Inbox::with(id, false)
+    }
+
+    fn with(id: u64, wakes_on_confirm: bool) -> Inbox {
         let (tx, rx) = mpsc::channel(INBOX_MESSAGES);
         Inbox {
             subscriber: Subscriber {
                 id,
                 tx,
                 overflowed: Arc::default(),
+                wakes_on_confirm,
             },
             rx,
         }
@@ -179,6 +191,11 @@ impl Inbox {
     /// A message already waiting, if any.
     pub fn try_next(&mut self) -> Option<Message> {
         self.rx.try_recv().ok()
+    }
+
+    /// Drops the messages waiting.
+    pub fn clear(&mut self) {
+        while self.rx.try_recv().is_ok() {}
     }
 
     /// Whether messages were dropped because the client did not take them.
@@ -207,6 +224,8 @@ pub struct Hub {
     quorum: usize,
     node_timeout: LiveDuration,
     stop: watch::Sender<bool>,
+    /// The next waiter's id.
+    next_waiter: AtomicU64,
 }
 
 impl Hub {
@@ -232,6 +251,7 @@ impl Hub {
             quorum: masters / 2 + 1,
             node_timeout,
             stop,
+            next_waiter: AtomicU64::new(WAITER_IDS),
         });
         for (master, (connect, commands)) in connects.into_iter().zip(receivers).enumerate() {
             let link = link::SubscriberLink::new(Arc::downgrade(&hub), master, connect);
@@ -243,6 +263,12 @@ impl Hub {
     /// Closes every subscriber link.
     pub fn stop(&self) {
         self.stop.send_replace(true);
+    }
+
+    /// An inbox for a waiter (a blocked `BLPOP`) to subscribe keyspace channels with: woken
+    /// by their messages and when a master confirms one again after a reconnection.
+    pub fn waiter(&self) -> Inbox {
+        Inbox::with(self.next_waiter.fetch_add(1, Ordering::Relaxed), true)
     }
 
     fn table(&self) -> MutexGuard<'_, Table> {
@@ -328,10 +354,29 @@ impl Hub {
         self.table().topics.keys().cloned().collect()
     }
 
-    /// Master `master` confirmed its subscription to `(kind, name)`.
+    /// Master `master` confirmed its subscription to `(kind, name)`; the waiters on it are
+    /// woken if it was not active there.
     fn confirm(&self, master: usize, kind: Kind, name: Bytes) {
-        if let Some(topic) = self.table().topics.get(&(kind, name)) {
-            topic.confirmed.send_modify(|bits| *bits |= 1 << master);
+        let table = self.table();
+        let Some(topic) = table.topics.get(&(kind, name.clone())) else {
+            return;
+        };
+        let bit = 1 << master;
+        if !topic.confirmed.send_if_modified(|bits| {
+            let new = *bits & bit == 0;
+            *bits |= bit;
+            new
+        }) {
+            return;
+        }
+        let wake = Message {
+            kind,
+            pattern: None,
+            channel: name,
+            payload: Bytes::new(),
+        };
+        for waiter in topic.subscribers.values().filter(|s| s.wakes_on_confirm) {
+            let _ = waiter.tx.try_send(wake.clone());
         }
     }
 
