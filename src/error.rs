@@ -39,8 +39,6 @@ pub enum ProxyError {
     TimeoutNotFloat,
     #[error("ERR timeout is negative")]
     TimeoutNegative,
-    #[error("ERR timeout is out of range")]
-    TimeoutOutOfRange,
     /// `server.c processCommand`: a RESP2 client in subscribed mode sent another command (its
     /// full name, lower case).
     #[error("ERR Can't execute '{0}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context")]

@@ -21,11 +21,7 @@ const SCENARIOS: usize = 22;
 /// Steps that fail through the proxy for a reason an open issue tracks: (scenario, the step
 /// it fails in, why). Each must still pass on the plain redis-server and fail through the
 /// proxy at exactly that step, so the test fails once a gap closes (then the entry goes).
-const KNOWN_GAPS: &[(&str, &str, &str)] = &[(
-    "python-redis-lock",
-    "W waits (BLPOP on the signal list) while A holds the lock",
-    "BLPOP is not served yet: waiters woken by lists come with issue 25",
-)];
+const KNOWN_GAPS: &[(&str, &str, &str)] = &[];
 
 /// Whether `r` failed as a known gap says it does (see [`KNOWN_GAPS`]).
 fn known_gap(r: &ClientResult) -> bool {

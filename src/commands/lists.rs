@@ -72,7 +72,10 @@ pub fn lmove(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action 
 /// `args` (a command whose destination is `args[2]`) followed by the guard over it.
 fn guarded(ctx: &Ctx<'_>, args: &[Bytes]) -> Bytes {
     let mut both = BytesMut::from(encode_command(args).as_ref());
-    both.extend_from_slice(&super::scripts::guard_command(&args[2..3], &ctx.shared.policy));
+    both.extend_from_slice(&super::scripts::guard_command(
+        &args[2..3],
+        &ctx.shared.policy,
+    ));
     both.freeze()
 }
 
@@ -123,11 +126,19 @@ pub fn blocking_move(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> 
         replies: 2,
         shape: |reply| reply,
     };
-    block(ctx, session, vec![request.args[1].clone()], timeout, attempt)
+    block(
+        ctx,
+        session,
+        vec![request.args[1].clone()],
+        timeout,
+        attempt,
+    )
 }
 
-/// A blocking command's timeout as Redis reads it (`getTimeoutFromObjectOrReply`, seconds):
-/// `None` for 0 (forever).
+/// A blocking command's timeout as Redis 7.0 reads it (`getTimeoutFromObjectOrReply`, in
+/// seconds): `None` for 0 (forever). Quirks kept: milliseconds are truncated (`0.0001` is 0,
+/// forever), and a value past the range of a 64-bit integer (`1e300`, `inf`) converts to its
+/// minimum, so it is "negative"; a huge one below that waits as good as forever.
 fn parse_timeout(arg: &[u8]) -> Result<Option<Duration>, ProxyError> {
     let seconds: f64 = std::str::from_utf8(arg)
         .ok()
@@ -135,11 +146,9 @@ fn parse_timeout(arg: &[u8]) -> Result<Option<Duration>, ProxyError> {
         .and_then(|text| text.parse().ok())
         .filter(|value: &f64| !value.is_nan())
         .ok_or(ProxyError::TimeoutNotFloat)?;
-    let ms = (seconds * 1000.0).ceil();
-    if ms > i64::MAX as f64 {
-        return Err(ProxyError::TimeoutOutOfRange);
-    }
-    if ms < 0.0 {
+    let ms = (seconds * 1000.0).trunc();
+    // x86's conversion of an out-of-range double is the minimum integer.
+    if ms < 0.0 || ms >= i64::MAX as f64 {
         return Err(ProxyError::TimeoutNegative);
     }
     Ok((ms > 0.0).then(|| Duration::from_millis(ms as u64)))
@@ -165,7 +174,8 @@ fn block(
     let waiter = Waiter {
         hub: ctx.shared.pubsub.clone(),
         masters: ctx.masters(),
-        deadline: timeout.map(|t| ctx.received_at + t),
+        // A timeout past what the clock can count is forever.
+        deadline: timeout.and_then(|t| ctx.received_at.checked_add(t)),
         ended: session.ended.subscribe(),
     };
     Action::Barrier(Box::pin(async move {
@@ -309,16 +319,19 @@ mod tests {
             ("0.0", Ok(None)),
             ("1", ms(1000)),
             ("0.5", ms(500)),
-            ("0.0001", ms(1)),
+            ("0.0001", Ok(None)),
+            ("0.0019", ms(1)),
             ("1e1", ms(10_000)),
             ("-1", Err(ProxyError::TimeoutNegative)),
             ("-0.001", Err(ProxyError::TimeoutNegative)),
+            ("-0.0001", Ok(None)),
             ("x", Err(ProxyError::TimeoutNotFloat)),
             (" 1", Err(ProxyError::TimeoutNotFloat)),
             ("", Err(ProxyError::TimeoutNotFloat)),
             ("nan", Err(ProxyError::TimeoutNotFloat)),
-            ("inf", Err(ProxyError::TimeoutOutOfRange)),
-            ("1e300", Err(ProxyError::TimeoutOutOfRange)),
+            ("inf", Err(ProxyError::TimeoutNegative)),
+            ("1e300", Err(ProxyError::TimeoutNegative)),
+            ("9223371000000000", ms(9_223_371_000_000_000_000)),
         ];
         for (arg, expected) in cases {
             assert_eq!(parse_timeout(arg.as_bytes()), expected, "{arg}");

@@ -12,6 +12,8 @@
 //!   so replies leave in exactly the order requests arrived, whatever order they complete in.
 //! - At most `max_inflight_per_client` requests are in flight; beyond that the socket is not
 //!   read (backpressure), so a deep pipeline cannot grow memory without bound ([`session`]).
+//!   Behind a barrier, at most a small fixed read-ahead is read: enough to see a blocked
+//!   client (`BLPOP`) disconnect, which ends its wait as Redis frees it.
 //! - The loop never waits on the client: writing is one branch of its `select!` (socket
 //!   readiness, then a non-blocking write), so while the client's socket is full the loop still
 //!   drives `in_flight` (fan-outs finish and give back their permits, acquires are decided)

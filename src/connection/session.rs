@@ -18,7 +18,8 @@
 //!   then a non-blocking write), so with the client's socket full it still drives the
 //!   requests in flight and still reads, within its bounds.
 //! - Bounded memory: the socket is not read with `max_inflight_per_client` requests in
-//!   flight or behind a barrier; past `client_query_buffer_limit` bytes of requests, or
+//!   flight, nor past [`BARRIER_READ_AHEAD`] unparsed bytes behind a barrier (read that far
+//!   so a blocked client's disconnection is seen); past `client_query_buffer_limit` bytes of requests, or
 //!   `client_output_buffer_limit` bytes of replies (0 = none), the client is closed at once.
 //! - Replies that are ready are encoded first, then written in one write per burst (early
 //!   once [`FLUSH_AT`] bytes wait).
@@ -53,6 +54,9 @@ const READ_CHUNK: usize = 4 * 1024;
 /// polls a read while requests are in flight, whose arguments still point into the buffer's
 /// allocation, and `reserve` would then allocate a fresh buffer for every request.
 const READ_MIN: usize = 1024;
+/// Request bytes read ahead while a barrier waits (a blocked `BLPOP`): enough to see the
+/// client's stream end, as Redis frees a blocked client that disconnects, and bounded.
+const BARRIER_READ_AHEAD: usize = 16 * 1024;
 /// When closing, how long a client may take none of the replies left before it is dropped.
 pub(super) const CLOSE_STALL: Duration = Duration::from_secs(1);
 /// Request bytes buffered, and reply bytes queued, for a client that must still authenticate
@@ -65,7 +69,12 @@ enum Event {
     /// A pub/sub message for the client.
     Message(Message),
     Writable(bool),
-    Read(bool),
+    /// Bytes were read (`read`: false at the stream's end); `unparsed`: bytes read earlier
+    /// were still waiting to be parsed.
+    Read {
+        read: bool,
+        unparsed: bool,
+    },
     Stop,
     Stalled,
     Idle,
@@ -111,8 +120,9 @@ pub(super) struct ClientSession<'a, R, W> {
     out: Output,
     /// No further request is admitted; the session ends once what is left is written.
     closing: bool,
-    /// When the last bytes were read: the validity clock of the requests among them starts
-    /// there.
+    /// When the oldest bytes not yet parsed were read (the last read, when everything before
+    /// it was parsed): the validity clock of the requests among them starts there, never
+    /// later than their bytes arrived.
     received_at: Instant,
     /// The last read, or write that made progress: the start of the idle timeout.
     last_activity: Instant,
@@ -177,7 +187,7 @@ where
                     self.out.unblock();
                     Flow::Flush
                 }
-                Event::Read(read) => self.read_done(read),
+                Event::Read { read, unparsed } => self.read_done(read, unparsed),
                 Event::Stop => {
                     self.closing = true;
                     Flow::Continue
@@ -254,7 +264,9 @@ where
     async fn next_event(&mut self) -> Event {
         self.closing |= *self.stop.borrow();
         let closing = self.closing;
-        let can_read = !closing && self.in_flight.accepts(self.limits.max_inflight);
+        let read_ahead = self.in_flight.barrier_pending() && self.rbuf.len() < BARRIER_READ_AHEAD;
+        let can_read = !closing && (self.in_flight.accepts(self.limits.max_inflight) || read_ahead);
+        let unparsed = !self.rbuf.is_empty();
         let in_flight = !self.in_flight.is_empty();
         let to_write = !self.out.is_empty() || self.wr.has_buffered();
         let only_writes_left = closing && !in_flight;
@@ -281,7 +293,9 @@ where
                 Event::Message(message)
             }
             ready = self.wr.ready(), if to_write => Event::Writable(ready.is_ok()),
-            read = read_more(&mut self.rd, &mut self.rbuf), if can_read => Event::Read(read),
+            read = read_more(&mut self.rd, &mut self.rbuf), if can_read => {
+                Event::Read { read, unparsed }
+            }
             _ = client.stopped(), if !closing => Event::Stop,
             _ = sleep_until_some(stall_deadline), if only_writes_left => Event::Stalled,
             _ = sleep_until_some(idle_deadline), if idle => Event::Idle,
@@ -358,13 +372,19 @@ where
     }
 
     /// Bytes were read (`read`), or the client's stream ended: the start of the validity clock
-    /// of the requests among them, and activity. Past the query buffer limit the connection
+    /// of the requests among them (unless older bytes still wait: theirs stays), and activity. Past the query buffer limit the connection
     /// is closed.
-    fn read_done(&mut self, read: bool) -> Flow {
-        self.received_at = Instant::now();
-        self.last_activity = self.received_at;
+    fn read_done(&mut self, read: bool, unparsed: bool) -> Flow {
+        let now = Instant::now();
+        if !unparsed {
+            self.received_at = now;
+        }
+        self.last_activity = now;
         if !read {
             self.closing = true;
+            // Redis frees a client whose stream ended at once: a blocked command stops
+            // waiting (and pops nothing) instead of being driven to its end.
+            self.session.ended.send_replace(true);
         }
         let limit = buffer_limit(&self.session, self.limits.query);
         if self.rbuf.len() as u64 > limit {

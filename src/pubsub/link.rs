@@ -305,7 +305,14 @@ async fn enable_list_notifications(
     let Some(flags) = with_list_notifications(&current) else {
         return Ok(Ok(()));
     };
-    match request(rd, wr, buf, &["CONFIG", "SET", "notify-keyspace-events", &flags]).await? {
+    match request(
+        rd,
+        wr,
+        buf,
+        &["CONFIG", "SET", "notify-keyspace-events", &flags],
+    )
+    .await?
+    {
         Reply::Error(text) => Ok(Err(String::from_utf8_lossy(&text).into_owned())),
         _ => Ok(Ok(())),
     }
@@ -371,7 +378,11 @@ mod tests {
             ("gE", Some("gEKl")),
         ];
         for (current, wanted) in cases {
-            assert_eq!(with_list_notifications(current).as_deref(), wanted, "{current}");
+            assert_eq!(
+                with_list_notifications(current).as_deref(),
+                wanted,
+                "{current}"
+            );
         }
     }
 }

@@ -1,0 +1,254 @@
+//! Lists as wake-up signals through the proxy (docs/PROTOCOL.md §14): every reply compared with
+//! one redis-server's in RESP2 and RESP3 (pops, moves, blocking pops that find an element or
+//! time out, their errors); a blocked `BLPOP` woken by a push through another proxy and by
+//! python-redis-lock's release script, through 3 and 5 masters, with masters down and paused
+//! during the wait; a waiter whose connection ends pops nothing; idle waiters cost the masters
+//! nothing.
+
+use redlock_proxy::LocalMaster;
+use redlock_testkit::differential::assert_same_replies_in_resp2_and_resp3;
+use redlock_testkit::key;
+use redlock_testkit::launcher::{Env, Proxy};
+use redlock_testkit::masters::{command_stats, master_cmd, signal};
+use redlock_testkit::resp::Client;
+use std::time::{Duration, Instant};
+
+/// Ample for any reply on a loaded machine.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// `{l}`, `{d}`: lists; `{s}`: a string; `{m}`: missing.
+const SESSION: &[&str] = &[
+    "SET {s} v",
+    "LPUSH {l} a b c",
+    "RPUSH {l} d",
+    "LPUSH {l}",
+    "LPUSH {s} x",
+    "LLEN {l}",
+    "LLEN {m}",
+    "LLEN {s}",
+    "LRANGE {l} 0 -1",
+    "LRANGE {m} 0 -1",
+    "LPOP {l}",
+    "RPOP {l}",
+    "LPOP {l} 1",
+    "LPOP {m}",
+    "LPOP {m} 2",
+    "RPOP {m} 1",
+    "LPOP {l} 0",
+    "LPOP {l} -1",
+    "LPOP {l} x",
+    "LPOP {s}",
+    "LPOP",
+    "LPOP {l} 1 2",
+    "RPUSH {l} e f g",
+    "LMOVE {l} {d} LEFT RIGHT",
+    "LMOVE {l} {d} RIGHT LEFT",
+    "LMOVE {m} {d} LEFT LEFT",
+    "LMOVE {l} {d} UP LEFT",
+    "LMOVE {s} {d} LEFT LEFT",
+    "LRANGE {d} 0 -1",
+    "BLPOP {m} {l} 0",
+    "BRPOP {d} 1",
+    "BLPOP {m} 0.05",
+    "BRPOP {m} {m}x 0.05",
+    "BLMOVE {d} {l} LEFT LEFT 0",
+    "BLMOVE {m} {l} LEFT LEFT 0.05",
+    "BLPOP {m} -1",
+    "BLPOP {m} x",
+    "BLPOP {m} 1e300",
+    "BLPOP {m} inf",
+    "BLPOP {s} 0",
+    "BLPOP {m}",
+    "BLMOVE {l} {d} LEFT UP 0",
+    "LRANGE {l} 0 -1",
+    "DEL {l} {d}",
+];
+
+#[tokio::test]
+async fn list_replies_match_one_redis_server() {
+    let env = Env::start(3).await;
+    let redis = LocalMaster::start(None, &[]).expect("redis-server");
+    assert_same_replies_in_resp2_and_resp3(
+        env.proxy.port,
+        redis.port,
+        SESSION,
+        &["{l}", "{d}", "{s}", "{m}"],
+    )
+    .await;
+}
+
+/// Sends `BLPOP key timeout` on `waiter` without waiting for the reply.
+async fn block(waiter: &mut Client, key: &str, timeout: &str) {
+    waiter.send(&["BLPOP", key, timeout]).await;
+    // Not answered while nothing is pushed.
+    assert_eq!(waiter.try_read(Duration::from_millis(200)).await, None);
+}
+
+/// python-redis-lock's release script (`redis_lock.UNLOCK_SCRIPT`).
+const UNLOCK: &str = r#"
+    if redis.call("get", KEYS[1]) ~= ARGV[1] then
+        return 1
+    else
+        redis.call("del", KEYS[2])
+        redis.call("lpush", KEYS[2], 1)
+        redis.call("pexpire", KEYS[2], ARGV[2])
+        redis.call("del", KEYS[1])
+        return 0
+    end
+"#;
+
+#[tokio::test]
+async fn a_blocked_waiter_is_woken_by_a_push_through_another_proxy() {
+    let env = Env::start(5).await;
+    let other = Proxy::start(env.masters.addrs(), |_| {}).await;
+    let signal_key = key("signal");
+    let mut waiter = env.proxy.client().await;
+    block(&mut waiter, &signal_key, "0").await;
+    let mut pusher = other.client().await;
+    assert_eq!(pusher.cmd(&["LPUSH", &signal_key, "1"]).await, ":1");
+    let woken = waiter.try_read(PATIENCE).await;
+    assert_eq!(woken.as_deref(), Some(&*format!("*[${signal_key},$1]")));
+    // Popped on every master (each popped its own copy).
+    for port in env.ports() {
+        let deadline = Instant::now() + PATIENCE;
+        while master_cmd(port, &["LLEN", &signal_key]).await != ":0" {
+            assert!(Instant::now() < deadline, "the signal stayed on {port}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// A waiter blocked on python-redis-lock's signal list while masters fail is woken by the
+/// lock's release script.
+async fn woken_by_release_with(n: usize, down: &[usize], paused: &[usize]) {
+    let mut env = Env::start(n).await;
+    let (lock, signal_key) = (key("lock"), key("lock-signal"));
+    let mut holder = env.proxy.client().await;
+    assert_eq!(
+        holder.cmd(&["SET", &lock, "me", "NX", "PX", "30000"]).await,
+        "+OK"
+    );
+    let mut waiter = env.proxy.client().await;
+    block(&mut waiter, &signal_key, "0").await;
+    for &i in down {
+        env.masters.masters[i].kill();
+    }
+    let pids: Vec<u32> = paused
+        .iter()
+        .map(|&i| env.masters.masters[i].pid().expect("running"))
+        .collect();
+    for &pid in &pids {
+        signal(pid, "STOP");
+    }
+    let released = holder
+        .cmd(&["EVAL", UNLOCK, "2", &lock, &signal_key, "me", "1000"])
+        .await;
+    let woken = waiter.try_read(PATIENCE).await;
+    for &pid in &pids {
+        signal(pid, "CONT");
+    }
+    assert_eq!(
+        released, ":0",
+        "{n} masters, {down:?} down, {paused:?} paused"
+    );
+    assert_eq!(
+        woken.as_deref(),
+        Some(&*format!("*[${signal_key},$1]")),
+        "{n} masters, {down:?} down, {paused:?} paused"
+    );
+}
+
+#[tokio::test]
+async fn a_waiter_is_woken_by_the_release_with_a_master_paused_through_3() {
+    woken_by_release_with(3, &[], &[1]).await;
+}
+
+#[tokio::test]
+async fn a_waiter_is_woken_by_the_release_with_a_master_down_and_one_paused_through_5() {
+    woken_by_release_with(5, &[0], &[3]).await;
+}
+
+#[tokio::test]
+async fn a_blocking_pop_times_out_after_its_timeout_and_not_before() {
+    let env = Env::start(3).await;
+    let mut waiter = env.proxy.client().await;
+    for (timeout, ms) in [("0.3", 300), ("1", 1000)] {
+        let sent = Instant::now();
+        let reply = waiter.cmd(&["BLPOP", &key("never"), timeout]).await;
+        assert_eq!(reply, "*nil");
+        assert!(
+            sent.elapsed() >= Duration::from_millis(ms),
+            "{timeout}: early"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_waiter_whose_connection_ends_pops_nothing() {
+    let env = Env::start(3).await;
+    let signal_key = key("gone");
+    let mut waiter = env.proxy.client().await;
+    block(&mut waiter, &signal_key, "0").await;
+    drop(waiter);
+    // Its registration goes with the connection: a later push stays on every master.
+    let mut pusher = env.proxy.client().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(pusher.cmd(&["RPUSH", &signal_key, "x"]).await, ":1");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for port in env.ports() {
+        assert_eq!(master_cmd(port, &["LLEN", &signal_key]).await, ":1");
+    }
+}
+
+/// `LMPOP` calls on a master so far.
+async fn pops(port: u16) -> u64 {
+    let stats = command_stats(port).await.expect("INFO commandstats");
+    stats.get("lmpop").copied().unwrap_or(0)
+}
+
+#[tokio::test]
+async fn idle_waiters_cost_the_masters_nothing() {
+    let env = Env::start(3).await;
+    let mut waiters = Vec::new();
+    for i in 0..50 {
+        let mut waiter = env.proxy.client().await;
+        waiter
+            .send(&["BLPOP", &key(&format!("idle{}", i % 10)), "0"])
+            .await;
+        waiters.push(waiter);
+    }
+    // Every waiter tried once; then nothing while nothing changes.
+    let port = env.ports()[0];
+    let deadline = Instant::now() + PATIENCE;
+    while pops(port).await < 50 {
+        assert!(Instant::now() < deadline, "the waiters did not all try");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The tries already sent have arrived (a first subscription's confirmations may wake
+    // its waiter once more).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = pops(port).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(pops(port).await, before, "idle waiters polled the master");
+    // A push on one key wakes its waiters only: each of its 5 tries again, one pops first (two
+    // racing waiters may each be first on a different master: a signal, not a queue).
+    let pushed = key("idle3");
+    let mut pusher = env.proxy.client().await;
+    pusher.cmd(&["LPUSH", &pushed, "1"]).await;
+    let deadline = Instant::now() + PATIENCE;
+    for port in env.ports() {
+        while master_cmd(port, &["LLEN", &pushed]).await != ":0" {
+            assert!(Instant::now() < deadline, "not popped on {port}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let mut woken = 0;
+    for waiter in &mut waiters {
+        woken += usize::from(waiter.try_read(Duration::from_millis(100)).await.is_some());
+    }
+    assert!((1..=3).contains(&woken), "{woken} woken by one push");
+    assert!(
+        pops(port).await - before <= 10,
+        "more tries than the key's waiters"
+    );
+}
