@@ -125,7 +125,7 @@ class Pottery(Library):
 class PythonRedisLock(Library):
     """python-redis-lock's Lock: SET NX EX to acquire, scripts to extend and release (the release
     script also pushes to a signal list that blocked acquirers wait on with BLPOP)."""
-    api = "Lock: acquire(blocking=False), extend(60), release(), auto_renewal=True, with-block, acquire(timeout)"
+    api = "Lock: acquire(blocking=False), extend(60), release(), auto_renewal=True, with-block, blocking acquire(timeout) woken by BLPOP"
     extend_ms = 60000   # extend(expire=60): the proxy's default max_lock_ttl_ms, exactly
     prefix = "lock:"
     waits_by = "BLPOP on the signal list"
