@@ -118,10 +118,14 @@ async fn a_blocked_waiter_is_woken_by_a_push_through_another_proxy() {
     }
 }
 
+/// The node timeout of the failure tests: a wake-up that waited for a paused master would
+/// take at least this long.
+const NODE_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// A waiter blocked on python-redis-lock's signal list while masters fail is woken by the
-/// lock's release script.
+/// lock's release script, within the node timeout.
 async fn woken_by_release_with(n: usize, down: &[usize], paused: &[usize]) {
-    let mut env = Env::start(n).await;
+    let mut env = Env::start_with(n, |c| c.node_timeout_ms = NODE_TIMEOUT.as_millis() as u64).await;
     let (lock, signal_key) = (key("lock"), key("lock-signal"));
     let mut holder = env.proxy.client().await;
     assert_eq!(
@@ -140,10 +144,11 @@ async fn woken_by_release_with(n: usize, down: &[usize], paused: &[usize]) {
     for &pid in &pids {
         signal(pid, "STOP");
     }
-    let released = holder
-        .cmd(&["EVAL", UNLOCK, "2", &lock, &signal_key, "me", "1000"])
+    holder
+        .send(&["EVAL", UNLOCK, "2", &lock, &signal_key, "me", "1000"])
         .await;
-    let woken = waiter.try_read(PATIENCE).await;
+    let woken = waiter.try_read(NODE_TIMEOUT).await;
+    let released = holder.read().await;
     for &pid in &pids {
         signal(pid, "CONT");
     }

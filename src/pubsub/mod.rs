@@ -330,7 +330,12 @@ impl Hub {
         let mut local = 0;
         let mut own = vec![0; self.links.len()];
         let mut count = |topic: &Topic| {
-            local += topic.subscribers.len();
+            // Clients only: a blocked pop's registration receives nothing a client sees.
+            local += topic
+                .subscribers
+                .values()
+                .filter(|s| !s.wakes_on_confirm)
+                .count();
             let bits = *topic.confirmed.borrow();
             for (master, own) in own.iter_mut().enumerate() {
                 *own += i64::from(bits & (1 << master) != 0);
