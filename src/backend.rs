@@ -1,6 +1,7 @@
-//! A master as configured ([`Backend`]): `host:port`, `redis://[user:password@]host:port` or
-//! `rediss://…` (TLS), from the configuration file or the `--backend` flags. Pure: no I/O;
-//! [`crate::dial`] connects to it.
+//! A master as configured ([`Backend`]): `host:port`, `redis://[user:password@]host:port`,
+//! `rediss://…` (TLS), or `sentinel://[user:password@]host:port[,host:port…]/name` (the primary
+//! of a Sentinel-managed group, found by asking the sentinels), from the configuration file or
+//! the `--backend` flags. Pure: no I/O; [`crate::dial`] connects to it.
 //!
 //! Invariant: a password never leaves this module in text: [`Backend`]'s `Display` and `Debug`
 //! show `***` in its place ([`Secret`] itself prints as `<redacted>`), and so do the config's
@@ -17,17 +18,28 @@ use std::str::FromStr;
 #[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "String")]
 pub struct Backend {
+    /// The master's address; for a Sentinel group, its first sentinel's.
     pub host: String,
     pub port: u16,
     /// `rediss://`: TLS to the master.
     pub tls: bool,
     pub user: Option<String>,
     pub password: Option<Secret>,
+    /// `sentinel://`: the master is whichever server these sentinels name the primary of.
+    pub sentinel: Option<SentinelGroup>,
+}
+
+/// A master group watched by Redis Sentinel: the sentinels to ask, in order, and the group's
+/// name (`sentinel monitor <name> …`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SentinelGroup {
+    pub sentinels: Vec<(String, u16)>,
+    pub name: String,
 }
 
 /// An address that is not `host:port` or a `redis://`/`rediss://` URL.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid master address '{shown}': {reason} (expected HOST:PORT, redis://[USER:PASSWORD@]HOST:PORT or rediss://…)")]
+#[error("invalid master address '{shown}': {reason} (expected HOST:PORT, redis://[USER:PASSWORD@]HOST:PORT, rediss://… or sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]/NAME)")]
 pub struct BackendError {
     /// The address with any password blanked out.
     shown: String,
@@ -42,19 +54,28 @@ impl FromStr for Backend {
             shown: blank_password(text),
             reason,
         };
-        let (tls, rest) = match text.split_once("://") {
-            None => (false, text),
+        let (tls, sentinel, rest) = match text.split_once("://") {
+            None => (false, false, text),
             Some((scheme, rest)) => match scheme.to_ascii_lowercase().as_str() {
-                "redis" => (false, rest),
-                "rediss" => (true, rest),
-                _ => return Err(fail("the scheme must be redis:// or rediss://")),
+                "redis" => (false, false, rest),
+                "rediss" => (true, false, rest),
+                "sentinel" => (false, true, rest),
+                _ => {
+                    return Err(fail(
+                        "the scheme must be redis://, rediss:// or sentinel://",
+                    ))
+                }
             },
         };
-        // A trailing `/` or `/0` (the database) is accepted: the proxy only uses db 0.
-        let rest = match rest.split_once('/') {
-            Some((authority, "" | "0")) => authority,
-            Some(_) => return Err(fail("only database 0 can be used")),
-            None => rest,
+        let (rest, group) = match (sentinel, rest.split_once('/')) {
+            (true, Some((authority, name))) if !name.is_empty() && !name.contains('/') => {
+                (authority, Some(name))
+            }
+            (true, _) => return Err(fail("a sentinel:// address ends with /NAME, the group")),
+            // A trailing `/` or `/0` (the database) is accepted: the proxy only uses db 0.
+            (false, Some((authority, "" | "0"))) => (authority, None),
+            (false, Some(_)) => return Err(fail("only database 0 can be used")),
+            (false, None) => (rest, None),
         };
         let (userinfo, hostport) = match rest.rsplit_once('@') {
             Some((userinfo, hostport)) => (Some(userinfo), hostport),
@@ -77,20 +98,32 @@ impl FromStr for Backend {
                 None => (Some(decode(userinfo)?).filter(|u| !u.is_empty()), None),
             },
         };
-        let (host, port) = hostport
-            .rsplit_once(':')
-            .ok_or_else(|| fail("the port is missing"))?;
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        if host.is_empty() {
-            return Err(fail("the host is missing"));
-        }
-        let port = port.parse().map_err(|_| fail("the port is not a number"))?;
+        let parse_address = |address: &str| {
+            let (host, port) = address
+                .rsplit_once(':')
+                .ok_or_else(|| fail("the port is missing"))?;
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            if host.is_empty() {
+                return Err(fail("the host is missing"));
+            }
+            let port: u16 = port.parse().map_err(|_| fail("the port is not a number"))?;
+            Ok((host.to_string(), port))
+        };
+        let addresses = match group {
+            Some(_) => hostport.split(',').map(parse_address).collect(),
+            None => parse_address(hostport).map(|address| vec![address]),
+        }?;
+        let (host, port) = addresses[0].clone();
         Ok(Backend {
-            host: host.to_string(),
+            host,
             port,
             tls,
             user,
             password,
+            sentinel: group.map(|name| SentinelGroup {
+                sentinels: addresses,
+                name: name.to_string(),
+            }),
         })
     }
 }
@@ -104,6 +137,7 @@ impl Backend {
             tls: false,
             user: None,
             password: None,
+            sentinel: None,
         }
     }
 }
@@ -133,15 +167,19 @@ fn blank_password(text: &str) -> String {
 /// password as `***`.
 impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
+        let address = |host: &str, port: u16| match host.contains(':') {
+            true => format!("[{host}]:{port}"),
+            false => format!("{host}:{port}"),
         };
-        if !self.tls && self.user.is_none() && self.password.is_none() {
-            return write!(f, "{host}:{}", self.port);
+        if !self.tls && self.sentinel.is_none() && self.user.is_none() && self.password.is_none()
+        {
+            return f.write_str(&address(&self.host, self.port));
         }
-        let scheme = if self.tls { "rediss" } else { "redis" };
+        let scheme = match (&self.sentinel, self.tls) {
+            (Some(_), _) => "sentinel",
+            (None, true) => "rediss",
+            (None, false) => "redis",
+        };
         write!(f, "{scheme}://")?;
         match (&self.user, &self.password) {
             (Some(user), Some(_)) => write!(f, "{user}:***@")?,
@@ -149,7 +187,14 @@ impl fmt::Display for Backend {
             (None, Some(_)) => write!(f, ":***@")?,
             (None, None) => {}
         }
-        write!(f, "{host}:{}", self.port)
+        match &self.sentinel {
+            None => f.write_str(&address(&self.host, self.port)),
+            Some(group) => {
+                let sentinels: Vec<String> =
+                    group.sentinels.iter().map(|(h, p)| address(h, *p)).collect();
+                write!(f, "{}/{}", sentinels.join(","), group.name)
+            }
+        }
     }
 }
 
@@ -183,12 +228,30 @@ mod tests {
         let no_user = parse("redis://:secret@[::1]:7000");
         assert_eq!((no_user.host.as_str(), no_user.user), ("::1", None));
         assert_eq!(no_user.password, Some(Secret::new("secret".into())));
+        let group = parse("sentinel://:pw@s1:26379,[::1]:26380/locks");
+        let sentinels = vec![("s1".to_string(), 26379), ("::1".to_string(), 26380)];
+        assert_eq!(
+            group.sentinel,
+            Some(SentinelGroup {
+                sentinels,
+                name: "locks".into()
+            })
+        );
+        assert_eq!(group.password, Some(Secret::new("pw".into())));
+        assert_eq!(
+            group.to_string(),
+            "sentinel://:***@s1:26379,[::1]:26380/locks"
+        );
         for bad in [
             "localhost",
             "http://h:1",
             "redis://h:port",
             "redis://:1",
             "redis://h:1/3",
+            "sentinel://h:1",
+            "sentinel://h:1/",
+            "sentinel://h:1,h/g",
+            "sentinel://h:1/a/b",
         ] {
             assert!(bad.parse::<Backend>().is_err(), "{bad}");
         }

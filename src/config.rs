@@ -193,13 +193,19 @@ impl Config {
         // A master listed twice would vote twice: a "majority" could then be a minority of
         // the real masters, and the quorum intersection every argument rests on is gone.
         for (i, backend) in self.backends.iter().enumerate() {
+            // Sentinel groups are the same master when they name the same group; a group's
+            // sentinels may be shared with other groups. (One redis-server reached under two
+            // names is also refused when it answers: the health monitor compares run ids.)
+            let group = |b: &Backend| b.sentinel.as_ref().map(|g| g.name.clone());
             let same = |other: &Backend| {
-                other.host.eq_ignore_ascii_case(&backend.host) && other.port == backend.port
+                group(other) == group(backend)
+                    && (backend.sentinel.is_some()
+                        || other.host.eq_ignore_ascii_case(&backend.host)
+                            && other.port == backend.port)
             };
             if self.backends[..i].iter().any(same) {
                 return Err(ConfigError::Invalid(format!(
-                    "master {}:{} is listed twice: each master must be a different redis-server (a master counted twice would vote twice)",
-                    backend.host, backend.port
+                    "master {backend} is listed twice: each master must be a different redis-server (a master counted twice would vote twice)"
                 )));
             }
         }

@@ -1,5 +1,8 @@
 //! How the proxy reaches one master: the [`Connect`] that opens a TCP or TLS stream to a
-//! [`Backend`] and authenticates before anything else goes on it ([`Dial`]).
+//! [`Backend`] and authenticates before anything else goes on it ([`Dial`]). For a
+//! Sentinel-managed master, every connection first asks the sentinels, in order, which server
+//! is the group's primary, and a watcher subscribed to a sentinel's `+switch-master` tells the
+//! connection to move when the group fails over ([`Connect::changed`]).
 //!
 //! Invariants:
 //! - A password goes on the wire in `AUTH` only, and is printed nowhere ([`Backend`] and
@@ -12,8 +15,12 @@
 //!   soon as the master accepts the credentials again).
 //! - A password that is not in the address comes from the environment variable
 //!   [`PASSWORD_ENV`], read when the proxy starts.
+//! - A Sentinel group's primary is asked for on every connection (a lost connection
+//!   re-resolves), each sentinel within [`SENTINEL_TIMEOUT`]; the credentials are the
+//!   primary's, sentinels are asked without. A new primary is a new `run_id` to the health
+//!   monitor: it is quarantined like a master that restarted empty (docs/SAFETY.md).
 
-use crate::backend::Backend;
+use crate::backend::{Backend, SentinelGroup};
 use crate::protocol::{decode_reply, encode_command, Reply};
 use crate::secret::Secret;
 use crate::transport::{AuthRefused, Connect, ReadHalf, WriteHalf};
@@ -21,8 +28,11 @@ use bytes::BytesMut;
 use futures::future::BoxFuture;
 use rustls_pki_types::ServerName;
 use std::io;
+use std::sync::OnceLock;
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::watch;
 use tokio_rustls::TlsConnector;
 
 /// The environment variable that gives the masters' password when their address has none.
@@ -30,6 +40,10 @@ pub const PASSWORD_ENV: &str = "REDLOCK_PROXY_BACKEND_PASSWORD";
 
 /// Most bytes of a master's answer to `AUTH` read before giving up on it.
 const AUTH_REPLY_MAX: usize = 4096;
+/// How long one sentinel may take to name its group's primary before the next is asked.
+pub const SENTINEL_TIMEOUT: Duration = Duration::from_millis(300);
+/// The pause before a switch watcher tries the sentinels again.
+const WATCH_RETRY: Duration = Duration::from_millis(500);
 
 /// What to send before anything else on every connection: `AUTH [user] password`.
 #[derive(Clone)]
@@ -48,6 +62,11 @@ pub struct Dial {
     port: u16,
     tls: Option<MasterTls>,
     credentials: Option<Credentials>,
+    /// For a Sentinel-managed master: where to ask for the primary.
+    sentinel: Option<SentinelGroup>,
+    /// Failovers of the group seen so far, counted by the watcher started at the first
+    /// [`Connect::changed`].
+    switches: OnceLock<watch::Receiver<u64>>,
 }
 
 impl Dial {
@@ -77,6 +96,8 @@ impl Dial {
                 user: backend.user.clone(),
                 password,
             }),
+            sentinel: backend.sentinel.clone(),
+            switches: OnceLock::new(),
         }
     }
 }
@@ -86,8 +107,13 @@ impl Connect for Dial {
         let (host, port) = (self.host.clone(), self.port);
         let tls = self.tls.clone();
         let credentials = self.credentials.clone();
+        let sentinel = self.sentinel.clone();
         Box::pin(async move {
             let tls = tls.transpose().map_err(io::Error::other)?;
+            let (host, port) = match &sentinel {
+                Some(group) => primary_of(group).await?,
+                None => (host, port),
+            };
             let stream = TcpStream::connect((host.as_str(), port)).await?;
             stream.set_nodelay(true)?;
             match tls {
@@ -104,6 +130,120 @@ impl Connect for Dial {
                 }
             }
         })
+    }
+
+    fn changed(&self) -> BoxFuture<'static, ()> {
+        let Some(group) = &self.sentinel else {
+            return Box::pin(std::future::pending());
+        };
+        let mut switches = self
+            .switches
+            .get_or_init(|| {
+                let (tx, rx) = watch::channel(0);
+                tokio::spawn(watch_switches(group.clone(), tx));
+                rx
+            })
+            .clone();
+        switches.borrow_and_update();
+        Box::pin(async move {
+            if switches.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        })
+    }
+}
+
+/// The address of `group`'s primary, from the first sentinel that names one.
+async fn primary_of(group: &SentinelGroup) -> io::Result<(String, u16)> {
+    for (host, port) in &group.sentinels {
+        let asked = ask_sentinel(host, *port, &group.name);
+        if let Ok(Ok(Some(primary))) = tokio::time::timeout(SENTINEL_TIMEOUT, asked).await {
+            return Ok(primary);
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("no sentinel named a primary for '{}'", group.name),
+    ))
+}
+
+/// `SENTINEL GET-MASTER-ADDR-BY-NAME name` on one sentinel: the primary, or `None` if it does
+/// not know the group.
+async fn ask_sentinel(host: &str, port: u16, name: &str) -> io::Result<Option<(String, u16)>> {
+    let (mut rd, mut wr) = TcpStream::connect((host, port)).await?.into_split();
+    wr.write_all(&encode_command(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", name]))
+        .await?;
+    match read_reply(&mut rd, &mut BytesMut::new()).await? {
+        Reply::Array(items) => match items.as_slice() {
+            [Reply::Bulk(host), Reply::Bulk(port)] => {
+                let host = String::from_utf8_lossy(host).into_owned();
+                let port = std::str::from_utf8(port).ok().and_then(|p| p.parse().ok());
+                Ok(port.map(|port| (host, port)))
+            }
+            _ => Ok(None),
+        },
+        _ => Ok(None),
+    }
+}
+
+/// Counts `group`'s failovers in `switches`: subscribed to `+switch-master` on one sentinel
+/// at a time (the next when it fails), until nobody listens.
+async fn watch_switches(group: SentinelGroup, switches: watch::Sender<u64>) {
+    loop {
+        for (host, port) in &group.sentinels {
+            tokio::select! {
+                _ = follow_switches(host, *port, &group.name, &switches) => {}
+                _ = switches.closed() => return,
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(WATCH_RETRY) => {}
+                _ = switches.closed() => return,
+            }
+        }
+    }
+}
+
+/// Follows one sentinel's `+switch-master` messages until its connection fails.
+async fn follow_switches(host: &str, port: u16, name: &str, switches: &watch::Sender<u64>) {
+    let Ok(stream) = TcpStream::connect((host, port)).await else {
+        return;
+    };
+    let (mut rd, mut wr) = stream.into_split();
+    if wr
+        .write_all(&encode_command(&["SUBSCRIBE", "+switch-master"]))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let mut buf = BytesMut::new();
+    // `message +switch-master "<name> <old-ip> <old-port> <new-ip> <new-port>"`.
+    while let Ok(reply) = read_reply(&mut rd, &mut buf).await {
+        if let Reply::Array(items) = reply {
+            let named = match items.as_slice() {
+                [Reply::Bulk(kind), _, Reply::Bulk(text)] if kind.as_ref() == b"message" => text
+                    .split(|b| *b == b' ')
+                    .next()
+                    .is_some_and(|group| group == name.as_bytes()),
+                _ => false,
+            };
+            if named {
+                tracing::info!(group = name, "sentinel reports a failover");
+                switches.send_modify(|n| *n += 1);
+            }
+        }
+    }
+}
+
+/// Reads one reply (at most [`AUTH_REPLY_MAX`] bytes of it).
+async fn read_reply(rd: &mut (impl AsyncRead + Unpin), buf: &mut BytesMut) -> io::Result<Reply> {
+    loop {
+        if let Some(reply) = decode_reply(buf).map_err(io::Error::other)? {
+            return Ok(reply);
+        }
+        if buf.len() > AUTH_REPLY_MAX || rd.read_buf(buf).await? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
     }
 }
 
@@ -122,16 +262,7 @@ async fn authenticate(
         None => encode_command(&["AUTH", password]),
     };
     wr.write_all(&command).await?;
-    let mut buf = BytesMut::with_capacity(256);
-    let reply = loop {
-        if let Some(reply) = decode_reply(&mut buf).map_err(io::Error::other)? {
-            break reply;
-        }
-        if buf.len() > AUTH_REPLY_MAX || rd.read_buf(&mut buf).await? == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-    };
-    match reply {
+    match read_reply(rd, &mut BytesMut::with_capacity(256)).await? {
         Reply::Simple(ok) if ok.as_ref() == b"OK" => Ok(()),
         Reply::Error(text) => Err(io::Error::new(
             io::ErrorKind::PermissionDenied,

@@ -95,6 +95,10 @@ pub fn judge(prev: Option<&Observation>, now: &Observation) -> Judgement {
             ))
         } else if now.uptime_secs < p.uptime_secs && restart_loses {
             Some("restarted (uptime went backwards)".to_string())
+        } else if p.role != "master" && now.role == "master" {
+            // A replica promoted in place (same run_id): replication is asynchronous, so it
+            // may lack the last locks its old primary granted (a failover is amnesia).
+            Some(format!("promoted from {} to master", p.role))
         } else if now.data_wipes > p.data_wipes {
             Some("data wiped (FLUSHALL/DEBUG)".to_string())
         } else if now.evicted_keys > p.evicted_keys {
@@ -401,6 +405,10 @@ mod tests {
             ..base.clone()
         };
         assert!(judge(Some(&base), &replica).unsafe_config.is_some());
+        assert_eq!(
+            judge(Some(&replica), &base).lost.as_deref(),
+            Some("promoted from slave to master")
+        );
         let lru = Observation {
             maxmemory_policy: "allkeys-lru".into(),
             ..base.clone()

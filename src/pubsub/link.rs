@@ -164,6 +164,8 @@ impl SubscriberLink {
         for (kind, name) in topics {
             state.send(LinkCommand::subscribe(kind, name), &mut out);
         }
+        let moved = self.connect.changed();
+        tokio::pin!(moved);
         loop {
             if !out.is_empty() {
                 if wr.write_all(&out).await.is_err() {
@@ -173,6 +175,7 @@ impl SubscriberLink {
             }
             tokio::select! {
                 _ = stop.changed() => return End::Stopped,
+                _ = &mut moved => return End::Lost,
                 command = commands.recv() => match command {
                     Some(command) => state.send(command, &mut out),
                     None => return End::Stopped,

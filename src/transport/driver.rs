@@ -105,6 +105,10 @@ impl Driver {
         tokio::select! {
             _ = aborted.wait_for(|r| *r) => {}
             _ = stop.wait_for(|s| *s) => conn.abort(),
+            _ = self.connector.changed() => {
+                tracing::info!(master = %link.addr, "the master moved: reconnecting");
+                conn.abort();
+            }
         }
         link.install(None);
         link.retired.fetch_add(1, Ordering::Relaxed);

@@ -82,6 +82,12 @@ pub struct AuthRefused(pub String);
 /// `io::Error` wrapping [`AuthRefused`].
 pub trait Connect: Send + Sync + 'static {
     fn connect(&self) -> BoxFuture<'static, io::Result<(ReadHalf, WriteHalf)>>;
+
+    /// Resolves when the server behind this connector changed (a Sentinel `+switch-master`):
+    /// the live connection is dropped and a new one made. Never, for a fixed address.
+    fn changed(&self) -> BoxFuture<'static, ()> {
+        Box::pin(std::future::pending())
+    }
 }
 
 /// Why a request got no reply.

@@ -15,6 +15,7 @@
 //! - [`nemesis`]: the fault injector (process and link faults) and its fault steps.
 //! - [`rig`]: the fault-suite rig: masters, relays, proxies and a nemesis; scenario runner
 //!   and verdicts.
+//! - [`sentinel`]: Sentinel-managed master groups (a primary and a replica each, sentinels).
 //!
 //! Only the stable root paths of `redlock_proxy` are used (`redlock_proxy::{run, Config, …}`
 //! and `redlock_proxy::on_master`).
@@ -29,6 +30,7 @@ pub mod relay;
 pub mod resp;
 pub mod rig;
 pub mod scripts;
+pub mod sentinel;
 pub mod workload;
 
 /// `(token, validity_ms)` from a granted `LOCK.ACQUIRE` as the kit's client renders it

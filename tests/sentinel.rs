@@ -1,0 +1,133 @@
+//! Masters found through Redis Sentinel (`sentinel://…/name`; docs/PROTOCOL.md §2,
+//! docs/SAFETY.md "Failovers"): three groups of a primary and a replica, watched by three
+//! sentinels. A failover is amnesia (replication is asynchronous): a replica promoted after it
+//! missed a lock must not vote for a contender while that lock is held. With the failover
+//! quarantine it does not; the negative control (quarantine off) shows the scenario bites. And
+//! a workload under repeated failovers keeps mutual exclusion.
+
+use redlock_proxy::Config;
+use redlock_testkit::checker::drift_ns;
+use redlock_testkit::key;
+use redlock_testkit::launcher::Proxy;
+use redlock_testkit::masters::{master_cmd, master_get, signal};
+use redlock_testkit::resp::Client;
+use redlock_testkit::rig::run;
+use redlock_testkit::sentinel::SentinelGroups;
+use redlock_testkit::workload::{now_ns, wait_grantable, Workload};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Sentinels take `DOWN_AFTER_MS` to call a primary down, then elect and promote.
+const FAILOVER_LIMIT: Duration = Duration::from_secs(30);
+
+/// A holds `k` on groups 0 and 1 (group 2 holds a foreign value then); group 0's primary dies
+/// and its replica, cut off before A's write, is promoted; B tries `k` through the proxy until
+/// A's lease ends. Returns B's grants.
+async fn contender_after_a_lossy_failover(quarantine: bool) -> usize {
+    let ttl_a: u64 = 15_000;
+    let mut groups = tokio::task::block_in_place(|| SentinelGroups::start(3, 3));
+    let tweak = |c: &mut Config| {
+        c.quarantine = quarantine;
+        c.max_lock_ttl_ms = ttl_a;
+    };
+    let proxy = Proxy::start(groups.backends(), tweak).await;
+    let k = key(&format!("failover-{quarantine}"));
+    let probe = format!("{k}:probe");
+    let ready = wait_grantable(proxy.port, &probe, 1000, Duration::from_secs(10)).await;
+    assert!(ready.is_some(), "proxy never ready");
+    let primaries: Vec<u16> = (0..3).map(|g| groups.primary(g)).collect();
+    assert_eq!(
+        master_cmd(primaries[2], &["SET", &k, "foreign", "PX", "60000"]).await,
+        "+OK"
+    );
+    // Group 0's replica stops hearing its primary before A's write.
+    let replica = &groups.servers[0][1];
+    let replica_pid = replica.pid().expect("running");
+    signal(replica_pid, "STOP");
+    let killed = master_cmd(primaries[0], &["CLIENT", "KILL", "TYPE", "replica"]).await;
+    assert_eq!(killed, ":1", "the replication link was cut");
+    let mut a = proxy.client().await;
+    let t_send = now_ns();
+    let granted = a.cmd(&["SET", &k, "tok-a", "NX", "PX", &ttl_a.to_string()]).await;
+    assert_eq!(granted, "+OK");
+    let lease_end = t_send + ttl_a * 1_000_000 - drift_ns(ttl_a);
+    assert_eq!(master_get(primaries[0], &k).await.as_deref(), Some("tok-a"));
+    assert_eq!(master_cmd(primaries[2], &["DEL", &k]).await, ":1");
+    // The primary dies; the replica, resumed, is promoted without A's lock.
+    groups.servers[0][0].kill();
+    signal(replica_pid, "CONT");
+    let promoted =
+        tokio::task::block_in_place(|| groups.wait_new_primary(0, primaries[0], FAILOVER_LIMIT));
+    assert_eq!(promoted, groups.servers[0][1].port);
+    assert_eq!(master_get(promoted, &k).await, None, "the replica had A's lock");
+    let mut b = Client::connect(proxy.port).await;
+    let mut grants = 0;
+    for attempt in 0..100_000 {
+        // Stop a margin before A's lease ends: a grant after it is no overlap.
+        if now_ns() + 500_000_000 >= lease_end {
+            break;
+        }
+        let token = format!("tok-b{attempt}");
+        let reply = b.cmd(&["SET", &k, &token, "NX", "PX", "1000"]).await;
+        if reply == "+OK" {
+            grants += 1;
+            b.cmd(&["DEL", &k]).await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    grants
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_promoted_without_a_held_lock_is_quarantined() {
+    assert_eq!(contender_after_a_lossy_failover(true).await, 0);
+}
+
+/// Negative control: without the quarantine the promoted replica votes for B while A holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_quarantine_the_promoted_replica_grants_a_held_lock() {
+    assert!(contender_after_a_lossy_failover(false).await > 0);
+}
+
+#[test]
+fn failovers_under_load_keep_mutual_exclusion() {
+    run(async {
+        let groups = Arc::new(tokio::task::block_in_place(|| SentinelGroups::start(3, 3)));
+        let proxy = Proxy::start(groups.backends(), |c| c.max_lock_ttl_ms = 1000).await;
+        let probe = key("probe");
+        let ready = wait_grantable(proxy.port, &probe, 500, Duration::from_secs(10)).await;
+        assert!(ready.is_some(), "proxy never ready");
+        let mut workload = Workload::new(vec![proxy.port], "sentinel", 7);
+        workload.duration = Duration::from_secs(25);
+        let stop = Arc::new(AtomicBool::new(false));
+        let failovers = {
+            let (groups, stop) = (groups.clone(), stop.clone());
+            tokio::task::spawn_blocking(move || {
+                let mut done = 0;
+                for g in 0..3 {
+                    std::thread::sleep(Duration::from_secs(2));
+                    groups.failover(g, FAILOVER_LIMIT);
+                    done += 1;
+                }
+                std::thread::sleep(Duration::from_secs(3));
+                stop.store(true, Ordering::Relaxed);
+                done
+            })
+        };
+        let started = Instant::now();
+        let history = workload.run(stop).await;
+        let failovers = failovers.await.expect("failover thread");
+        let report = history.report();
+        println!(
+            "[sentinel] {:.1} s, {failovers} failovers: {report}",
+            started.elapsed().as_secs_f64()
+        );
+        assert_eq!(failovers, 3);
+        assert!(report.violations.is_empty(), "MUTUAL EXCLUSION VIOLATED: {report}");
+        assert_eq!(report.duplicate_tokens, 0);
+        assert!(report.token_regressions.is_empty(), "{report}");
+        assert_eq!(report.late_oks, 0, "{report}");
+        assert!(report.grants >= 50, "only {} grants: {report}", report.grants);
+    });
+}
