@@ -171,8 +171,7 @@ impl fmt::Display for Backend {
             true => format!("[{host}]:{port}"),
             false => format!("{host}:{port}"),
         };
-        if !self.tls && self.sentinel.is_none() && self.user.is_none() && self.password.is_none()
-        {
+        if !self.tls && self.sentinel.is_none() && self.user.is_none() && self.password.is_none() {
             return f.write_str(&address(&self.host, self.port));
         }
         let scheme = match (&self.sentinel, self.tls) {
@@ -190,8 +189,11 @@ impl fmt::Display for Backend {
         match &self.sentinel {
             None => f.write_str(&address(&self.host, self.port)),
             Some(group) => {
-                let sentinels: Vec<String> =
-                    group.sentinels.iter().map(|(h, p)| address(h, *p)).collect();
+                let sentinels: Vec<String> = group
+                    .sentinels
+                    .iter()
+                    .map(|(h, p)| address(h, *p))
+                    .collect();
                 write!(f, "{}/{}", sentinels.join(","), group.name)
             }
         }

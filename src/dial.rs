@@ -171,8 +171,12 @@ async fn primary_of(group: &SentinelGroup) -> io::Result<(String, u16)> {
 /// not know the group.
 async fn ask_sentinel(host: &str, port: u16, name: &str) -> io::Result<Option<(String, u16)>> {
     let (mut rd, mut wr) = TcpStream::connect((host, port)).await?.into_split();
-    wr.write_all(&encode_command(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", name]))
-        .await?;
+    wr.write_all(&encode_command(&[
+        "SENTINEL",
+        "GET-MASTER-ADDR-BY-NAME",
+        name,
+    ]))
+    .await?;
     match read_reply(&mut rd, &mut BytesMut::new()).await? {
         Reply::Array(items) => match items.as_slice() {
             [Reply::Bulk(host), Reply::Bulk(port)] => {

@@ -49,7 +49,9 @@ async fn contender_after_a_lossy_failover(quarantine: bool) -> usize {
     assert_eq!(killed, ":1", "the replication link was cut");
     let mut a = proxy.client().await;
     let t_send = now_ns();
-    let granted = a.cmd(&["SET", &k, "tok-a", "NX", "PX", &ttl_a.to_string()]).await;
+    let granted = a
+        .cmd(&["SET", &k, "tok-a", "NX", "PX", &ttl_a.to_string()])
+        .await;
     assert_eq!(granted, "+OK");
     let lease_end = t_send + ttl_a * 1_000_000 - drift_ns(ttl_a);
     assert_eq!(master_get(primaries[0], &k).await.as_deref(), Some("tok-a"));
@@ -60,7 +62,11 @@ async fn contender_after_a_lossy_failover(quarantine: bool) -> usize {
     let promoted =
         tokio::task::block_in_place(|| groups.wait_new_primary(0, primaries[0], FAILOVER_LIMIT));
     assert_eq!(promoted, groups.servers[0][1].port);
-    assert_eq!(master_get(promoted, &k).await, None, "the replica had A's lock");
+    assert_eq!(
+        master_get(promoted, &k).await,
+        None,
+        "the replica had A's lock"
+    );
     let mut b = Client::connect(proxy.port).await;
     let mut grants = 0;
     for attempt in 0..100_000 {
@@ -124,10 +130,17 @@ fn failovers_under_load_keep_mutual_exclusion() {
             started.elapsed().as_secs_f64()
         );
         assert_eq!(failovers, 3);
-        assert!(report.violations.is_empty(), "MUTUAL EXCLUSION VIOLATED: {report}");
+        assert!(
+            report.violations.is_empty(),
+            "MUTUAL EXCLUSION VIOLATED: {report}"
+        );
         assert_eq!(report.duplicate_tokens, 0);
         assert!(report.token_regressions.is_empty(), "{report}");
         assert_eq!(report.late_oks, 0, "{report}");
-        assert!(report.grants >= 50, "only {} grants: {report}", report.grants);
+        assert!(
+            report.grants >= 50,
+            "only {} grants: {report}",
+            report.grants
+        );
     });
 }

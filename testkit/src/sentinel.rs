@@ -64,8 +64,8 @@ impl SentinelGroups {
             .map(|_| {
                 let primary = LocalMaster::start(None, &[]).expect("redis-server");
                 let port = primary.port.to_string();
-                let replica =
-                    LocalMaster::start(None, &["--replicaof", "127.0.0.1", &port]).expect("replica");
+                let replica = LocalMaster::start(None, &["--replicaof", "127.0.0.1", &port])
+                    .expect("replica");
                 [primary, replica]
             })
             .collect();
@@ -189,7 +189,10 @@ impl SentinelGroups {
     /// waits for the new primary; returns its port.
     pub fn failover(&self, g: usize, limit: Duration) -> u16 {
         let old = self.primary(g);
-        let asked = cmd(self.sentinels[0].port, &["SENTINEL", "FAILOVER", &format!("g{g}")]);
+        let asked = cmd(
+            self.sentinels[0].port,
+            &["SENTINEL", "FAILOVER", &format!("g{g}")],
+        );
         assert!(asked.is_ok(), "SENTINEL FAILOVER g{g}: {asked}");
         self.wait_new_primary(g, old, limit)
     }
