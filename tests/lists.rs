@@ -108,19 +108,7 @@ async fn a_blocked_waiter_is_woken_by_a_push_through_another_proxy() {
     assert_eq!(pusher.cmd(&["LPUSH", &signal_key, "1"]).await, ":1");
     let woken = waiter.try_read(PATIENCE).await;
     assert_eq!(woken.as_deref(), Some(&*format!("*[${signal_key},$1]")));
-    // Popped on every master (each popped its own copy).
-    for port in env.ports() {
-        let deadline = Instant::now() + PATIENCE;
-        while master_cmd(port, &["LLEN", &signal_key]).await != ":0" {
-            assert!(Instant::now() < deadline, "the signal stayed on {port}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
 }
-
-/// The node timeout of the failure tests: a wake-up that waited for a paused master would
-/// take at least this long.
-const NODE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A waiter blocked on python-redis-lock's signal list while masters fail is woken by the
 /// lock's release script, within the node timeout.
@@ -235,6 +223,8 @@ async fn idle_waiters_cost_the_masters_nothing() {
     let before = pops(port).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(pops(port).await, before, "idle waiters polled the master");
+    let info = env.proxy.client().await.cmd(&["INFO", "clients"]).await;
+    assert!(info.contains("blocked_clients:50\r\n"), "{info}");
     // A push on one key wakes its waiters only: each of its 5 tries again, one pops first (two
     // racing waiters may each be first on a different master: a signal, not a queue).
     let pushed = key("idle3");

@@ -195,6 +195,15 @@ async fn one_message_per_publish_with_two_proxies_over_five_masters() {
         None,
         "a copy from another master got through"
     );
+    // The second proxy passed on one copy of each publish and dropped the other masters'.
+    let stats = second.client().await.cmd(&["INFO", "stats"]).await;
+    let delivered = format!("pubsub_messages_delivered:{}\r\n", sent.len());
+    let dropped = format!("pubsub_copies_dropped:{}\r\n", sent.len() * 4);
+    assert!(
+        stats.contains(&delivered) && stats.contains(&dropped),
+        "{stats}"
+    );
+    assert!(stats.contains("pubsub_channels:1\r\n"), "{stats}");
     // Every master counts one receiver: the second proxy's subscription.
     for port in env.ports() {
         let numsub = master_cmd(port, &["PUBSUB", "NUMSUB", &channel]).await;

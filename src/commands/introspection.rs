@@ -38,9 +38,10 @@ pub fn info(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
     if show("clients") {
         let _ = write!(
             out,
-            "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:0\r\n\r\n",
+            "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:{}\r\n\r\n",
             shared.clients.load(Ordering::Relaxed),
-            shared.live_config().maxclients
+            shared.live_config().maxclients,
+            shared.pubsub.stats.blocked.load(Ordering::Relaxed),
         );
     }
     if show("persistence") {
@@ -95,9 +96,21 @@ fn stats_section(out: &mut String, shared: &Shared) {
     }
     let _ = write!(
         out,
-        "rollbacks:{}\r\nlate_cleanups:{}\r\n\r\n",
+        "rollbacks:{}\r\nlate_cleanups:{}\r\n",
         locks.rollbacks.get(),
         locks.late_cleanups.get()
+    );
+    // Redis' `pubsub_channels`, `pubsub_patterns`, `pubsub_shardchannels` (of this proxy's
+    // clients), then the messages passed on and the masters' copies dropped.
+    for (kind, n) in shared.pubsub.subscriptions() {
+        let _ = write!(out, "pubsub_{}s:{n}\r\n", kind.label());
+    }
+    let pubsub = &shared.pubsub.stats;
+    let _ = write!(
+        out,
+        "pubsub_messages_delivered:{}\r\npubsub_copies_dropped:{}\r\n\r\n",
+        pubsub.delivered.load(Ordering::Relaxed),
+        pubsub.duplicates.load(Ordering::Relaxed)
     );
 }
 

@@ -26,6 +26,7 @@ use crate::protocol::{encode_command, Reply, Request};
 use crate::pubsub::{Hub, Inbox, Kind};
 use crate::redlock::{merge, MergeRule, Vote};
 use bytes::{Bytes, BytesMut};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -201,6 +202,7 @@ struct Registration<'a> {
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
+        self.hub.stats.blocked.fetch_sub(1, Ordering::Relaxed);
         let id = self.inbox.subscriber.id();
         for channel in &self.channels {
             self.hub.unsubscribe(Kind::Channel, channel, id);
@@ -222,6 +224,7 @@ impl Waiter {
                     .subscribe(Kind::Channel, channel.clone(), &inbox.subscriber)
             })
             .collect();
+        self.hub.stats.blocked.fetch_add(1, Ordering::Relaxed);
         let mut registration = Registration {
             hub: &self.hub,
             channels,

@@ -46,6 +46,9 @@ pub const METRIC_NAMES: &[&str] = &[
     "redlock_proxy_build_info",
     "redlock_proxy_quorum",
     "redlock_proxy_usable_masters",
+    "redlock_proxy_pubsub_messages_total",
+    "redlock_proxy_pubsub_subscriptions",
+    "redlock_proxy_blocked_clients",
 ];
 
 /// The states `redlock_proxy_master_state` has one series for.
@@ -240,6 +243,11 @@ impl Collector for ProxyCollector {
                 "Masters that may vote now.",
                 usable,
             ),
+            (
+                "redlock_proxy_blocked_clients",
+                "Blocked pops (BLPOP, BRPOP, BLMOVE) waiting now.",
+                shared.pubsub.stats.blocked.load(Ordering::Relaxed) as usize,
+            ),
         ];
         for (name, help, value) in gauges {
             gauge(value as i64).encode(e.encode_descriptor(
@@ -249,6 +257,28 @@ impl Collector for ProxyCollector {
                 MetricType::Gauge,
             )?)?;
         }
+        let pubsub = &shared.pubsub.stats;
+        family(
+            e,
+            "redlock_proxy_pubsub_messages",
+            "Pub/sub messages from the masters: the first copy of a publish (delivered) and the other masters' copies (duplicate, dropped).",
+            MetricType::Counter,
+            [
+                ("delivered", &pubsub.delivered),
+                ("duplicate", &pubsub.duplicates),
+            ]
+            .map(|(copy, n)| (label("copy", copy), counter(n.load(Ordering::Relaxed)))),
+        )?;
+        family(
+            e,
+            "redlock_proxy_pubsub_subscriptions",
+            "Channels, patterns and shard channels this proxy's clients are subscribed to.",
+            MetricType::Gauge,
+            shared
+                .pubsub
+                .subscriptions()
+                .map(|(kind, n)| (label("kind", kind.label()), gauge(n as i64))),
+        )?;
         family(
             e,
             "redlock_proxy_commands",

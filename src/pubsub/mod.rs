@@ -48,6 +48,15 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// The name `INFO` and the metrics give this kind.
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::Channel => "channel",
+            Kind::Pattern => "pattern",
+            Kind::Shard => "shardchannel",
+        }
+    }
+
     /// The command that subscribes this kind, and the name of its confirmations.
     fn subscribe(self) -> &'static str {
         match self {
@@ -217,8 +226,19 @@ struct Table {
     dedup: Dedup,
 }
 
+/// What the hub counts, for `INFO` and the metrics.
+#[derive(Default)]
+pub struct PubSubStats {
+    /// Messages passed on to subscribers (a first copy), and copies dropped as duplicates.
+    pub delivered: AtomicU64,
+    pub duplicates: AtomicU64,
+    /// Blocked pops waiting now (`INFO`'s `blocked_clients`).
+    pub blocked: AtomicU64,
+}
+
 /// The proxy's pub/sub: its clients' subscriptions and its subscriber links to the masters.
 pub struct Hub {
+    pub stats: PubSubStats,
     table: Mutex<Table>,
     links: Vec<mpsc::UnboundedSender<LinkCommand>>,
     quorum: usize,
@@ -252,6 +272,7 @@ impl Hub {
             node_timeout,
             stop,
             next_waiter: AtomicU64::new(WAITER_IDS),
+            stats: PubSubStats::default(),
         });
         for (master, (connect, commands)) in connects.into_iter().zip(receivers).enumerate() {
             let link = link::SubscriberLink::new(Arc::downgrade(&hub), master, connect);
@@ -354,6 +375,21 @@ impl Hub {
         (local, own)
     }
 
+    /// How many channels, patterns and shard channels have a client subscribed here (Redis'
+    /// `pubsub_channels`, `pubsub_patterns`, `pubsub_shardchannels`).
+    pub fn subscriptions(&self) -> [(Kind, usize); 3] {
+        let table = self.table();
+        [Kind::Channel, Kind::Pattern, Kind::Shard].map(|kind| {
+            let clients = |topic: &Topic| topic.subscribers.values().any(|s| !s.wakes_on_confirm);
+            let n = table
+                .topics
+                .iter()
+                .filter(|((k, _), topic)| *k == kind && clients(topic))
+                .count();
+            (kind, n)
+        })
+    }
+
     /// The topics with subscribers, for a link that (re)connects.
     fn topics(&self) -> Vec<(Kind, Bytes)> {
         self.table().topics.keys().cloned().collect()
@@ -401,8 +437,10 @@ impl Hub {
             return;
         };
         if !dedup.admit(master, &message, Instant::now()) {
+            self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
             return;
         }
+        self.stats.delivered.fetch_add(1, Ordering::Relaxed);
         topic.subscribers.retain(
             |_, subscriber| match subscriber.tx.try_send(message.clone()) {
                 Ok(()) => true,
