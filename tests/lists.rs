@@ -110,6 +110,10 @@ async fn a_blocked_waiter_is_woken_by_a_push_through_another_proxy() {
     assert_eq!(woken.as_deref(), Some(&*format!("*[${signal_key},$1]")));
 }
 
+/// The node timeout of the failure tests: a wake-up that waited for a paused master would
+/// take at least this long.
+const NODE_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// A waiter blocked on python-redis-lock's signal list while masters fail is woken by the
 /// lock's release script, within the node timeout.
 async fn woken_by_release_with(n: usize, down: &[usize], paused: &[usize]) {
