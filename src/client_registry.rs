@@ -25,6 +25,31 @@ pub struct ClientNames {
     pub resp: u8,
     /// The user it is authenticated as (`default` before any `AUTH`, as Redis shows).
     pub user: String,
+    /// Channels, patterns and shard channels it is subscribed to.
+    pub subscriptions: [usize; 3],
+    /// Waiting in a blocked pop.
+    pub blocked: bool,
+}
+
+impl ClientNames {
+    /// Redis' client type: `pubsub` for a RESP2 client in subscribed mode, else `normal`.
+    pub fn kind(&self) -> &'static str {
+        if self.resp == 2 && self.subscriptions.iter().any(|n| *n > 0) {
+            "pubsub"
+        } else {
+            "normal"
+        }
+    }
+
+    /// Redis' `flags=`: `P` subscribed, `b` blocked, else `N`.
+    pub fn flags(&self) -> &'static str {
+        match (self.subscriptions.iter().any(|n| *n > 0), self.blocked) {
+            (true, true) => "Pb",
+            (true, false) => "P",
+            (false, true) => "b",
+            (false, false) => "N",
+        }
+    }
 }
 
 /// One connected client as the registry sees it.
@@ -78,6 +103,20 @@ impl ClientHandle {
                 Protocol::Resp2 => 2,
                 Protocol::Resp3 => 3,
             };
+        }
+    }
+
+    /// Notes what the client is subscribed to (channels, patterns, shard channels).
+    pub fn set_subscriptions(&self, counts: [usize; 3]) {
+        if let Ok(mut names) = self.names.lock() {
+            names.subscriptions = counts;
+        }
+    }
+
+    /// Notes whether the client waits in a blocked pop.
+    pub fn set_blocked(&self, blocked: bool) {
+        if let Ok(mut names) = self.names.lock() {
+            names.blocked = blocked;
         }
     }
 

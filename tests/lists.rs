@@ -227,8 +227,11 @@ async fn idle_waiters_cost_the_masters_nothing() {
     let before = pops(port).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(pops(port).await, before, "idle waiters polled the master");
-    let info = env.proxy.client().await.cmd(&["INFO", "clients"]).await;
+    let mut observer = env.proxy.client().await;
+    let info = observer.cmd(&["INFO", "clients"]).await;
     assert!(info.contains("blocked_clients:50\r\n"), "{info}");
+    let list = observer.cmd(&["CLIENT", "LIST"]).await;
+    assert_eq!(list.matches(" flags=b ").count(), 50, "{list}");
     // A push on one key wakes its waiters only: each of its 5 tries again, one pops first (two
     // racing waiters may each be first on a different master: a signal, not a queue).
     let pushed = key("idle3");

@@ -246,3 +246,37 @@ async fn messages_flow_with_a_master_paused_and_after_one_returns() {
     );
     assert_eq!(payloads(&mut sub, 1).await, ["three"]);
 }
+
+#[tokio::test]
+async fn subscribers_show_in_client_list_as_redis_shows_them() {
+    let env = Env::start(3).await;
+    let (channel, pattern) = (key("listed"), format!("{}*", key("listed")));
+    let mut sub = env.proxy.client().await;
+    sub.cmd(&["SUBSCRIBE", &channel]).await;
+    sub.cmd(&["PSUBSCRIBE", &pattern]).await;
+    let mut resp3 = env.proxy.client().await;
+    resp3.cmd(&["HELLO", "3"]).await;
+    resp3.cmd(&["SUBSCRIBE", &channel]).await;
+    let mut observer = env.proxy.client().await;
+    // RESP2 in subscribed mode is of type pubsub; a RESP3 subscriber stays normal (Redis'
+    // `getClientType`); both carry the P flag and their counts.
+    let pubsub = observer.cmd(&["CLIENT", "LIST", "TYPE", "pubsub"]).await;
+    assert_eq!(pubsub.lines().count(), 1, "{pubsub}");
+    assert!(
+        pubsub.contains(" flags=P db=0 sub=1 psub=1 ssub=0 "),
+        "{pubsub}"
+    );
+    let normal = observer.cmd(&["CLIENT", "LIST", "TYPE", "normal"]).await;
+    assert_eq!(normal.lines().count(), 2, "{normal}");
+    assert!(
+        normal.contains(" flags=P db=0 sub=1 psub=0 ssub=0 "),
+        "{normal}"
+    );
+    sub.cmd(&["UNSUBSCRIBE"]).await;
+    sub.cmd(&["PUNSUBSCRIBE"]).await;
+    let after = observer.cmd(&["CLIENT", "LIST", "TYPE", "pubsub"]).await;
+    assert_eq!(
+        after, "$",
+        "a client that left every channel is normal again"
+    );
+}

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 /// A client's line in Redis' `CLIENT LIST` format (fields the proxy does not have, such as
-/// memory and buffer sizes, are 0; every client is `flags=N`, db 0).
+/// memory and buffer sizes, are 0; db 0; flags `P` subscribed, `b` blocked, else `N`).
 fn line(client: &ClientHandle, now: Instant, out: &mut String) {
     let names = client.names();
     let text = |b: &Option<Bytes>| {
@@ -24,12 +24,16 @@ fn line(client: &ClientHandle, now: Instant, out: &mut String) {
     let cmd = last.map_or("NULL", super::shown_name);
     let _ = writeln!(
         out,
-        "id={} addr={} laddr={} fd=0 name={} age={} idle={idle} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 watch=0 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={cmd} user={} redir=-1 resp={} lib-name={} lib-ver={}",
+        "id={} addr={} laddr={} fd=0 name={} age={} idle={idle} flags={} db=0 sub={} psub={} ssub={} multi=-1 watch=0 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={cmd} user={} redir=-1 resp={} lib-name={} lib-ver={}",
         client.id,
         client.peer,
         client.local,
         text(&names.name),
         now.saturating_duration_since(client.created).as_secs(),
+        names.flags(),
+        names.subscriptions[0],
+        names.subscriptions[1],
+        names.subscriptions[2],
         names.user,
         names.resp,
         text(&names.lib_name),
@@ -47,21 +51,23 @@ pub fn info(session: &Session) -> Reply {
 /// `CLIENT LIST [TYPE normal|master|replica|pubsub] [ID id …]`.
 pub fn list(ctx: &Ctx<'_>, args: &[Bytes]) -> Reply {
     let mut ids: Option<Vec<u64>> = None;
-    let mut normal = true;
+    let mut kind: Option<&'static str> = None;
     let mut i = 2;
     while i < args.len() {
         let opt = args[i].to_ascii_uppercase();
         match opt.as_slice() {
             b"TYPE" if i + 1 < args.len() => {
-                let kind = args[i + 1].to_ascii_lowercase();
-                match kind.as_slice() {
-                    b"normal" => normal = true,
-                    b"master" | b"replica" | b"slave" | b"pubsub" => normal = false,
+                let wanted = args[i + 1].to_ascii_lowercase();
+                kind = match wanted.as_slice() {
+                    b"normal" => Some("normal"),
+                    b"pubsub" => Some("pubsub"),
+                    // No master or replica connects to the proxy.
+                    b"master" | b"replica" | b"slave" => Some("none"),
                     _ => {
                         let shown = String::from_utf8_lossy(&args[i + 1]).into_owned();
                         return ProxyError::UnknownClientType(shown).into();
                     }
-                }
+                };
                 i += 2;
             }
             b"ID" if i + 1 < args.len() => {
@@ -80,11 +86,11 @@ pub fn list(ctx: &Ctx<'_>, args: &[Bytes]) -> Reply {
     }
     let now = Instant::now();
     let mut out = String::new();
-    if normal {
-        for client in ctx.shared.registry.list() {
-            if ids.as_ref().is_none_or(|ids| ids.contains(&client.id)) {
-                line(&client, now, &mut out);
-            }
+    for client in ctx.shared.registry.list() {
+        let listed = ids.as_ref().is_none_or(|ids| ids.contains(&client.id))
+            && kind.is_none_or(|kind| kind == client.names().kind());
+        if listed {
+            line(&client, now, &mut out);
         }
     }
     Reply::Verbatim(Bytes::from(out))
@@ -98,8 +104,8 @@ struct KillFilter {
     laddr: Option<String>,
     max_age: Option<u64>,
     user: Option<String>,
-    /// Only `normal` clients exist on the proxy: any other type matches none.
-    other_type: bool,
+    /// `normal` or `pubsub`; `none` for the types no client of the proxy has.
+    kind: Option<&'static str>,
     skip_me: bool,
 }
 
@@ -125,11 +131,14 @@ impl KillFilter {
                     Ok(age) if age >= 0 => filter.max_age = Some(age as u64),
                     _ => return Err(ProxyError::NotAnInteger),
                 },
-                b"TYPE" => match text.to_ascii_lowercase().as_str() {
-                    "normal" => {}
-                    "master" | "replica" | "slave" | "pubsub" => filter.other_type = true,
-                    _ => return Err(ProxyError::UnknownClientType(text)),
-                },
+                b"TYPE" => {
+                    filter.kind = Some(match text.to_ascii_lowercase().as_str() {
+                        "normal" => "normal",
+                        "pubsub" => "pubsub",
+                        "master" | "replica" | "slave" => "none",
+                        _ => return Err(ProxyError::UnknownClientType(text)),
+                    })
+                }
                 b"USER" => filter.user = Some(text),
                 b"SKIPME" => match text.to_ascii_lowercase().as_str() {
                     "yes" => filter.skip_me = true,
@@ -144,7 +153,8 @@ impl KillFilter {
 
     fn matches(&self, client: &ClientHandle, me: u64, now: Instant) -> bool {
         let skipped = self.skip_me && client.id == me;
-        !(self.other_type || skipped)
+        !skipped
+            && self.kind.is_none_or(|kind| kind == client.names().kind())
             && self.id.is_none_or(|id| id == client.id)
             && self
                 .addr

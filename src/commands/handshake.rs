@@ -233,6 +233,7 @@ pub fn quit(_ctx: &Ctx<'_>, _s: &mut Session, _request: Request) -> Action {
 pub fn reset(ctx: &Ctx<'_>, session: &mut Session, _request: Request) -> Action {
     let (users, generation) = ctx.shared.users();
     session.pubsub.leave_all(&ctx.shared.pubsub);
+    session.client.set_subscriptions([0; 3]);
     session.protocol = Protocol::Resp2;
     session.name = None;
     session.user = users.initial();

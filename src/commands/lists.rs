@@ -19,6 +19,7 @@
 
 use super::keys::{guarded_write_at, payload};
 use super::{Action, Ctx, Session};
+use crate::client_registry::ClientHandle;
 use crate::error::ProxyError;
 use crate::lease::Outcome;
 use crate::masters::{Ask, Masters};
@@ -173,6 +174,7 @@ fn block(
     attempt: Attempt,
 ) -> Action {
     let waiter = Waiter {
+        client: session.client.clone(),
         hub: ctx.shared.pubsub.clone(),
         masters: ctx.masters(),
         // A timeout past what the clock can count is forever.
@@ -186,6 +188,8 @@ fn block(
 
 /// What a blocked pop waits with.
 struct Waiter {
+    /// The blocked client, shown `flags=b` in `CLIENT LIST` while it waits.
+    client: Arc<ClientHandle>,
     hub: Arc<Hub>,
     masters: Arc<Masters>,
     deadline: Option<Instant>,
@@ -195,6 +199,7 @@ struct Waiter {
 
 /// A waiter's registrations in the hub, taken back however the wait ends.
 struct Registration<'a> {
+    client: &'a ClientHandle,
     hub: &'a Hub,
     channels: Vec<Bytes>,
     inbox: Inbox,
@@ -203,6 +208,7 @@ struct Registration<'a> {
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
         self.hub.stats.blocked.fetch_sub(1, Ordering::Relaxed);
+        self.client.set_blocked(false);
         let id = self.inbox.subscriber.id();
         for channel in &self.channels {
             self.hub.unsubscribe(Kind::Channel, channel, id);
@@ -225,7 +231,9 @@ impl Waiter {
             })
             .collect();
         self.hub.stats.blocked.fetch_add(1, Ordering::Relaxed);
+        self.client.set_blocked(true);
         let mut registration = Registration {
+            client: &self.client,
             hub: &self.hub,
             channels,
             inbox,

@@ -62,6 +62,15 @@ impl Subscriptions {
         }
     }
 
+    /// Channels, patterns and shard channels, as `CLIENT LIST` counts them.
+    fn counts(&self) -> [usize; 3] {
+        [
+            self.channels.len(),
+            self.patterns.len(),
+            self.shard_channels.len(),
+        ]
+    }
+
     /// Whether the client is subscribed to anything (RESP2: subscribed mode).
     pub fn active(&self) -> bool {
         !(self.channels.is_empty() && self.patterns.is_empty() && self.shard_channels.is_empty())
@@ -112,6 +121,7 @@ pub fn subscribe(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Acti
         let count = subscriptions.count(kind);
         confirmations.push(kind.confirmation(true, Some(name.clone()), count));
     }
+    session.client.set_subscriptions(subscriptions.counts());
     Action::Barrier(Box::pin(async move {
         futures::future::join_all(active).await;
         Outcome::Reply(Reply::Frames(confirmations))
@@ -143,6 +153,7 @@ pub fn unsubscribe(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Ac
             kind.confirmation(false, Some(name), count)
         })
         .collect();
+    session.client.set_subscriptions(subscriptions.counts());
     Action::Ready(Reply::Frames(confirmations))
 }
 
