@@ -26,6 +26,7 @@ pub mod http;
 pub mod launcher;
 pub mod masters;
 pub mod nemesis;
+pub mod redisson;
 pub mod relay;
 pub mod resp;
 pub mod rig;
