@@ -3,10 +3,9 @@
 //! latch and waiter protocol): lock and re-entry, a contender refused while held, the unlock
 //! latch, the `PUBLISH` inside the unlock on every master, the watchdog keeping a lock past
 //! three leases, `RFencedLock`'s tokens, the roll-back of a partial grant, a grant past its
-//! validity. Each scenario first runs against one plain redis-server, so a failure there is the
-//! client's, not the proxy's. The waiter woken by an unlock needs `SUBSCRIBE` through the
-//! proxy (issue 25, item 1): it runs against one redis-server, and through the proxy once
-//! pub/sub is served (the test marked `ignore` until then).
+//! validity, a waiter woken by the unlock's message (`SUBSCRIBE` through the proxy). Each
+//! scenario first runs against one plain redis-server, so a failure there is the client's, not
+//! the proxy's.
 //!
 //! Timing bounds here are derived from the leases and generous (behaviour, not latency).
 
@@ -168,7 +167,8 @@ async fn an_unlock_retried_with_its_request_id_answers_its_latch() {
 }
 
 /// The unlock's `redis.call(ARGV[4], KEYS[2], ARGV[1])` (`publish`) runs on the masters: a
-/// subscriber on each server gets the unlock message.
+/// subscriber on each server gets the unlock message, and a subscriber through the proxy gets
+/// it once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_unlock_publishes_on_every_master() {
     each_target(async |t: &Target| {
@@ -178,12 +178,21 @@ async fn the_unlock_publishes_on_every_master() {
         for port in t.servers() {
             subscribers.push(Subscription::open(port, &channel).await.unwrap());
         }
+        let mut through = match t.masters.is_empty() {
+            true => None,
+            false => Some(Subscription::open(t.port, &channel).await.unwrap()),
+        };
         let mut a = Redisson::new(t.port).lock(&k, 1).await.unwrap();
         a.lock(LONG).await.unwrap();
         assert!(a.unlock().await.unwrap());
         for (i, s) in subscribers.iter_mut().enumerate() {
             let woken = s.wait_message(SETTLE).await.unwrap();
             assert!(woken, "{}: no unlock message on server {i}", t.label);
+        }
+        if let Some(s) = through.as_mut() {
+            assert!(s.wait_message(SETTLE).await.unwrap(), "{}", t.label);
+            let again = s.wait_message(Duration::from_millis(500)).await.unwrap();
+            assert!(!again, "{}: the unlock message twice", t.label);
         }
     })
     .await;
@@ -506,9 +515,8 @@ async fn a_waiter_is_woken_by_the_unlock_on_one_redis_server() {
     waiter_woken_by_unlock(&t).await;
 }
 
-/// The same through the proxy over 3 and 5 masters: needs `SUBSCRIBE` through the proxy.
+/// The same through the proxy over 3 and 5 masters (`SUBSCRIBE` through the proxy).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs SUBSCRIBE through the proxy (issue 25, item 1)"]
 async fn a_waiter_is_woken_by_the_unlock_through_the_proxy() {
     for n in [3, 5] {
         let env = Env::start(n).await;
