@@ -9,6 +9,7 @@
 //!
 //! Timing bounds here are derived from the leases and generous (behaviour, not latency).
 
+use redlock_proxy::on_master::UNDO_HASH_SCRIPT;
 use redlock_proxy::{LocalCluster, LocalMaster};
 use redlock_testkit::key;
 use redlock_testkit::launcher::{Env, Proxy};
@@ -527,4 +528,60 @@ async fn a_waiter_is_woken_by_the_unlock_through_the_proxy() {
         };
         waiter_woken_by_unlock(&t).await;
     }
+}
+
+/// The roll-back's script on one master (`undo_hash.lua`): it takes back one count of the
+/// field only while the key's counter holds the attempt's record, cuts the record to its bare
+/// token (so a second run, or a later attempt's undo, does nothing), and keeps a re-entry's
+/// count on top of the attempt's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_undo_takes_back_only_its_own_attempt_once() {
+    let master = LocalMaster::start(None, &[]).expect("redis-server must be installed");
+    let port = master.port;
+    let k = key("undo");
+    let counter = format!("redlock-proxy:token:{k}");
+    let (mine, other) = ("0001795000000000:p.1.0", "0001795000000001:p.2.0");
+    let undo = async |record: &str| {
+        let script = UNDO_HASH_SCRIPT.text();
+        master_cmd(port, &["EVAL", script, "2", &k, &counter, "me:1", record]).await
+    };
+    let set_up = async |count: &str, record: &str| {
+        master_cmd(port, &["DEL", &k]).await;
+        master_cmd(port, &["HSET", &k, "me:1", count]).await;
+        master_cmd(port, &["PEXPIRE", &k, "30000"]).await;
+        master_cmd(port, &["SET", &counter, record, "PX", "60000"]).await;
+    };
+    // The attempt created the hash: undone, once; the counter keeps its token and expiry.
+    set_up("1", mine).await;
+    assert_eq!(undo(mine).await, ":1");
+    assert_eq!(master_cmd(port, &["EXISTS", &k]).await, ":0");
+    assert_eq!(
+        master_cmd(port, &["GET", &counter]).await,
+        "$0001795000000000"
+    );
+    let pttl = master_cmd(port, &["PTTL", &counter]).await;
+    assert!(
+        pttl.trim_start_matches(':').parse::<i64>().unwrap() > 50_000,
+        "{pttl}"
+    );
+    master_cmd(port, &["HSET", &k, "me:1", "1"]).await;
+    assert_eq!(undo(mine).await, ":0", "a second run");
+    assert_eq!(master_cmd(port, &["HGET", &k, "me:1"]).await, "$1");
+    // A retry re-entered on top of the attempt's leftover: its count stays.
+    set_up("2", mine).await;
+    assert_eq!(undo(mine).await, ":1");
+    assert_eq!(master_cmd(port, &["HGET", &k, "me:1"]).await, "$1");
+    // Another attempt's record (a later new holder): nothing.
+    set_up("1", other).await;
+    assert_eq!(undo(mine).await, ":0");
+    assert_eq!(master_cmd(port, &["HGET", &k, "me:1"]).await, "$1");
+    assert_eq!(
+        master_cmd(port, &["GET", &counter]).await,
+        format!("${other}")
+    );
+    // The field gone (the holder unlocked): the record is cut, no field is made.
+    set_up("1", mine).await;
+    master_cmd(port, &["DEL", &k]).await;
+    assert_eq!(undo(mine).await, ":0");
+    assert_eq!(master_cmd(port, &["EXISTS", &k]).await, ":0");
 }
