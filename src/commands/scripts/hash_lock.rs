@@ -290,3 +290,64 @@ fn decided(votes: &[Vote], drift: f64) -> bool {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redlock::MissingReason;
+
+    /// A master's `[script reply, guard reply]`: the prelude's `{noted, verdict, reply}` (a
+    /// null reply ends the table) and the guard's flags.
+    fn pair(reply: Option<Reply>, guard: i64) -> Vote {
+        let mut reported = vec![Reply::Integer(1000), Reply::Integer(1)];
+        reported.extend(reply);
+        Vote::Replied(Reply::Array(vec![
+            Reply::Array(reported),
+            Reply::Integer(guard),
+        ]))
+    }
+
+    #[test]
+    fn the_roll_back_targets_masters_that_took_it_or_may_have() {
+        assert!(may_have_taken(&pair(None, 0)), "null: taken");
+        assert!(!may_have_taken(&pair(Some(Reply::Integer(500)), 0)), "held");
+        assert!(
+            may_have_taken(&pair(None, -1)),
+            "unarmed: not counted, but it ran"
+        );
+        let raised = Vote::Replied(Reply::Array(vec![
+            Reply::error("ERR late"),
+            Reply::Integer(0),
+        ]));
+        assert!(!may_have_taken(&raised), "an error: nothing ran");
+        assert!(may_have_taken(&Vote::Missing(MissingReason::Timeout)));
+        assert!(may_have_taken(&Vote::Pending));
+    }
+
+    #[test]
+    fn decided_on_a_majority_of_nulls_or_of_pttls_or_once_all_answered() {
+        let null = || Vote::Replied(Reply::Null);
+        let pttl = |ms| Vote::Replied(Reply::Integer(ms));
+        let p = Vote::Pending;
+        let cases = [
+            (vec![null(), null(), p.clone()], true),
+            (vec![null(), pttl(900), p.clone()], false),
+            (vec![pttl(900), pttl(800), p.clone()], true),
+            // Refused without a majority's PTTL: decided once every master answered.
+            (
+                vec![null(), pttl(900), Vote::Missing(MissingReason::Timeout)],
+                true,
+            ),
+            (vec![null(), null(), pttl(9), p.clone(), p.clone()], false),
+            // Refused, a majority's PTTL not known yet: the last master may give it.
+            (
+                vec![null(), pttl(9), pttl(9), Vote::Fenced, p.clone()],
+                false,
+            ),
+            (vec![null(), pttl(9), pttl(9), Vote::Fenced, pttl(8)], true),
+        ];
+        for (votes, expected) in cases {
+            assert_eq!(decided(&votes, 0.01), expected, "{votes:?}");
+        }
+    }
+}
