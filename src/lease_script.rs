@@ -145,7 +145,7 @@ pub enum KnownLock {
     RedissonFencedLockAcquire,
 }
 
-/// The texts of Redisson's `RLock` acquire: the current one (3.2x on, one branch), the one
+/// The texts of Redisson's `RLock` acquire: the current one (one branch), the one
 /// before it (two branches, `hincrby` in both) and the first (`hset` in the first branch). All
 /// take the lock only where the hash is absent or holds the field, with the lease of `ARGV[1]`.
 pub const REDISSON_ACQUIRES: [&str; 3] = [
@@ -153,7 +153,7 @@ pub const REDISSON_ACQUIRES: [&str; 3] = [
     "if (redis.call('exists', KEYS[1]) == 0) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; return redis.call('pttl', KEYS[1]);",
     "if (redis.call('exists', KEYS[1]) == 0) then redis.call('hset', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; return redis.call('pttl', KEYS[1]);",
 ];
-/// `RedissonFencedLock.tryLockInnerAsync(leaseTime, unit, threadId)` (Redisson 3.2x on).
+/// `RedissonFencedLock.tryLockInnerAsync(leaseTime, unit, threadId)`.
 const REDISSON_FENCED_ACQUIRE: &str = "if (redis.call('exists', KEYS[1]) == 0 or (redis.call('hexists', KEYS[1], ARGV[2]) == 1)) then local token = redis.call('incr', KEYS[2]);redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return {-1, token}; end; return {redis.call('pttl', KEYS[1]), -1};";
 /// `RedissonFencedLock`'s override of the plain acquire.
 const REDISSON_FENCED_LOCK_ACQUIRE: &str = "if ((redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[2]) == 1)) then redis.call('incr', KEYS[2]);redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; return redis.call('pttl', KEYS[1]);";

@@ -331,15 +331,26 @@ async fn fenced_lock_tokens_increase() {
             t.on_every_server(&["EXISTS", &k], |r| r == ":0").await;
             last = again;
         }
+        // RFencedLock's plain lock() counts a token too (through the proxy: takes one).
+        a.lock(LONG).await.unwrap();
         if t.masters.is_empty() {
+            let counted = a.get_token().await.unwrap().expect("the counter");
+            assert!(counted > last, "{counted} <= {last}");
             return;
         }
+        // The proxy never writes RFencedLock's counter key (docs/SAFETY.md): getToken() is null.
+        assert_eq!(a.get_token().await.unwrap(), None, "{}", t.label);
+        let field = a.0.lock_name();
+        let fenced = lock_token(&mut c, &k, &field).await.expect("a token");
+        assert!(fenced > last, "{}: {fenced} <= {last}", t.label);
+        assert!(a.unlock().await.unwrap());
+        t.on_every_server(&["EXISTS", &k], |r| r == ":0").await;
         // A plain RLock's grant of the same key and a LOCK.ACQUIRE take tokens above.
         let mut plain = one.lock(&k, 3).await.unwrap();
         plain.lock(LONG).await.unwrap();
         let field = plain.lock_name();
         let token = lock_token(&mut c, &k, &field).await.expect("a token");
-        assert!(token > last, "{}: {token} <= {last}", t.label);
+        assert!(token > fenced, "{}: {token} <= {fenced}", t.label);
         assert!(plain.unlock().await.unwrap());
         t.on_every_server(&["EXISTS", &k], |r| r == ":0").await;
         let granted = c.cmd(&["LOCK.ACQUIRE", &k, "v", "10000"]).await;

@@ -1,6 +1,6 @@
 //! A small Redisson lock client, in Rust, for the tests: Redisson (the Java library) cannot be
 //! installed here, so this client replays what it sends, byte for byte, over the kit's RESP
-//! client ([`crate::resp::Client`]): its exact Lua scripts (Redisson 3.45, `RedissonLock`,
+//! client ([`crate::resp::Client`]): its exact Lua scripts (Redisson 3.45 and its current source: `RedissonLock`,
 //! `RedissonBaseLock`, `RedissonFencedLock`, the watchdog of `RedissonBaseLock` and of
 //! `renewal.LockTask`), sent by `EVALSHA` with `SCRIPT LOAD` after a `NOSCRIPT` (Redisson's
 //! script cache) or by `EVAL`, its key and channel names, its unlock latch and its waiter
@@ -8,7 +8,7 @@
 //! - a lock is a hash `name`, field `<uuid>:<threadId>` → reentrancy count;
 //! - acquire ([`ACQUIRE`]): null = acquired (or re-entered), else the holder's PTTL; without a
 //!   lease of its own the lock gets the watchdog timeout (30 s) and a watchdog task renews it
-//!   every third of that ([`RENEW`], or [`RENEW_BATCH`] as Redisson ≥ 3.3x does) while held;
+//!   every third of that ([`RENEW`], or [`RENEW_BATCH`] as its current source does) while held;
 //! - a waiter subscribes to `redisson_lock__channel:{name}` on a connection of its own, tries,
 //!   then waits for an unlock message or the returned PTTL (whichever comes first), and
 //!   retries;
@@ -43,12 +43,13 @@ pub const ACQUIRE: &str = "if ((redis.call('exists', KEYS[1]) == 0) or (redis.ca
 /// (and the message published).
 pub const UNLOCK: &str = "local val = redis.call('get', KEYS[3]); if val ~= false then return tonumber(val);end; if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then return nil;end; local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1); if (counter > 0) then redis.call('pexpire', KEYS[1], ARGV[2]); redis.call('set', KEYS[3], 0, 'px', ARGV[5]); return 0; else redis.call('del', KEYS[1]); redis.call(ARGV[4], KEYS[2], ARGV[1]); redis.call('set', KEYS[3], 1, 'px', ARGV[5]); return 1; end; ";
 
-/// The watchdog's renewal of one lock (`RedissonBaseLock.renewExpirationAsync`, Redisson up
-/// to 3.2x): `KEYS = [name]`, `ARGV = [lease ms, <uuid>:<threadId>]`; 1 renewed, 0 not held.
+/// The watchdog's renewal of one lock (`RedissonBaseLock.renewExpirationAsync`, before the
+/// batched renewal): `KEYS = [name]`, `ARGV = [lease ms, <uuid>:<threadId>]`; 1 renewed, 0
+/// not held.
 pub const RENEW: &str = "if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then redis.call('pexpire', KEYS[1], ARGV[1]); return 1; end; return 0;";
 
-/// The watchdog's renewal of many locks at once (`renewal.LockTask`, Redisson 3.3x and
-/// later): `KEYS = names`, `ARGV = [lease ms, <uuid>:<threadId> of each]`; one 1 or 0 per lock.
+/// The watchdog's renewal of many locks at once (`renewal.LockTask`, Redisson's current
+/// source): `KEYS = names`, `ARGV = [lease ms, <uuid>:<threadId> of each]`; one 1 or 0 per lock.
 pub const RENEW_BATCH: &str = "local result = {} for i = 1, #KEYS, 1 do if (redis.call('hexists', KEYS[i], ARGV[i + 1]) == 1) then redis.call('pexpire', KEYS[i], ARGV[1]); table.insert(result, 1); else table.insert(result, 0); end; end; return result;";
 
 /// `RedissonFencedLock.tryLockInnerAsync(leaseTime, unit, threadId)`: `KEYS = [name, token
@@ -331,31 +332,35 @@ impl RLock {
     }
 
     /// One acquire (`tryAcquire`): with `lease`, for that long; without, for the watchdog
-    /// timeout, and the watchdog starts (or counts one more hold).
+    /// timeout, and the watchdog starts (or counts one more hold). An `RFencedLock`'s answers
+    /// its token.
     pub async fn try_acquire(&mut self, lease: Option<Duration>) -> Result<Attempt> {
+        self.attempt(lease, true).await
+    }
+
+    /// One acquire; an `RFencedLock`'s by its token script `with_token`, else by its plain
+    /// one (its `lock()`: null or the PTTL, the counter incremented all the same).
+    async fn attempt(&mut self, lease: Option<Duration>, with_token: bool) -> Result<Attempt> {
         let lease_ms = lease
             .map_or(self.redisson.watchdog_timeout, |l| l)
             .as_millis() as u64;
         let (name, lock_name, mode) = (self.name.clone(), self.lock_name(), self.redisson.scripts);
         let (lease_arg, token_key) = (lease_ms.to_string(), token_name(&name));
         let args = [lease_arg.as_str(), lock_name.as_str()];
-        let attempt = match self.fenced {
-            false => match eval(&mut self.conn, mode, ACQUIRE, &[&name], &args).await? {
-                r if r.is_null() => Attempt::Acquired(None),
-                Reply::Int(pttl) => Attempt::Held(pttl),
-                other => return Err(Error::Unexpected(other.to_string())),
+        let (script, keys) = match (self.fenced, with_token) {
+            (false, _) => (ACQUIRE, vec![name.as_str()]),
+            (true, true) => (FENCED_ACQUIRE, vec![name.as_str(), token_key.as_str()]),
+            (true, false) => (FENCED_LOCK_ACQUIRE, vec![name.as_str(), token_key.as_str()]),
+        };
+        let attempt = match eval(&mut self.conn, mode, script, &keys, &args).await? {
+            r if r.is_null() => Attempt::Acquired(None),
+            Reply::Int(pttl) => Attempt::Held(pttl),
+            Reply::Array(pair) => match pair.as_slice() {
+                [Reply::Int(-1), Reply::Int(token)] => Attempt::Acquired(Some(*token)),
+                [Reply::Int(pttl), Reply::Int(-1)] => Attempt::Held(*pttl),
+                _ => return Err(Error::Unexpected(format!("{pair:?}"))),
             },
-            true => {
-                let keys = [name.as_str(), token_key.as_str()];
-                match eval(&mut self.conn, mode, FENCED_ACQUIRE, &keys, &args).await? {
-                    Reply::Array(pair) => match pair.as_slice() {
-                        [Reply::Int(-1), Reply::Int(token)] => Attempt::Acquired(Some(*token)),
-                        [Reply::Int(pttl), Reply::Int(-1)] => Attempt::Held(*pttl),
-                        _ => return Err(Error::Unexpected(format!("{pair:?}"))),
-                    },
-                    other => return Err(Error::Unexpected(other.to_string())),
-                }
-            }
+            other => return Err(Error::Unexpected(other.to_string())),
         };
         if let Attempt::Acquired(_) = attempt {
             self.lease_ms = lease_ms;
@@ -370,12 +375,12 @@ impl RLock {
     /// channel after a first refusal and retrying at each unlock message or when the holder's
     /// PTTL runs out.
     pub async fn try_lock(&mut self, wait: Duration, lease: Option<Duration>) -> Result<bool> {
-        Ok(self.wait_for(wait, lease).await?.is_some())
+        Ok(self.wait_for(wait, lease, false).await?.is_some())
     }
 
     /// `lock(leaseTime)` (waits at most [`LOCK_WAIT_LIMIT`]).
     pub async fn lock(&mut self, lease: Option<Duration>) -> Result<()> {
-        match self.wait_for(LOCK_WAIT_LIMIT, lease).await? {
+        match self.wait_for(LOCK_WAIT_LIMIT, lease, false).await? {
             Some(_) => Ok(()),
             None => Err(Error::TimedOut),
         }
@@ -386,9 +391,10 @@ impl RLock {
         &mut self,
         wait: Duration,
         lease: Option<Duration>,
+        with_token: bool,
     ) -> Result<Option<Attempt>> {
         let deadline = Instant::now() + wait;
-        if let acquired @ Attempt::Acquired(_) = self.try_acquire(lease).await? {
+        if let acquired @ Attempt::Acquired(_) = self.attempt(lease, with_token).await? {
             return Ok(Some(acquired));
         }
         if Instant::now() >= deadline {
@@ -399,7 +405,7 @@ impl RLock {
         // Each round waits for a message or the holder's PTTL: bounded by the wait, and every
         // round but the last takes at least a reply's round trip.
         while Instant::now() < deadline {
-            let ttl = match self.try_acquire(lease).await? {
+            let ttl = match self.attempt(lease, with_token).await? {
                 acquired @ Attempt::Acquired(_) => return Ok(Some(acquired)),
                 Attempt::Held(ttl) => ttl,
             };
@@ -623,7 +629,7 @@ impl RFencedLock {
         wait: Duration,
         lease: Option<Duration>,
     ) -> Result<Option<i64>> {
-        match self.0.wait_for(wait, lease).await? {
+        match self.0.wait_for(wait, lease, true).await? {
             Some(Attempt::Acquired(token)) => match token {
                 Some(token) => Ok(Some(token)),
                 None => Err(Error::Unexpected("a fenced acquire without a token".into())),
@@ -637,6 +643,11 @@ impl RFencedLock {
         self.try_lock_and_get_token(LOCK_WAIT_LIMIT, lease)
             .await?
             .ok_or(Error::TimedOut)
+    }
+
+    /// `lock(leaseTime)`: the plain acquire of `RFencedLock` (no token in its answer).
+    pub async fn lock(&mut self, lease: Option<Duration>) -> Result<()> {
+        self.0.lock(lease).await
     }
 
     /// `getToken()`: `GET redisson_lock_token:{name}`.
