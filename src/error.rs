@@ -145,6 +145,10 @@ pub enum ProxyError {
     /// A lease script succeeded on a majority, but too late to promise the lease.
     #[error("ERR lease validity expired before a majority answered (redlock-proxy); the lock is not held")]
     LeaseExpired,
+    /// `RFencedLock`'s acquire was granted, but no fencing token was taken by a majority (the
+    /// masters refused the offer: another proxy's counter was ahead); rolled back.
+    #[error("ERR the masters refused this acquire's fencing token, another proxy's was ahead (redlock-proxy); the lock is not held, retry")]
+    FencedTokenRefused,
     /// An acquire right after start, before the masters were judged (the deployment
     /// undecided, or fewer than a quorum looked at) within a node timeout.
     #[error(

@@ -120,8 +120,8 @@ pub fn is_compare_and_delete(body: &[u8]) -> bool {
         .any(|t| normalised(t).as_ref() == Some(&script))
 }
 
-/// A whole lock script of a client library that the proxy runs as its own acquire or release
-/// when it names one key ([`known_lock_script`]).
+/// A whole lock script of a client library that the proxy runs as a lock operation of its own
+/// ([`known_lock_script`]): node-redlock's when it names one key, Redisson's with its layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KnownLock {
     /// node-redlock (v5)'s acquire: `EXISTS` of every key (`0` if any exists), then `SET key
@@ -131,7 +131,32 @@ pub enum KnownLock {
     /// node-redlock (v5)'s release: the compare-and-delete of every key, answering how many it
     /// deleted. With one key: the classic compare-and-delete (`1` or `0`).
     NodeRedlockRelease,
+    /// Redisson's `RLock` acquire: `KEYS = [name]`, `ARGV = [lease ms, <uuid>:<threadId>]`;
+    /// where the hash is absent or holds the field, counts the field up and sets the lease,
+    /// answering null; else the PTTL. Run as a hash-lock acquire (docs/SAFETY.md, "Hash locks
+    /// (Redisson)").
+    RedissonAcquire,
+    /// `RFencedLock`'s acquire answering its token: `KEYS = [name, token counter]`, `ARGV` as
+    /// [`KnownLock::RedissonAcquire`]'s; `{-1, token}` taken, `{pttl, -1}` held. Run as the
+    /// `RLock` acquire of `KEYS[1]` (no `INCR`), answering the proxy's fencing token.
+    RedissonFencedAcquire,
+    /// `RFencedLock`'s plain acquire (its `lock()`): the `RLock` acquire with an `INCR` of
+    /// `KEYS[2]`. Run as the `RLock` acquire of `KEYS[1]`.
+    RedissonFencedLockAcquire,
 }
+
+/// The texts of Redisson's `RLock` acquire: the current one (one branch), the one
+/// before it (two branches, `hincrby` in both) and the first (`hset` in the first branch). All
+/// take the lock only where the hash is absent or holds the field, with the lease of `ARGV[1]`.
+pub const REDISSON_ACQUIRES: [&str; 3] = [
+    "if ((redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[2]) == 1)) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; return redis.call('pttl', KEYS[1]);",
+    "if (redis.call('exists', KEYS[1]) == 0) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; return redis.call('pttl', KEYS[1]);",
+    "if (redis.call('exists', KEYS[1]) == 0) then redis.call('hset', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; return redis.call('pttl', KEYS[1]);",
+];
+/// `RedissonFencedLock.tryLockInnerAsync(leaseTime, unit, threadId)`.
+const REDISSON_FENCED_ACQUIRE: &str = "if (redis.call('exists', KEYS[1]) == 0 or (redis.call('hexists', KEYS[1], ARGV[2]) == 1)) then local token = redis.call('incr', KEYS[2]);redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return {-1, token}; end; return {redis.call('pttl', KEYS[1]), -1};";
+/// `RedissonFencedLock`'s override of the plain acquire.
+const REDISSON_FENCED_LOCK_ACQUIRE: &str = "if ((redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[2]) == 1)) then redis.call('incr', KEYS[2]);redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; return redis.call('pttl', KEYS[1]);";
 
 /// node-redlock 5's scripts (`redlock/dist/esm/index.js`), layout and comments aside.
 const NODE_REDLOCK_ACQUIRE: &str = "for i, key in ipairs(KEYS) do if redis.call(\"exists\", key) == 1 then return 0 end end for i, key in ipairs(KEYS) do redis.call(\"set\", key, ARGV[1], \"PX\", ARGV[2]) end return #KEYS";
@@ -141,11 +166,18 @@ const NODE_REDLOCK_RELEASE: &str = "local count = 0 for i, key in ipairs(KEYS) d
 /// [`is_compare_and_delete`]: a script that differs in anything else is not one.
 pub fn known_lock_script(body: &[u8]) -> Option<KnownLock> {
     let script = normalised(std::str::from_utf8(body).ok()?)?;
+    let redisson = REDISSON_ACQUIRES.map(|text| (text, KnownLock::RedissonAcquire));
     [
         (NODE_REDLOCK_ACQUIRE, KnownLock::NodeRedlockAcquire),
         (NODE_REDLOCK_RELEASE, KnownLock::NodeRedlockRelease),
+        (REDISSON_FENCED_ACQUIRE, KnownLock::RedissonFencedAcquire),
+        (
+            REDISSON_FENCED_LOCK_ACQUIRE,
+            KnownLock::RedissonFencedLockAcquire,
+        ),
     ]
     .into_iter()
+    .chain(redisson)
     .find(|(text, _)| normalised(text).as_ref() == Some(&script))
     .map(|(_, known)| known)
 }
@@ -697,6 +729,46 @@ mod tests {
         }
         let classic = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
         assert_eq!(known_lock_script(classic.as_bytes()), None);
+    }
+
+    #[test]
+    fn redisson_acquires_are_known_whole() {
+        for text in REDISSON_ACQUIRES {
+            assert_eq!(
+                known_lock_script(text.as_bytes()),
+                Some(KnownLock::RedissonAcquire)
+            );
+            // Layout and comments aside.
+            let laid_out = format!("-- Redisson\n{}", text.replace("; ", ";\n  "));
+            assert_eq!(
+                known_lock_script(laid_out.as_bytes()),
+                Some(KnownLock::RedissonAcquire)
+            );
+        }
+        assert_eq!(REDISSON_ACQUIRES[1], REDISSON_ACQUIRE);
+        assert_eq!(
+            known_lock_script(REDISSON_FENCED_ACQUIRE.as_bytes()),
+            Some(KnownLock::RedissonFencedAcquire)
+        );
+        assert_eq!(
+            known_lock_script(REDISSON_FENCED_LOCK_ACQUIRE.as_bytes()),
+            Some(KnownLock::RedissonFencedLockAcquire)
+        );
+        // Any other meaning is not one: a success that is not null, no lease, the lease from
+        // another argument, a grant whoever holds the hash, the unlock and the renewal.
+        let current = REDISSON_ACQUIRES[0];
+        for changed in [
+            current.replace("return nil", "return 1"),
+            current.replace(" redis.call('pexpire', KEYS[1], ARGV[1]);", ""),
+            current.replace("pexpire', KEYS[1], ARGV[1]", "pexpire', KEYS[1], ARGV[3]"),
+            current.replace("== 1)) then", "== 0)) then"),
+            current.replace(" or (redis.call('hexists', KEYS[1], ARGV[2]) == 1)", ""),
+            REDISSON_FENCED_ACQUIRE.replace("{-1, token}", "{1, token}"),
+            REDISSON_UNLOCK.to_string(),
+            "if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then redis.call('pexpire', KEYS[1], ARGV[1]); return 1; end; return 0;".to_string(),
+        ] {
+            assert_eq!(known_lock_script(changed.as_bytes()), None, "{changed}");
+        }
     }
 
     #[test]

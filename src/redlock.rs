@@ -200,12 +200,22 @@ pub enum AcquireDecision {
 /// Decides an acquire as soon as the outcome is known: Q `OK`s, or more than `N − Q` votes that
 /// are not `OK` (an answered null, an error, a missing answer).
 pub fn acquire_decision(votes: &[Vote]) -> AcquireDecision {
+    grant_decision(
+        votes,
+        |reply| matches!(reply, Reply::Simple(s) if s.as_ref() == b"OK"),
+    )
+}
+
+/// [`acquire_decision`] for an acquire whose masters answer `granted` where they took the lock
+/// (Redisson's hash-lock acquire answers null there, its holder's PTTL elsewhere).
+pub fn grant_decision(votes: &[Vote], granted: impl Fn(&Reply) -> bool) -> AcquireDecision {
     let n = votes.len();
     let q = quorum(n);
-    let granted = votes.iter().filter(|v| is_ok(v)).count();
+    let took = |v: &Vote| matches!(v, Vote::Replied(reply) if granted(reply));
+    let granted = votes.iter().filter(|v| took(v)).count();
     let denied = votes
         .iter()
-        .filter(|v| !matches!(v, Vote::Pending) && !is_ok(v))
+        .filter(|v| !matches!(v, Vote::Pending) && !took(v))
         .count();
     if granted >= q {
         AcquireDecision::Quorum
@@ -214,6 +224,23 @@ pub fn acquire_decision(votes: &[Vote]) -> AcquireDecision {
     } else {
         AcquireDecision::Undecided
     }
+}
+
+/// What a refused hash-lock acquire answers when at least Q masters answered the holder's PTTL:
+/// the Q-th largest (a majority holds the lock at least that long), less the drift padding as
+/// `PTTL` answers ([`conservative_ttl`]). `None` with fewer than Q integers.
+pub fn held_pttl(votes: &[Vote], drift_factor: f64) -> Option<Reply> {
+    let q = quorum(votes.len());
+    let mut pttls: Vec<i64> = votes
+        .iter()
+        .filter_map(|v| match v {
+            Vote::Replied(Reply::Integer(pttl)) => Some(*pttl),
+            _ => None,
+        })
+        .collect();
+    pttls.sort_unstable_by(|a, b| b.cmp(a));
+    let pttl = *pttls.get(q - 1)?;
+    Some(conservative_ttl(Reply::Integer(pttl), 1, drift_factor))
 }
 
 fn is_ok(vote: &Vote) -> bool {
@@ -557,6 +584,38 @@ mod tests {
         for (votes, expected) in cases {
             assert_eq!(acquire_decision(&votes), expected, "{votes:?}");
         }
+    }
+
+    #[test]
+    fn a_null_grant_needs_q_nulls_and_answers_what_a_majority_holds() {
+        let granted = |r: &Reply| *r == Reply::Null;
+        let cases: Vec<(Vec<Vote>, AcquireDecision)> = vec![
+            (vec![null(), null(), int(500)], Quorum),
+            (vec![null(), null(), P], Quorum),
+            (vec![null(), int(500), P], Undecided),
+            (vec![null(), int(500), int(400)], Refused),
+            (vec![null(), int(500), M], Refused),
+            // A minority's null is no grant, nor an error or an unarmed master's reply.
+            (vec![null(), null(), int(9), M, err("ERR x")], Refused),
+            (vec![null(), null(), null(), M, M], Quorum),
+            (vec![ok(), ok(), ok()], Refused),
+        ];
+        for (votes, expected) in cases {
+            assert_eq!(grant_decision(&votes, granted), expected, "{votes:?}");
+        }
+        // The Q-th largest PTTL, less the padding (drift of 1 % + 2 ms) as PTTL answers it.
+        let held = |votes: &[Vote]| held_pttl(votes, 0.01);
+        assert_eq!(
+            held(&[null(), int(10_102), int(9_000)]),
+            Some(Reply::Integer(8_908))
+        );
+        assert_eq!(
+            held(&[int(10_102), int(10_101), int(1)]),
+            Some(Reply::Integer(9_997))
+        );
+        assert_eq!(held(&[null(), int(10_102), M]), None);
+        assert_eq!(held(&[null(), null(), int(5), int(5), M]), None);
+        assert_eq!(held(&[int(0), int(0), M]), Some(Reply::Integer(0)));
     }
 
     #[test]

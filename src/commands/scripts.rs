@@ -32,6 +32,8 @@
 //! without expiry, is answered with an error (its key was capped, so the caller must not believe
 //! the longer lease, nor a key that lasts).
 
+mod hash_lock;
+
 use super::keys::forward_request;
 use super::{Action, Ctx, Session};
 use crate::auth::KeyPatterns;
@@ -40,7 +42,7 @@ use crate::lease::{Granted, Lease, Outcome};
 use crate::lease_script::KnownLock;
 use crate::lock::Acquirer;
 use crate::lock::Attempt;
-use crate::masters::{Ask, Masters};
+use crate::masters::{Ask, LateVotes, Masters};
 use crate::on_master::{script_sha, ARMED_KEY, GUARD_SCRIPT, QUARANTINE_KEY};
 use crate::protocol::{encode_command, Reply, Request};
 use crate::redlock::{
@@ -48,10 +50,10 @@ use crate::redlock::{
     Vote,
 };
 use crate::script_cache::Script;
-use crate::script_keys::{access_args, DEADLINE_AT};
+use crate::script_keys::{access_args, TokenOffer, DEADLINE_AT};
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -117,7 +119,7 @@ fn run(
     }
     let read_only =
         request.args[0].len() > 4 && request.args[0].to_ascii_uppercase().ends_with(b"_RO");
-    if let Some(action) = known_lock(ctx, &script, &request.args, numkeys, read_only) {
+    if let Some(action) = known_lock(ctx, session, &script, &request.args, numkeys, read_only) {
         return action;
     }
     let policy = ctx.shared.policy;
@@ -176,6 +178,16 @@ struct MasterCall {
     whole_first: bool,
     checked: Bytes,
     checked_sha: Bytes,
+    /// The token the run may take ([`crate::script_keys`]); its record names the run.
+    offer: Option<TokenOffer>,
+}
+
+/// A guarded run's votes at its decision (each master's `[script reply, guard reply]`), those
+/// still to come, and each master's write deadline as sent (0: not asked).
+struct Ballot {
+    votes: Vec<Vote>,
+    late: LateVotes,
+    deadlines: Vec<u64>,
 }
 
 impl MasterCall {
@@ -218,6 +230,7 @@ impl MasterCall {
             whole_first,
             checked: script.checked.clone(),
             checked_sha: script.checked_sha.clone(),
+            offer,
         }
     }
 
@@ -245,6 +258,33 @@ impl MasterCall {
     /// A run that may write: each master's call carries a deadline in that master's clock, as
     /// an acquire does (the latest its clock can show when the node timeout runs out, from its
     /// last reading; a master that may not vote is not asked), and is followed by the guard.
+    /// Votes are collected until `done` says the reply is decided.
+    async fn fan_out(
+        &self,
+        masters: &Masters,
+        drift: f64,
+        done: impl Fn(&[Vote]) -> bool,
+    ) -> Ballot {
+        let sent = OnceLock::new();
+        let node_timeout = masters.node_timeout();
+        let deadlines: Vec<AtomicU64> =
+            masters.voters().iter().map(|_| AtomicU64::new(0)).collect();
+        let ask = |i: usize| {
+            let sent = *sent.get_or_init(Instant::now);
+            let due = masters.voters()[i].write_deadline(sent, node_timeout, drift)?;
+            deadlines[i].store(due, Ordering::Relaxed);
+            Some(self.ask(due))
+        };
+        let (votes, late) = masters.fan_out_each(ask, 2, done).await;
+        Ballot {
+            votes,
+            late,
+            deadlines: deadlines.into_iter().map(AtomicU64::into_inner).collect(),
+        }
+    }
+
+    /// A run that may write ([`MasterCall::fan_out`]), answered by `rule` over the masters
+    /// whose guard vouched for them.
     async fn run_guarded(
         &self,
         masters: &Masters,
@@ -252,14 +292,10 @@ impl MasterCall {
         rule: MergeRule,
         policy: Policy,
     ) -> (Reply, Option<u64>) {
-        let sent = OnceLock::new();
-        let (node_timeout, drift) = (masters.node_timeout(), policy.drift_factor);
-        let ask = |i: usize| {
-            let sent = *sent.get_or_init(Instant::now);
-            let due = masters.voters()[i].write_deadline(sent, node_timeout, drift)?;
-            Some(self.ask(due))
-        };
-        guarded_reply(masters, acquirer, ask, rule, policy.max_lock_ttl_ms).await
+        let decided = |v: &[Vote]| merge(&script_votes(v), rule).is_some();
+        let ballot = self.fan_out(masters, policy.drift_factor, decided).await;
+        let guarded = Tally::of(masters, &ballot.votes).guarded(rule);
+        guarded_reply(acquirer, guarded, policy.max_lock_ttl_ms)
     }
 
     /// A read-only run: the same call on every master, no deadline, no guard.
@@ -298,6 +334,7 @@ fn clients_sha(reply: Reply, checked: &[u8], body: &[u8]) -> Reply {
 /// Any other shape takes the general path.
 fn known_lock(
     ctx: &Ctx<'_>,
+    session: &Session,
     script: &Script,
     args: &[Bytes],
     numkeys: usize,
@@ -310,10 +347,17 @@ fn known_lock(
     if script.merge == MergeRule::Release {
         return Some(super::fencing::release(ctx, key, value));
     }
+    let known = script.lock?;
+    if let Some(action) = hash_lock::acquire(ctx, session, script, args, numkeys, known) {
+        return Some(action);
+    }
     if numkeys != 1 {
         return None;
     }
-    match script.lock? {
+    match known {
+        KnownLock::RedissonAcquire
+        | KnownLock::RedissonFencedAcquire
+        | KnownLock::RedissonFencedLockAcquire => None,
         KnownLock::NodeRedlockRelease => Some(super::fencing::release(ctx, key, value)),
         KnownLock::NodeRedlockAcquire => {
             let ttl_ms = super::parse_int(args.get(5)?).ok()?;
@@ -364,6 +408,8 @@ struct Report {
     /// (`{-3|-4, seen}`; a token refused as too late, `{-2, clock}`, says nothing of later
     /// proposals).
     token_refused_at: Option<u64>,
+    /// The master took the run's token for a new holder (verdict `1`).
+    token_taken: bool,
 }
 
 /// The script's vote of one master from its `[script reply, guard reply]` pair, and what the
@@ -386,6 +432,7 @@ fn script_vote(vote: &Vote) -> (Vote, Report) {
                 let report = Report {
                     lease_ms: u64::try_from(*noted).unwrap_or(0),
                     token_refused_at: token_refusal(verdict),
+                    token_taken: *verdict == Reply::Integer(1),
                 };
                 (Vote::Replied(reply), report)
             }
@@ -424,66 +471,94 @@ pub(crate) struct Guarded {
     pub token_refused_at: Option<u64>,
 }
 
+/// The script votes of a fan-out's `[script reply, guard reply]` pairs (see [`script_vote`]).
+fn script_votes(votes: &[Vote]) -> Vec<Vote> {
+    votes.iter().map(|v| script_vote(v).0).collect()
+}
+
+/// A guarded fan-out's votes, read: each master's script vote (counted only where its guard
+/// vouched for it) and what its prelude reported, and what the guards capped.
+struct Tally {
+    votes: Vec<Vote>,
+    reports: Vec<Report>,
+    /// [`CAPPED_TTL`] and [`CAPPED_NO_EXPIRY`] or-ed over the masters that answered.
+    capped: i64,
+}
+
+impl Tally {
+    /// Reads the `[script reply, guard reply]` votes; a master whose guard found it unarmed or
+    /// quarantined is re-checked by its health monitor at once.
+    fn of(masters: &Masters, raw: &[Vote]) -> Tally {
+        let mut capped = 0;
+        for (vote, voter) in raw.iter().zip(masters.voters()) {
+            if let Vote::Replied(Reply::Array(pair)) = vote {
+                match pair.get(1) {
+                    Some(Reply::Integer(-1)) => voter.health.recheck(),
+                    Some(Reply::Integer(flags)) if *flags > 0 => capped |= flags,
+                    _ => {}
+                }
+            }
+        }
+        let (votes, reports) = raw.iter().map(script_vote).unzip();
+        Tally {
+            votes,
+            reports,
+            capped,
+        }
+    }
+
+    /// The lease the run set if a majority of the masters counted took one: the shortest
+    /// client TTL they noted (ms).
+    fn lease(&self) -> Option<u64> {
+        let leases: Vec<u64> = (self.votes.iter().zip(&self.reports))
+            .filter(|(vote, report)| matches!(vote, Vote::Replied(_)) && report.lease_ms > 0)
+            .map(|(_, report)| report.lease_ms)
+            .collect();
+        (leases.len() >= quorum(self.votes.len()))
+            .then(|| leases.iter().min().copied())
+            .flatten()
+    }
+
+    /// The highest counter or clock (µs) at which a master refused the run's token.
+    fn token_refused_at(&self) -> Option<u64> {
+        self.reports.iter().filter_map(|r| r.token_refused_at).max()
+    }
+
+    /// The masters merged by `rule`, with what [`Guarded`] keeps.
+    fn guarded(&self, rule: MergeRule) -> Guarded {
+        let reply = merge(&self.votes, rule).unwrap_or_else(|| no_quorum(self.votes.len()));
+        Guarded {
+            reply,
+            capped: self.capped,
+            lease: self.lease(),
+            token_refused_at: self.token_refused_at(),
+        }
+    }
+}
+
 /// Runs a command followed by its guard ([`guard_command`]) on every master (two replies each)
-/// and merges the command's replies, counting a master only if its guard vouched for it. A
-/// master whose guard found it unarmed or quarantined is re-checked by its health monitor at
-/// once.
+/// and merges the command's replies, counting a master only if its guard vouched for it
+/// ([`Tally`]).
 pub(crate) async fn guarded(
     masters: &Masters,
     ask: impl Fn(usize) -> Option<Ask>,
     rule: MergeRule,
 ) -> Guarded {
-    let script_votes =
-        |votes: &[Vote]| -> Vec<Vote> { votes.iter().map(|v| script_vote(v).0).collect() };
-    let (votes, _late) = masters
-        .fan_out_each(ask, 2, |v| merge(&script_votes(v), rule).is_some())
-        .await;
-    let mut capped = 0;
-    for (vote, voter) in votes.iter().zip(masters.voters()) {
-        if let Vote::Replied(Reply::Array(pair)) = vote {
-            match pair.get(1) {
-                Some(Reply::Integer(-1)) => voter.health.recheck(),
-                Some(Reply::Integer(flags)) if *flags > 0 => capped |= flags,
-                _ => {}
-            }
-        }
-    }
-    let (votes, reports): (Vec<Vote>, Vec<Report>) = votes.iter().map(script_vote).unzip();
-    let leases: Vec<u64> = votes
-        .iter()
-        .zip(&reports)
-        .filter(|(vote, report)| matches!(vote, Vote::Replied(_)) && report.lease_ms > 0)
-        .map(|(_, report)| report.lease_ms)
-        .collect();
-    let token_refused_at = reports.iter().filter_map(|r| r.token_refused_at).max();
-    let lease = (leases.len() >= quorum(votes.len()))
-        .then(|| leases.iter().min().copied())
-        .flatten();
-    let reply = merge(&votes, rule).unwrap_or_else(|| no_quorum(votes.len()));
-    Guarded {
-        reply,
-        capped,
-        lease,
-        token_refused_at,
-    }
+    let decided = |v: &[Vote]| merge(&script_votes(v), rule).is_some();
+    let (votes, _late) = masters.fan_out_each(ask, 2, decided).await;
+    Tally::of(masters, &votes).guarded(rule)
 }
 
-/// [`guarded`] for a script: a guard that had to cap a key makes the reply an error (a key
-/// left without expiry first: the stronger surprise); with the lease the script set. A token
-/// a master refused raises the floor of later proposals.
-async fn guarded_reply(
-    masters: &Masters,
-    acquirer: &Acquirer,
-    ask: impl Fn(usize) -> Option<Ask>,
-    rule: MergeRule,
-    cap_ms: u64,
-) -> (Reply, Option<u64>) {
+/// A script's [`Guarded`] reply: a guard that had to cap a key makes it an error (a key left
+/// without expiry first: the stronger surprise); with the lease the script set. A token a
+/// master refused raises the floor of later proposals.
+fn guarded_reply(acquirer: &Acquirer, guarded: Guarded, cap_ms: u64) -> (Reply, Option<u64>) {
     let Guarded {
         reply,
         capped,
         lease,
         token_refused_at,
-    } = guarded(masters, ask, rule).await;
+    } = guarded;
     if let Some(seen) = token_refused_at {
         acquirer.script_token_refused(seen);
     }

@@ -11,8 +11,8 @@ use crate::masters::{Ask, LateVotes, Masters};
 use crate::on_master::{script_sha, token_key, ARMED_KEY, LOCK_SCRIPT, QUARANTINE_KEY};
 use crate::protocol::{encode_command, Reply, ScriptCall};
 use crate::redlock::{
-    acquire_decision, backend_ttl_ms, held_by_majority, majority_unreachable, propose_token,
-    token_floor, validity_window, AcquireDecision, TokenRules, Vote,
+    acquire_decision, backend_ttl_ms, held_by_majority, majority_unreachable, may_hold_our_value,
+    propose_token, token_floor, validity_window, AcquireDecision, TokenRules, Vote,
 };
 use crate::transport::SharedScript;
 use bytes::Bytes;
@@ -418,7 +418,7 @@ fn tally(
     let undo = Box::new(RollbackPlan {
         masters: masters.clone(),
         drift_factor: acquirer.policy.drift_factor,
-        undo: Undo {
+        undo: Undo::Lock {
             key: attempt.key.clone(),
             value: attempt.value.clone(),
             record: quarantine.then_some((request.token_key, request.record)),
@@ -428,6 +428,7 @@ fn tally(
         votes,
         late,
         deadlines,
+        took: may_hold_our_value,
     });
     if quorum && Instant::now() < request.deadline {
         tracing::trace!(key = ?attempt.key, token = request.token, "granted");

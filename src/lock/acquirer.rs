@@ -12,9 +12,10 @@
 
 use super::acquire::{Attempt, Tokens};
 use super::flights::{self, Flights, Started};
+use super::rollback::{HashGrant, RollbackPlan, Undo};
 use super::{extend, lock_script, LockStats};
 use crate::config::NoQuorumReply;
-use crate::lease::Outcome;
+use crate::lease::{Outcome, Rollback};
 use crate::masters::{Ask, Masters};
 use crate::on_master::LOCK_SCRIPT;
 use crate::protocol::{Reply, ScriptCall};
@@ -133,5 +134,34 @@ impl Acquirer {
     /// proposals go above it (a script is not retried: it ran).
     pub fn script_token_refused(&self, seen: u64) {
         self.tokens.raise_floor(seen);
+    }
+
+    /// The roll-back of a hash-lock acquire that is not given to its client (refused, or its
+    /// validity ran out): one count of the field taken back on every master that may have
+    /// given it, where the run's record still names it (docs/SAFETY.md, "Hash locks
+    /// (Redisson)"); kept across reconnects, and sent again past the deadline where an answer
+    /// never came, as a refused `SET NX`'s clean-up is ([`super::rollback`]).
+    pub fn hash_rollback(&self, grant: HashGrant) -> Box<dyn Rollback> {
+        let HashGrant {
+            key,
+            field,
+            record,
+            lives,
+            votes,
+            late,
+            deadlines,
+            took,
+        } = grant;
+        Box::new(RollbackPlan {
+            masters: self.masters.clone(),
+            drift_factor: self.policy.drift_factor,
+            undo: Undo::Hash { key, field, record },
+            lives,
+            votes,
+            late,
+            deadlines,
+            took,
+            stats: self.stats.clone(),
+        })
     }
 }

@@ -5,7 +5,8 @@
 //!
 //! [`Acquirer`]'s whole API is one `impl` ([`acquirer`]); each method calls the free functions
 //! of its concern: [`flights`] (the per-key single flight), [`acquire`] (one attempt's Redlock
-//! rounds and its tokens), [`extend`], and [`rollback`] (the clean-up of a refused attempt).
+//! rounds and its tokens), [`extend`], and [`rollback`] (the clean-up of a refused attempt, a
+//! `SET NX` acquire's or a hash-lock acquire's that a client's script ran).
 //! [`stats`] counts them.
 
 mod acquire;
@@ -18,6 +19,7 @@ mod stats;
 pub use acquire::{lock_script, Attempt, UNARMED};
 pub use acquirer::{Acquirer, Options};
 pub use flights::Started;
+pub use rollback::HashGrant;
 pub use stats::{AcquireResult, LockStats};
 
 #[cfg(test)]

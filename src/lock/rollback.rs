@@ -1,13 +1,15 @@
 //! The clean-up of a refused (or ungiven) acquire on every master that may hold its write
-//! ([`RollbackPlan`]), and the scripts it runs there.
+//! ([`RollbackPlan`]), and the scripts it runs there: a `SET NX` acquire's lock, or the count a
+//! hash-lock acquire (Redisson's script, run as a lock operation) gave its field
+//! ([`HashGrant`]).
 
 use super::acquire::Record;
 use super::LockStats;
 use crate::lease::Rollback;
 use crate::masters::{LateVotes, Masters};
-use crate::on_master::{COMPARE_AND_DELETE, UNDO_SCRIPT};
+use crate::on_master::{token_key, COMPARE_AND_DELETE, UNDO_HASH_SCRIPT, UNDO_SCRIPT};
 use crate::protocol::encode_command;
-use crate::redlock::{may_hold_our_value, Vote};
+use crate::redlock::Vote;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::sync::Arc;
@@ -29,10 +31,16 @@ enum UndoStep {
 
 impl UndoStep {
     /// The step for a master's final vote, given the deadline its request carried (0: not
-    /// sent, when the acquire goes out as the marker script).
-    fn for_vote(vote: &Vote, deadline: u64, sent_as_script: bool) -> UndoStep {
+    /// sent, when the acquire goes out as the marker script) and whether the vote `took` the
+    /// lock or may have (its answer unknown).
+    fn for_vote(
+        vote: &Vote,
+        deadline: u64,
+        sent_as_script: bool,
+        took: fn(&Vote) -> bool,
+    ) -> UndoStep {
         match vote {
-            _ if !may_hold_our_value(vote) => UndoStep::Skip,
+            _ if !took(vote) => UndoStep::Skip,
             Vote::Replied(_) => UndoStep::Now,
             _ if sent_as_script && deadline == 0 => UndoStep::Skip,
             _ => UndoStep::AfterDeadline(deadline),
@@ -41,38 +49,70 @@ impl UndoStep {
 }
 
 /// What one attempt wrote, to undo it.
-pub(super) struct Undo {
-    pub(super) key: Bytes,
-    pub(super) value: Bytes,
-    /// The key's token counter and the attempt's record in it; `None` when quarantine is off
-    /// (the acquire is a bare `SET`).
-    pub(super) record: Option<(Bytes, Record)>,
+pub(super) enum Undo {
+    /// A `SET NX` acquire's lock: `value` at `key`.
+    Lock {
+        key: Bytes,
+        value: Bytes,
+        /// The key's token counter and the attempt's record in it; `None` when quarantine is
+        /// off (the acquire is a bare `SET`).
+        record: Option<(Bytes, Record)>,
+    },
+    /// One count of `field` in the hash `key`, where the run's `record` (its token offer) is
+    /// still the key's counter ([`UNDO_HASH_SCRIPT`]).
+    Hash {
+        key: Bytes,
+        field: Bytes,
+        record: Bytes,
+    },
 }
 
 impl Undo {
-    /// The clean-up: deletes the lock only if this attempt wrote it ([`UNDO_SCRIPT`]). Encoded
-    /// only when a clean-up is sent (most acquires need none).
+    /// The clean-up: deletes the lock only if this attempt wrote it ([`UNDO_SCRIPT`]), or takes
+    /// back the count it gave a hash's field ([`UNDO_HASH_SCRIPT`]). Encoded only when a
+    /// clean-up is sent (most acquires need none).
     fn payload(&self) -> Bytes {
-        let Undo { key, value, record } = self;
-        match record {
-            Some((counter, record)) => encode_command(&[
-                b"EVAL".as_ref(),
-                UNDO_SCRIPT.text().as_bytes(),
-                b"2",
-                key,
-                counter,
-                value,
-                record.as_bytes(),
-            ]),
-            None => encode_command(&[
-                b"EVAL".as_ref(),
-                COMPARE_AND_DELETE.text().as_bytes(),
-                b"1",
+        let eval = b"EVAL".as_ref();
+        match self {
+            Undo::Lock {
                 key,
                 value,
-            ]),
+                record: Some((counter, record)),
+            } => {
+                let script = UNDO_SCRIPT.text().as_bytes();
+                encode_command(&[eval, script, b"2", key, counter, value, record.as_bytes()])
+            }
+            Undo::Lock {
+                key,
+                value,
+                record: None,
+            } => encode_command(&[eval, COMPARE_AND_DELETE.text().as_bytes(), b"1", key, value]),
+            Undo::Hash { key, field, record } => {
+                let script = UNDO_HASH_SCRIPT.text().as_bytes();
+                encode_command(&[eval, script, b"2", key, &token_key(key), field, record])
+            }
         }
     }
+}
+
+/// A hash-lock acquire run by a client's script on every master (docs/SAFETY.md, "Hash locks
+/// (Redisson)"), to roll back where it may have taken the lock ([`crate::lock::Acquirer::hash_rollback`]).
+pub struct HashGrant {
+    pub key: Bytes,
+    /// The holder's field (`<uuid>:<threadId>`).
+    pub field: Bytes,
+    /// The run's token offer record (the prelude wrote it as the key's counter where the run
+    /// created the hash and the master took the token).
+    pub record: Bytes,
+    /// The `PX` the masters set: how long a write it undoes can live.
+    pub lives: Duration,
+    /// The votes at the decision, those still to come, and each master's deadline as sent
+    /// (0: not asked).
+    pub votes: Vec<Vote>,
+    pub late: LateVotes,
+    pub deadlines: Vec<u64>,
+    /// Whether a master's vote took the lock, or may have (its answer unknown).
+    pub took: fn(&Vote) -> bool,
 }
 
 /// Where and how to undo a refused acquire.
@@ -87,6 +127,9 @@ pub(super) struct RollbackPlan {
     pub(super) late: LateVotes,
     /// Each master's deadline, as sent.
     pub(super) deadlines: Vec<u64>,
+    /// Whether a vote took the lock or may have ([`crate::redlock::may_hold_our_value`] for
+    /// `SET NX`).
+    pub(super) took: fn(&Vote) -> bool,
     /// Counts rollbacks and late clean-ups.
     pub(super) stats: Arc<LockStats>,
 }
@@ -109,7 +152,7 @@ impl RollbackPlan {
             .votes
             .iter()
             .zip(&self.deadlines)
-            .map(|(vote, deadline)| UndoStep::for_vote(vote, *deadline, script))
+            .map(|(vote, deadline)| UndoStep::for_vote(vote, *deadline, script, self.took))
             .collect();
         // Counted only if some master may hold the value (a plain refusal has nothing to undo).
         if steps.iter().all(|step| *step == UndoStep::Skip) {
@@ -178,6 +221,7 @@ impl Rollback for RollbackPlan {
 mod tests {
     use super::*;
     use crate::protocol::Reply;
+    use crate::redlock::may_hold_our_value;
     use crate::redlock::MissingReason;
 
     #[test]
@@ -196,7 +240,7 @@ mod tests {
         ];
         for (vote, deadline, script, step) in cases {
             assert_eq!(
-                UndoStep::for_vote(&vote, deadline, script),
+                UndoStep::for_vote(&vote, deadline, script, may_hold_our_value),
                 step,
                 "{vote:?}"
             );

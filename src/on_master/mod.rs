@@ -77,6 +77,9 @@ on_master! {
     /// The clean-up of one refused acquire attempt (docs/SAFETY.md, "Clean-ups undo only
     /// their own attempt").
     UNDO_SCRIPT = "undo.lua";
+    /// The clean-up of one refused hash-lock acquire (docs/SAFETY.md, "Hash locks
+    /// (Redisson)").
+    UNDO_HASH_SCRIPT = "undo_hash.lua";
     /// The compare-and-delete release of every client library.
     COMPARE_AND_DELETE = "compare_and_delete.lua";
     /// `LOCK.EXTEND` on one master (docs/PROTOCOL.md §10).
@@ -137,6 +140,13 @@ mod tests {
                 false,
             ),
             (
+                "undo_hash.lua",
+                "94c5c2dffbe33890a815c6b402d6a1c4715a5826",
+                2,
+                2,
+                false,
+            ),
+            (
                 "compare_and_delete.lua",
                 "e9f69f2beb755be68b5e456ee2ce9aadfbc4ebf4",
                 1,
@@ -187,7 +197,7 @@ mod tests {
             ),
             (
                 "token.lua",
-                "2fca889af725aa741f36c0189d694fdf65f4e7cb",
+                "eb7003a3cd6ba8f580f2d7ac565301f7f4a2a661",
                 2,
                 1,
                 false,

@@ -113,9 +113,18 @@ if m >= 0 then
     return false
   end
 end
--- The string a key holds (false: none, or not a string).
-local function holder(k) local v = rpcall('get', k) return type(v) == 'string' and v end
--- When the script returns: a declared key that now holds another string has a new holder.
+-- Who holds a key: the string it holds; for a hash (Redisson's lock, a field per holder
+-- thread counting its re-entries), the hash itself, one marker for every hash, so that only
+-- the hash appearing is a new holder, never a field added or counted in a present one; false
+-- for none, or another type. GET answers a hash with an error: only then is TYPE asked.
+local hash = {}
+local function holder(k)
+  local v = rpcall('get', k)
+  if type(v) == 'string' then return v end
+  return type(v) == 'table' and rcall('type', k).ok == 'hash' and hash
+end
+-- When the script returns: a declared key that now has another holder (another string, or a
+-- hash where there was none) has a new holder.
 -- With a lease on it, it takes the offered token as the acquire script does (clock within
 -- the window, token above the counter), else a counter there keeps only its bare token
 -- (later tokens must pass it; it names no holder). An extend keeps the counter (GT).

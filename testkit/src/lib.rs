@@ -8,6 +8,8 @@
 //! - [`launcher`]: running a proxy (in-process on an ephemeral port, or the release binary as
 //!   a child process) over local masters; [`launcher::Env`] is N masters and a proxy.
 //! - [`masters`]: direct access to one master (commands, `GET`, command statistics, signals).
+//! - [`redisson`]: a Redisson lock client (its exact scripts, watchdog, waiter over pub/sub,
+//!   `RFencedLock`), since Redisson's jars are not installable here.
 //! - [`relay`]: a TCP fault relay to put between the proxy and a master.
 //! - [`scripts`]: the real lock clients' Lua scripts (`tests/scripts`).
 //! - [`workload`]: the lock workload and the history it records.
@@ -26,6 +28,7 @@ pub mod http;
 pub mod launcher;
 pub mod masters;
 pub mod nemesis;
+pub mod redisson;
 pub mod relay;
 pub mod resp;
 pub mod rig;
