@@ -21,6 +21,8 @@
 //!   publish is passed on exactly once.
 //! - A copy is dropped only as the copy of a publish passed on within `window` before it:
 //!   a master that was down delays nothing and loses nothing.
+//! - A master whose connection was lost starts level with what was passed on
+//!   ([`Dedup::resync`]): the publishes it missed are not counted against its later copies.
 //! - Bounded: a message's counts are forgotten once no copy of it came for `window`; a copy
 //!   later than that (a master paused longer than the window) is passed on again, a
 //!   duplicate. At most [`MAX_TRACKED`] messages are tracked; past it the oldest are
@@ -124,6 +126,18 @@ impl Dedup {
         };
         counts.last = now;
         counts.admit(master, now, self.window)
+    }
+
+    /// Master `master`'s subscriptions start again (its connection was lost): what it
+    /// delivered before is behind it, and what it missed meanwhile it will never deliver, so
+    /// its counts start level with what was passed on. Erring this way, a publish in flight
+    /// at that moment may be passed on twice, never dropped.
+    pub fn resync(&mut self, master: usize) {
+        for counts in self.counts.values_mut() {
+            if let Some(seen) = counts.seen.get_mut(master) {
+                *seen = counts.delivered;
+            }
+        }
     }
 
     /// Messages counted now.
@@ -263,6 +277,24 @@ mod tests {
         for (name, masters, copies, expected) in cases {
             assert_eq!(&run(*masters, copies), expected, "{name}");
         }
+    }
+
+    #[test]
+    fn a_master_that_reconnects_counts_level_with_the_others() {
+        let start = Instant::now();
+        let at = |ms| start + Duration::from_millis(ms);
+        let mut dedup = Dedup::new(3, WINDOW);
+        // Master 2 misses two publishes while its link is down.
+        for (m, ms) in [(0, 0), (1, 0), (0, 10), (1, 10)] {
+            dedup.admit(m, "a", at(ms));
+        }
+        dedup.resync(2);
+        // The next publish: master 2's copy is a copy of it, whoever comes first.
+        assert!(dedup.admit(0, "a", at(20)));
+        assert!(!dedup.admit(2, "a", at(21)));
+        assert!(!dedup.admit(1, "a", at(22)));
+        assert!(dedup.admit(2, "a", at(30)));
+        assert!(!dedup.admit(0, "a", at(31)));
     }
 
     #[test]

@@ -33,11 +33,16 @@ use link::LinkCommand;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 /// Most messages waiting for one client before it is closed.
 pub const INBOX_MESSAGES: usize = 16 * 1024;
+/// How long after its last copy a message's copies are still recognised (or the node
+/// timeout, if longer): longer than a master is paused in practice, so its late copies are
+/// dropped, not delivered again.
+pub const DEDUP_WINDOW: Duration = Duration::from_secs(10);
 
 /// The three pub/sub namespaces: channels, patterns over channels, shard channels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -250,7 +255,7 @@ pub struct Hub {
 
 impl Hub {
     /// Starts a subscriber link to each master of `connects` (on the runtime this is called
-    /// in). Copies of one publish are told apart within the node timeout.
+    /// in). Copies of one publish are told apart within [`DEDUP_WINDOW`].
     pub fn start(connects: Vec<Box<dyn Connect>>, node_timeout: LiveDuration) -> Arc<Hub> {
         assert!(connects.len() <= 64, "confirmations are one bit per master");
         let masters = connects.len();
@@ -265,7 +270,7 @@ impl Hub {
         let hub = Arc::new(Hub {
             table: Mutex::new(Table {
                 topics: HashMap::new(),
-                dedup: Dedup::new(masters, node_timeout.get()),
+                dedup: Dedup::new(masters, node_timeout.get().max(DEDUP_WINDOW)),
             }),
             links,
             quorum: masters / 2 + 1,
@@ -421,9 +426,12 @@ impl Hub {
         }
     }
 
-    /// Master `master`'s subscriber connection ended: none of its subscriptions is active.
+    /// Master `master`'s subscriber connection ended: none of its subscriptions is active,
+    /// and what it delivers on its next connection counts from level with the others.
     fn lost(&self, master: usize) {
-        for topic in self.table().topics.values() {
+        let mut table = self.table();
+        table.dedup.resync(master);
+        for topic in table.topics.values() {
             topic.confirmed.send_modify(|bits| *bits &= !(1 << master));
         }
     }
