@@ -10,7 +10,12 @@
 //!   *latest* command sent for that topic on this connection: an old subscribe confirmed
 //!   after a newer unsubscribe was sent confirms nothing. Redis answers each channel of a
 //!   (un)subscribe with one confirmation, in order, so confirmations are matched to commands
-//!   by position.
+//!   by position, and must name the command's verb and topic: one that does not (a stream
+//!   that lost bytes) ends the connection, which is then made again.
+//! - A connection that answers nothing is not trusted: a `PING` goes out every
+//!   [`PING_EVERY`], and a command or ping unanswered for [`ANSWER_WITHIN`] ends the
+//!   connection (a silent partition would otherwise keep subscriptions that deliver nothing
+//!   counted as active).
 //! - A lost connection (closed, or a reply that breaks the protocol) clears the master's
 //!   confirmations in the hub before the link reconnects, with a backoff doubling from
 //!   [`BACKOFF_MIN`] to [`BACKOFF_MAX`].
@@ -27,10 +32,15 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
 use tokio::sync::{mpsc, watch};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(20);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// How often an idle subscriber connection is pinged.
+const PING_EVERY: Duration = Duration::from_secs(1);
+/// How long a command or ping may stay unanswered before the connection is dropped.
+const ANSWER_WITHIN: Duration = Duration::from_secs(5);
 /// Read buffer headroom asked for before each read.
 const READ_CHUNK: usize = 16 * 1024;
 
@@ -60,13 +70,20 @@ impl LinkCommand {
     }
 }
 
-/// A command sent on the current connection, waiting for its confirmation.
-struct Sent {
-    kind: Kind,
-    name: Bytes,
-    subscribe: bool,
-    seq: u64,
+/// What was sent on the current connection and waits for its answer.
+enum Sent {
+    /// A (un)subscribe of one topic; `seq` orders the commands sent for it.
+    Command {
+        kind: Kind,
+        name: Bytes,
+        subscribe: bool,
+        seq: u64,
+    },
+    Ping,
 }
+
+/// The answer did not match what was sent: the connection cannot be trusted.
+struct OutOfStep;
 
 /// The link of master `master` to the hub.
 pub(super) struct SubscriberLink {
@@ -166,6 +183,7 @@ impl SubscriberLink {
         }
         let moved = self.connect.changed();
         tokio::pin!(moved);
+        let mut ping = tokio::time::interval(PING_EVERY);
         loop {
             if !out.is_empty() {
                 if wr.write_all(&out).await.is_err() {
@@ -180,6 +198,13 @@ impl SubscriberLink {
                     Some(command) => state.send(command, &mut out),
                     None => return End::Stopped,
                 },
+                _ = ping.tick() => {
+                    if state.overdue() {
+                        tracing::warn!(master = self.master, "subscriber connection unanswered: reconnecting");
+                        return End::Lost;
+                    }
+                    state.ping(&mut out);
+                }
                 read = read_more(&mut rd, &mut buf) => {
                     if !read {
                         return End::Lost;
@@ -188,10 +213,14 @@ impl SubscriberLink {
                         return End::Stopped;
                     };
                     loop {
-                        match decode_reply(&mut buf) {
+                        let handled = match decode_reply(&mut buf) {
                             Ok(Some(reply)) => state.received(&hub, self.master, reply),
                             Ok(None) => break,
-                            Err(_) => return End::Lost,
+                            Err(_) => Err(OutOfStep),
+                        };
+                        if handled.is_err() {
+                            tracing::warn!(master = self.master, "subscriber connection out of step: reconnecting");
+                            return End::Lost;
                         }
                     }
                 }
@@ -204,8 +233,8 @@ impl SubscriberLink {
 #[derive(Default)]
 struct Connection {
     next_seq: u64,
-    /// Commands sent, in order, each waiting for its confirmation.
-    sent: VecDeque<Sent>,
+    /// Commands and pings sent, in order, each waiting for its answer, with when it was sent.
+    sent: VecDeque<(Sent, Instant)>,
     /// The last command sent per topic (its `seq`), while unconfirmed or subscribed.
     latest: HashMap<(Kind, Bytes), u64>,
 }
@@ -221,25 +250,42 @@ impl Connection {
         self.next_seq += 1;
         self.latest
             .insert((command.kind, command.name.clone()), self.next_seq);
-        self.sent.push_back(Sent {
+        let sent = Sent::Command {
             kind: command.kind,
             name: command.name,
             subscribe: command.subscribe,
             seq: self.next_seq,
-        });
+        };
+        self.sent.push_back((sent, Instant::now()));
     }
 
-    /// A reply from the master: a message for the hub, or the confirmation of the oldest
-    /// command sent.
-    fn received(&mut self, hub: &Arc<Hub>, master: usize, reply: Reply) {
-        let Reply::Array(items) = reply else {
-            // An error (a command the master refused, an ACL without the channel): the
-            // command it answers is not active.
-            if let Reply::Error(text) = &reply {
-                tracing::warn!(master, error = %String::from_utf8_lossy(text), "a master refused a subscription");
+    fn ping(&mut self, out: &mut BytesMut) {
+        out.extend_from_slice(&encode_command(&["PING"]));
+        self.sent.push_back((Sent::Ping, Instant::now()));
+    }
+
+    /// Whether the oldest unanswered command or ping is older than [`ANSWER_WITHIN`].
+    fn overdue(&self) -> bool {
+        self.sent
+            .front()
+            .is_some_and(|(_, at)| at.elapsed() > ANSWER_WITHIN)
+    }
+
+    /// A reply from the master: a message for the hub, or the answer to the oldest command or
+    /// ping sent.
+    fn received(&mut self, hub: &Arc<Hub>, master: usize, reply: Reply) -> Result<(), OutOfStep> {
+        let items = match reply {
+            Reply::Array(items) => items,
+            // `+PONG`: a ping answered before anything was subscribed.
+            Reply::Simple(pong) if pong.eq_ignore_ascii_case(b"pong") => {
+                return self.answered(|sent| matches!(sent, Sent::Ping)).map(drop)
             }
-            self.sent.pop_front();
-            return;
+            Reply::Error(text) => {
+                // A command the master refused (an ACL without the channel): not active.
+                tracing::warn!(master, error = %String::from_utf8_lossy(&text), "a master refused a subscription");
+                return self.answered(|sent| matches!(sent, Sent::Command { .. })).map(drop);
+            }
+            _ => return Err(OutOfStep),
         };
         let mut items = items.into_iter().map(|item| match item {
             Reply::Bulk(bytes) => Some(bytes),
@@ -263,28 +309,58 @@ impl Connection {
                 )
             }
             b"smessage" => hub.deliver(master, message(Kind::Shard, None, next(), next())),
-            _ => self.confirmed(hub, master, &what),
+            b"pong" => return self.answered(|sent| matches!(sent, Sent::Ping)).map(drop),
+            _ => return self.confirmed(hub, master, &what, &next()),
+        }
+        Ok(())
+    }
+
+    /// Takes the oldest entry sent, which must be what `matches` says the reply answers.
+    fn answered(&mut self, matches: impl Fn(&Sent) -> bool) -> Result<Sent, OutOfStep> {
+        match self.sent.pop_front() {
+            Some((sent, _)) if matches(&sent) => Ok(sent),
+            _ => Err(OutOfStep),
         }
     }
 
-    /// The master confirmed the oldest command sent (`what` names its kind).
-    fn confirmed(&mut self, hub: &Arc<Hub>, master: usize, what: &[u8]) {
-        let Some(sent) = self.sent.pop_front() else {
-            return;
+    /// The master confirmed `what` (`subscribe`, `punsubscribe`, …) of `topic`: the answer to
+    /// the oldest command sent, which must be that one.
+    fn confirmed(
+        &mut self,
+        hub: &Arc<Hub>,
+        master: usize,
+        what: &[u8],
+        topic: &[u8],
+    ) -> Result<(), OutOfStep> {
+        let confirms = Kind::of_confirmation(what).ok_or(OutOfStep)?;
+        let sent = self.answered(|sent| match sent {
+            Sent::Command {
+                kind,
+                name,
+                subscribe,
+                ..
+            } => (*kind, *subscribe) == confirms && name.as_ref() == topic,
+            Sent::Ping => false,
+        })?;
+        let Sent::Command {
+            kind,
+            name,
+            subscribe,
+            seq,
+        } = sent
+        else {
+            return Err(OutOfStep);
         };
-        debug_assert_eq!(
-            Kind::of_confirmation(what),
-            Some((sent.kind, sent.subscribe))
-        );
-        let key = (sent.kind, sent.name);
-        if self.latest.get(&key) != Some(&sent.seq) {
-            return;
+        let key = (kind, name);
+        if self.latest.get(&key) != Some(&seq) {
+            return Ok(());
         }
-        if sent.subscribe {
+        if subscribe {
             hub.confirm(master, key.0, key.1);
         } else {
             self.latest.remove(&key);
         }
+        Ok(())
     }
 }
 

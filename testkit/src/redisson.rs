@@ -202,6 +202,8 @@ pub struct Redisson {
     port: u16,
     id: String,
     watchdog_timeout: Duration,
+    /// How long an unlock's latch lives ([`LATCH_TIMEOUT_MS`] by default).
+    latch_timeout: Duration,
     renewal: Renewal,
     scripts: Scripts,
 }
@@ -222,6 +224,7 @@ impl Redisson {
             port,
             id,
             watchdog_timeout: WATCHDOG_TIMEOUT,
+            latch_timeout: Duration::from_millis(LATCH_TIMEOUT_MS),
             renewal: Renewal::PerLock,
             scripts: Scripts::EvalSha,
         }
@@ -230,6 +233,13 @@ impl Redisson {
     /// `lockWatchdogTimeout`: the lease of locks taken without one.
     pub fn watchdog_timeout(mut self, timeout: Duration) -> Redisson {
         self.watchdog_timeout = timeout;
+        self
+    }
+
+    /// The unlock latch's lifetime, as Redisson derives it from its `timeout`,
+    /// `retryInterval` and `retryAttempts` settings.
+    pub fn latch_timeout(mut self, timeout: Duration) -> Redisson {
+        self.latch_timeout = timeout;
         self
     }
 
@@ -449,7 +459,7 @@ impl RLock {
             latch_name(&name, request_id),
         ];
         let lease = self.lease_ms.to_string();
-        let latch_ms = LATCH_TIMEOUT_MS.to_string();
+        let latch_ms = self.redisson.latch_timeout.as_millis().to_string();
         let args = [UNLOCK_MESSAGE, &lease, &lock_name, "publish", &latch_ms];
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         match eval(&mut self.conn, self.redisson.scripts, UNLOCK, &keys, &args).await? {
