@@ -56,6 +56,7 @@ SCENARIOS=(
   "redis-semaphore-semaphore node $HERE/node-locks.js redis-semaphore-semaphore"
   "sesamecare-redlock        node $HERE/node-locks.js sesamecare-redlock"
   "ioredis-lock              node $HERE/node-locks.js ioredis-lock"
+  "redisson-replay           $PY $HERE/redisson-replay.py"
 )
 
 # Run alone (nothing else at the same time): the first ones SCRIPT LOAD and then expect

@@ -2,8 +2,8 @@
 
 - setup(): reads PROXY_PORT, MASTER_PORTS, KEY; connects plain RESP2 redis-py clients to every
   master (for the checks, never through the proxy) and bounds the whole run (SIGALRM).
-- check_majority / check_absent / majority_value / check_member_*: what a correct Redlock
-  proxy leaves on the masters, read on each master directly.
+- check_majority / check_absent / majority_value / check_member_* / check_field_*: what a
+  correct Redlock proxy leaves on the masters, read on each master directly.
 - step(): names the step under way; a failure prints it in its FAIL line and in a
   `RESULT {"status":"fail","step":...}` line on stdout, which the README table shows.
 - result(): the one `RESULT {...,"status":"pass"}` line of a passing scenario.
@@ -184,6 +184,33 @@ def check_member_absent(key, member, label):
     member = _b(member)
     _wait_none(lambda: {p: "member" for p, m in masters.items() if m.zscore(key, member) is not None},
                "%s: member %r of %s" % (label, member, key))
+
+
+def _hash_or_type(m, key):
+    """The hash under `key` on master m as {field: value}; None if there is no key; the
+    key's type (bytes) if it is not a hash."""
+    kind = m.type(key)
+    if kind == b"none":
+        return None
+    return m.hgetall(key) if kind == b"hash" else kind
+
+
+def check_field_majority(key, field, count, min_pttl, label, max_pttl=None):
+    """For hash locks (Redisson's: field `<uuid>:<threadId>` -> reentrancy count): no master
+    holds anything else under `key` than the hash {field: count} (a proxy gets
+    MASTER_SETTLE_MS to finish a rollback); >= QUORUM hold exactly that, with
+    min_pttl < PTTL <= max_pttl (+slack). Returns {port: PTTL} of the good holders."""
+    want = {_b(field): _b(count)}
+    pttls = _holders(key, lambda m: _hash_or_type(m, key), want, label)
+    return _judge(pttls, min_pttl, max_pttl, label, "hash %r" % want)
+
+
+def check_field_absent(key, field, label):
+    """`field` is in the hash under `key` on no master (within MASTER_SETTLE_MS)."""
+    field = _b(field)
+    _wait_none(lambda: {p: m.hget(key, field) for p, m in masters.items()
+                        if m.type(key) == b"hash" and m.hexists(key, field)},
+               "%s: field %r of %s" % (label, field, key))
 
 
 def majority_value(key, label):
