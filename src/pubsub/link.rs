@@ -32,8 +32,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::time::Instant;
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 const BACKOFF_MIN: Duration = Duration::from_millis(20);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
@@ -283,7 +283,9 @@ impl Connection {
             Reply::Error(text) => {
                 // A command the master refused (an ACL without the channel): not active.
                 tracing::warn!(master, error = %String::from_utf8_lossy(&text), "a master refused a subscription");
-                return self.answered(|sent| matches!(sent, Sent::Command { .. })).map(drop);
+                return self
+                    .answered(|sent| matches!(sent, Sent::Command { .. }))
+                    .map(drop);
             }
             _ => return Err(OutOfStep),
         };
