@@ -4,7 +4,7 @@
 //! messages while a master is paused; a master that dies mid-subscription subscribed again
 //! when it returns.
 
-use redlock_proxy::LocalMaster;
+use redlock_proxy::{Config, LocalMaster};
 use redlock_testkit::key;
 use redlock_testkit::launcher::{Env, Proxy};
 use redlock_testkit::masters::{master_cmd, signal};
@@ -159,8 +159,10 @@ async fn payloads(sub: &mut Client, count: usize) -> Vec<String> {
 
 #[tokio::test]
 async fn one_message_per_publish_with_two_proxies_over_five_masters() {
-    let env = Env::start(5).await;
-    let second = Proxy::start(env.masters.addrs(), |_| {}).await;
+    // Copies are matched within the node timeout: one no scheduler hiccup reaches.
+    let slow = |c: &mut Config| c.node_timeout_ms = 2000;
+    let env = Env::start_with(5, slow).await;
+    let second = Proxy::start(env.masters.addrs(), slow).await;
     let channel = key("wake");
     let mut sub = second.client().await;
     let confirmed = sub.cmd(&["SUBSCRIBE", &channel]).await;

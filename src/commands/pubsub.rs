@@ -8,7 +8,7 @@
 //!   subscriptions (channels and patterns together; shard channels apart), pushes in RESP3,
 //!   arrays in RESP2's subscribed mode.
 //! - A subscribe is answered once every channel it added is active on a quorum of masters
-//!   (or the node timeout passed), and nothing the client sent after it starts before: a
+//!   (or [`crate::pubsub::CONFIRM_WAIT`] passed), and nothing the client sent after it starts before: a
 //!   waiter that subscribes and then tries its lock cannot miss the release's message.
 //! - Receiver counts (`PUBLISH`'s reply, `PUBSUB NUMSUB`) are this proxy's subscribers plus,
 //!   from the master that counts most, the receivers that are not this proxy's own

@@ -5,9 +5,9 @@
 //!   topic costs the masters one subscription per proxy, whatever the number of subscribers.
 //! - A message reaches a client as soon as the first master delivers it; the copies of the
 //!   other masters are dropped ([`dedup`]): one message per publish, not N.
-//! - A subscription is confirmed to the client once a quorum of masters confirmed it (or the
-//!   node timeout passed): a publish answered after that by a quorum of masters shares a
-//!   master with it, so it reaches the subscriber (docs/PROTOCOL.md, "Pub/sub").
+//! - A subscription is confirmed to the client once a quorum of masters confirmed it (or
+//!   [`CONFIRM_WAIT`] passed without): a publish answered after that by a quorum of masters
+//!   shares a master with it, so it reaches the subscriber (docs/PROTOCOL.md §13).
 //!
 //! Invariants:
 //! - The masters' subscriptions follow the topics that have subscribers here: a topic's first
@@ -33,16 +33,15 @@ use link::LinkCommand;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 /// Most messages waiting for one client before it is closed.
 pub const INBOX_MESSAGES: usize = 16 * 1024;
-/// How long after its last copy a message's copies are still recognised (or the node
-/// timeout, if longer): longer than a master is paused in practice, so its late copies are
-/// dropped, not delivered again.
-pub const DEDUP_WINDOW: Duration = Duration::from_secs(10);
+/// The least a subscribe waits for a quorum of masters to confirm it (the node timeout if
+/// longer): a loaded master confirms later than it answers a vote, and a subscription
+/// answered before it is active can miss the message its subscriber waits for.
+pub const CONFIRM_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The three pub/sub namespaces: channels, patterns over channels, shard channels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -255,7 +254,7 @@ pub struct Hub {
 
 impl Hub {
     /// Starts a subscriber link to each master of `connects` (on the runtime this is called
-    /// in). Copies of one publish are told apart within [`DEDUP_WINDOW`].
+    /// in). Copies of one publish are matched within the node timeout.
     pub fn start(connects: Vec<Box<dyn Connect>>, node_timeout: LiveDuration) -> Arc<Hub> {
         assert!(connects.len() <= 64, "confirmations are one bit per master");
         let masters = connects.len();
@@ -270,7 +269,10 @@ impl Hub {
         let hub = Arc::new(Hub {
             table: Mutex::new(Table {
                 topics: HashMap::new(),
-                dedup: Dedup::new(masters, node_timeout.get().max(DEDUP_WINDOW)),
+                // A master answering later than the node timeout is missing from votes; its
+                // late copies are delivered again (duplicates), and a short window keeps two
+                // publishes of the same bytes apart (see `dedup`).
+                dedup: Dedup::new(node_timeout.get()),
             }),
             links,
             quorum: masters / 2 + 1,
@@ -302,8 +304,8 @@ impl Hub {
     }
 
     /// Subscribes `subscriber` to `(kind, name)`; resolves once the subscription is active on
-    /// a quorum of masters, or the node timeout passed (then it becomes active as masters
-    /// return).
+    /// a quorum of masters, or after [`CONFIRM_WAIT`] (or the node timeout, if longer) without
+    /// (then it becomes active as masters return).
     pub fn subscribe(
         &self,
         kind: Kind,
@@ -322,7 +324,8 @@ impl Hub {
         });
         topic.subscribers.insert(subscriber.id, subscriber.clone());
         let mut confirmed = topic.confirmed.subscribe();
-        let (quorum, deadline) = (self.quorum, Instant::now() + self.node_timeout.get());
+        let wait = self.node_timeout.get().max(CONFIRM_WAIT);
+        let (quorum, deadline) = (self.quorum, Instant::now() + wait);
         async move {
             let enough = |bits: &u64| bits.count_ones() as usize >= quorum;
             let _ = tokio::time::timeout_at(deadline, confirmed.wait_for(enough)).await;
@@ -426,12 +429,9 @@ impl Hub {
         }
     }
 
-    /// Master `master`'s subscriber connection ended: none of its subscriptions is active,
-    /// and what it delivers on its next connection counts from level with the others.
+    /// Master `master`'s subscriber connection ended: none of its subscriptions is active.
     fn lost(&self, master: usize) {
-        let mut table = self.table();
-        table.dedup.resync(master);
-        for topic in table.topics.values() {
+        for topic in self.table().topics.values() {
             topic.confirmed.send_modify(|bits| *bits &= !(1 << master));
         }
     }
