@@ -7,7 +7,6 @@ use redlock_proxy::LocalMaster;
 use redlock_testkit::differential::assert_same_replies_in_resp2_and_resp3;
 use redlock_testkit::key;
 use redlock_testkit::launcher::{lease_bound_ms, Env};
-use redlock_testkit::masters::master_cmd;
 use redlock_testkit::resp::{Client, Reply};
 
 /// The hash commands the proxy serves.
@@ -120,7 +119,8 @@ async fn hash_command_rows_are_redis_own() {
 }
 
 async fn assert_bound(env: &Env, key: &str, bound: i64) {
-    for pttl in env.pttls(key).await {
+    let within = |pttl: i64| pttl > bound - 5_000 && pttl <= bound;
+    for pttl in env.pttls_when(key, within).await {
         assert!(
             pttl > bound - 5_000 && pttl <= bound,
             "{key}: {pttl} of {bound}"
@@ -143,24 +143,14 @@ async fn hash_writes_never_leave_a_key_without_expiry() {
     assert_eq!(c.cmd(&["PEXPIRE", &k, "5000"]).await, ":1");
     assert_eq!(c.cmd(&["HINCRBY", &k, "holder", "1"]).await, ":2");
     assert_eq!(c.cmd(&["HSET", &k, "other", "1"]).await, ":1");
-    // A reply needs a majority: the last master may still be applying the writes (bounded).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    for port in env.ports() {
-        loop {
-            let all = master_cmd(port, &["HGETALL", &k]).await;
-            if all == "*[$holder,$2,$other,$1]" {
-                break;
-            }
-            assert!(std::time::Instant::now() < deadline, "master {port}: {all}");
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-    }
-    for pttl in env.pttls(&k).await {
+    env.until_every_master(&["HGETALL", &k], "*[$holder,$2,$other,$1]")
+        .await;
+    for pttl in env.pttls_when(&k, |p| p > 0 && p <= 5_000).await {
         assert!(pttl > 0 && pttl <= 5_000, "{pttl}");
     }
     assert_eq!(c.cmd(&["HDEL", &k, "holder"]).await, ":1");
     assert_eq!(c.cmd(&["HDEL", &k, "other"]).await, ":1");
-    assert_eq!(env.pttls(&k).await, [-2, -2, -2]);
+    assert_eq!(env.pttls_when(&k, |p| p == -2).await, [-2, -2, -2]);
     // HINCRBY creates a key as HSET does (a Redisson-style reentrant acquire).
     let counted = key("hincrby-bound");
     assert_eq!(c.cmd(&["HINCRBY", &counted, "holder", "1"]).await, ":1");
@@ -170,5 +160,5 @@ async fn hash_writes_never_leave_a_key_without_expiry() {
     let refused = c.cmd(&["HINCRBY", &failed, "holder", "x"]).await;
     assert!(refused.starts_with("-ERR"), "{refused}");
     assert!(c.cmd(&["HSET", &failed, "f"]).await.starts_with("-ERR"));
-    assert_eq!(env.pttls(&failed).await, [-2, -2, -2]);
+    assert_eq!(env.pttls_when(&failed, |p| p == -2).await, [-2, -2, -2]);
 }

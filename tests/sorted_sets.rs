@@ -7,7 +7,6 @@ use redlock_proxy::LocalMaster;
 use redlock_testkit::differential::assert_same_replies_in_resp2_and_resp3;
 use redlock_testkit::key;
 use redlock_testkit::launcher::{lease_bound_ms, Env};
-use redlock_testkit::masters::master_cmd;
 use redlock_testkit::resp::Client;
 use redlock_testkit::scripts::semaphore_acquire;
 
@@ -100,19 +99,20 @@ async fn zadd_never_leaves_a_key_without_expiry() {
     let bound = lease_bound_ms(&mut c).await;
     assert!(bound > 60_000, "{bound}");
     assert_eq!(c.cmd(&["ZADD", &k, "1", "a"]).await, ":1");
-    for pttl in env.pttls(&k).await {
-        assert!(pttl > bound - 5_000 && pttl <= bound, "{pttl} of {bound}");
+    let within = |pttl: i64| pttl > bound - 5_000 && pttl <= bound;
+    for pttl in env.pttls_when(&k, within).await {
+        assert!(within(pttl), "{pttl} of {bound}");
     }
     assert_eq!(c.cmd(&["PEXPIRE", &k, "5000"]).await, ":1");
     assert_eq!(c.cmd(&["ZADD", &k, "2", "b"]).await, ":1");
-    for pttl in env.pttls(&k).await {
+    for pttl in env.pttls_when(&k, |p| p > 0 && p <= 5_000).await {
         assert!(pttl > 0 && pttl <= 5_000, "{pttl}");
     }
     assert_eq!(c.cmd(&["ZREM", &k, "a", "b"]).await, ":2");
-    assert_eq!(env.pttls(&k).await, [-2, -2, -2]);
+    assert_eq!(env.pttls_when(&k, |p| p == -2).await, [-2, -2, -2]);
     // A failed ZADD creates nothing.
     assert!(c.cmd(&["ZADD", &k, "x", "a"]).await.starts_with("-ERR"));
-    assert_eq!(env.pttls(&k).await, [-2, -2, -2]);
+    assert_eq!(env.pttls_when(&k, |p| p == -2).await, [-2, -2, -2]);
 }
 
 /// redis-semaphore's `Semaphore` of 2 through the proxy: two holders admitted, a third refused,
@@ -131,19 +131,15 @@ async fn redis_semaphore_cycle_through_the_proxy() {
     assert_eq!(acquire("A").await, ":1");
     assert_eq!(acquire("B").await, ":1");
     assert_eq!(acquire("C").await, ":0");
-    for port in env.ports() {
-        let members = master_cmd(port, &["ZRANGE", &k, "0", "-1"]).await;
-        assert_eq!(members, "*[$A,$B]", "master {port}");
-    }
+    env.until_every_master(&["ZRANGE", &k, "0", "-1"], "*[$A,$B]")
+        .await;
     assert_eq!(c.cmd(&["ZREM", &k, "A"]).await, ":1");
     assert_eq!(c.cmd(&["ZCARD", &k]).await, ":1");
     let words = semaphore_acquire(&k, 2, "C", 10_000);
     let args: Vec<&str> = words.iter().map(String::as_str).collect();
     assert_eq!(c.cmd(&args).await, ":1");
-    for port in env.ports() {
-        let members = master_cmd(port, &["ZRANGE", &k, "0", "-1"]).await;
-        assert_eq!(members, "*[$B,$C]", "master {port}");
-    }
+    env.until_every_master(&["ZRANGE", &k, "0", "-1"], "*[$B,$C]")
+        .await;
     // The script's PEXPIRE is a lease by effect: padded by drift.
     let padded = 10_000 + redlock_proxy::drift_ms(10_000, 0.01) as i64;
     for pttl in env.pttls(&k).await {

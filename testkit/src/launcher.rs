@@ -229,6 +229,39 @@ impl Env {
         out
     }
 
+    /// `PTTL key` on every master once each satisfies `settled`, or as they are after 10 s: a
+    /// reply needs only a majority, so the last master may still be applying the command.
+    pub async fn pttls_when(&self, key: &str, settled: impl Fn(i64) -> bool) -> Vec<i64> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let pttls = self.pttls(key).await;
+            if pttls.iter().all(|p| settled(*p)) || tokio::time::Instant::now() >= deadline {
+                return pttls;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Waits (at most 10 s) until every master answers `args` with `expected`; panics with
+    /// the last answer otherwise (a reply needs only a majority: the last master may still be
+    /// applying the command).
+    pub async fn until_every_master(&self, args: &[&str], expected: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        for port in self.ports() {
+            loop {
+                let answer = master_cmd(port, args).await;
+                if answer == expected {
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "master {port} answers {args:?} with {answer}, not {expected}"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+
     /// How many masters hold `key` = `value`.
     pub async fn holders(&self, key: &str, value: &str) -> usize {
         self.values(key)
