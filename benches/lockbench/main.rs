@@ -457,14 +457,37 @@ impl Bench {
         }
         let mut run = self.block_on(wakeup::run_latency(&s, &endpoints, self.master_ports[0]));
         for (n, proxy) in &mut proxies {
+            // The proxy's acquire outcomes other than grants (each round's first waiter try
+            // is `contended`), and what it logged at WARN or ERROR.
+            let mut notes = Vec::new();
+            if let Some(counters) = external::acquire_counters(proxy.port) {
+                let outcomes: Vec<String> = counters
+                    .iter()
+                    .filter(|(name, n)| name.as_str() != "granted" && **n > 0)
+                    .map(|(name, n)| format!("{name} {n}"))
+                    .collect();
+                notes.push(format!(
+                    "proxy acquires not granted: {}",
+                    outcomes.join(", ")
+                ));
+            }
             if let Some(note) = proxy.health_note() {
-                for cell in run
-                    .cells
-                    .iter_mut()
-                    .filter(|c| c.target == Target::Proxy(*n))
-                {
-                    cell.note.get_or_insert_with(|| note.clone());
+                notes.push(note);
+                let mut logged = proxy.logged(&["\"level\":\"WARN\""]);
+                logged.extend(proxy.logged(&["\"level\":\"ERROR\""]));
+                if let Some(first) = logged.first() {
+                    let first: String = first.chars().take(300).collect();
+                    notes.push(format!("first: {first}"));
                 }
+            }
+            for cell in run
+                .cells
+                .iter_mut()
+                .filter(|c| c.target == Target::Proxy(*n))
+            {
+                let mut all: Vec<String> = cell.note.take().into_iter().collect();
+                all.extend(notes.iter().cloned());
+                cell.note = Some(all.join("; "));
             }
         }
         drop(proxies);
