@@ -26,6 +26,11 @@
 //!   through two in front of the same masters (token conflicts between proxies).
 //! - `metrics`: lock cycles through the proxy over 5 masters with the metrics endpoint off and
 //!   on (scraped every second), interleaved rounds; and a scrape taken under that load.
+//! - `wakeup`: a blocked lock waiter woken by the release (python-redis-lock's `BLPOP` on its
+//!   signal list, a Redisson-style waiter on its lock channel): release → waiter granted, direct
+//!   redis-server vs the proxy over 3 and 5 masters, interleaved rounds, against 5 ms + one
+//!   master round trip; then 1,000 waiters blocked on 100 keys: the proxy's memory and its idle
+//!   CPU, the masters' pops while idle, who wakes on one push per key (issue 25).
 //!
 //! Every proxy is the release binary run as a separate process (the test kit's
 //! `launcher::ProxyProcess`), started fresh for each cell. Knobs (`BENCH_*` environment
@@ -42,6 +47,7 @@ mod procs;
 mod report;
 mod settings;
 mod stats;
+mod wakeup;
 
 use procs::CpuProbe;
 use redlock_proxy::on_master::ARMED_KEY;
@@ -423,6 +429,193 @@ impl Bench {
         }
     }
 
+    /// Wake-ups of blocked waiters (see [`wakeup`]): the latency rounds against the first
+    /// master directly and fresh proxies over 3 and 5 masters, then the idle waiters through a
+    /// fresh proxy over 5 masters and on a fresh redis-server.
+    fn wakeup(&mut self) {
+        let s = self.settings.clone();
+        let addrs = self.masters.addrs();
+        let mut endpoints = vec![wakeup::Endpoint {
+            target: Target::Direct,
+            port: self.master_ports[0],
+            masters: Vec::new(),
+        }];
+        let mut proxies = Vec::new();
+        for n in [3, 5] {
+            match s.start_proxy(&addrs[..n]) {
+                Ok(proxy) => {
+                    self.prepare(proxy.port);
+                    endpoints.push(wakeup::Endpoint {
+                        target: Target::Proxy(n),
+                        port: proxy.port,
+                        masters: self.master_ports[..n].to_vec(),
+                    });
+                    proxies.push((n, proxy));
+                }
+                Err(err) => self.skip(format!("wakeup over {n} masters: {err}")),
+            }
+        }
+        let mut run = self.block_on(wakeup::run_latency(&s, &endpoints, self.master_ports[0]));
+        for (n, proxy) in &mut proxies {
+            // The proxy's acquire outcomes other than grants (each round's first waiter try
+            // is `contended`), and what it logged at WARN or ERROR.
+            let mut notes = Vec::new();
+            if let Some(counters) = external::acquire_counters(proxy.port) {
+                let outcomes: Vec<String> = counters
+                    .iter()
+                    .filter(|(name, n)| name.as_str() != "granted" && **n > 0)
+                    .map(|(name, n)| format!("{name} {n}"))
+                    .collect();
+                notes.push(format!(
+                    "proxy acquires not granted: {}",
+                    outcomes.join(", ")
+                ));
+            }
+            if let Some(note) = proxy.health_note() {
+                notes.push(note);
+                let mut logged = proxy.logged(&["\"level\":\"WARN\""]);
+                logged.extend(proxy.logged(&["\"level\":\"ERROR\""]));
+                if let Some(first) = logged.first() {
+                    let first: String = first.chars().take(300).collect();
+                    notes.push(format!("first: {first}"));
+                }
+            }
+            for cell in run
+                .cells
+                .iter_mut()
+                .filter(|c| c.target == Target::Proxy(*n))
+            {
+                let mut all: Vec<String> = cell.note.take().into_iter().collect();
+                all.extend(notes.iter().cloned());
+                cell.note = Some(all.join("; "));
+            }
+        }
+        drop(proxies);
+        let rtt = run.rtt_p50();
+        for c in &run.cells {
+            let (p50, p99, _) = fmt_lat(c.latency());
+            let (w50, w99, _) = fmt_lat(c.woken_latency());
+            progress(&format!(
+                "wakeup {} {}: {} rounds, granted p50 {p50} p99 {p99} ms, woken p50 {w50} p99 {w99} ms, {} failed{}{}",
+                c.kind.label(),
+                c.target.label(),
+                c.granted.len(),
+                c.failures,
+                c.first_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default(),
+                c.note.as_deref().map(|n| format!("; {n}")).unwrap_or_default()
+            ));
+        }
+        progress(&format!(
+            "wakeup: {} rounds in {:.0} s; master round trip (PING p50) {} ms",
+            run.rounds,
+            run.secs,
+            rtt.map_or("–".into(), fmt_us)
+        ));
+        self.results.wakeup = Some(run);
+        self.wakeup_idle();
+    }
+
+    /// The idle waiters of [`Bench::wakeup`].
+    fn wakeup_idle(&mut self) {
+        let s = self.settings.clone();
+        let needed = s.wakeup_waiters as u64 + 200;
+        if let Some(limit) = procs::open_files_limit().filter(|l| *l < needed) {
+            return self.skip(format!(
+                "wakeup idle waiters: open-files limit {limit} < {needed}; raise it (`ulimit -n 20000`; scripts/bench.sh does)"
+            ));
+        }
+        let master_pids = pids(&self.masters.masters);
+        let ports = self.master_ports.clone();
+        match s.start_proxy(&self.masters.addrs()) {
+            Ok(mut proxy) => {
+                self.prepare(proxy.port);
+                let probe = CpuProbe::new(Some(proxy.pid()), &master_pids, self.hz);
+                let label = "redlock-proxy (over 5 masters)";
+                let run =
+                    wakeup::run_idle(&s, label, proxy.pid(), proxy.port, &ports, &probe, self.hz);
+                match self.block_on(run) {
+                    Ok(mut r) => {
+                        r.note = r.note.take().or_else(|| proxy.health_note());
+                        drop(proxy);
+                        // As many plain idle connections on a fresh proxy, for comparison.
+                        r.plain_growth = match s.start_proxy(&self.masters.addrs()) {
+                            Ok(plain) => {
+                                self.prepare(plain.port);
+                                self.plain_growth(plain.pid(), plain.port)
+                            }
+                            Err(err) => {
+                                progress(&format!("wakeup plain connections: {err}"));
+                                None
+                            }
+                        };
+                        self.record_idle(r);
+                    }
+                    Err(err) => self.skip(format!("wakeup idle waiters via proxy: {err}")),
+                }
+            }
+            Err(err) => self.skip(format!("wakeup idle waiters: {err}")),
+        }
+        let maxclients = (s.wakeup_waiters + 100).to_string();
+        match LocalMaster::start(None, &["--maxclients", &maxclients]) {
+            Ok(redis) => {
+                let pid = redis.pid().unwrap_or(0);
+                let probe = CpuProbe::new(Some(pid), &[], self.hz);
+                let label = "redis-server (reference)";
+                let run = wakeup::run_idle(&s, label, pid, redis.port, &[], &probe, self.hz);
+                match self.block_on(run) {
+                    Ok(mut r) => {
+                        drop(redis);
+                        r.plain_growth =
+                            match LocalMaster::start(None, &["--maxclients", &maxclients]) {
+                                Ok(plain) => {
+                                    self.plain_growth(plain.pid().unwrap_or(0), plain.port)
+                                }
+                                Err(err) => {
+                                    progress(&format!("wakeup plain connections: {err}"));
+                                    None
+                                }
+                            };
+                        self.record_idle(r);
+                    }
+                    Err(err) => self.skip(format!("wakeup idle waiters on redis-server: {err}")),
+                }
+            }
+            Err(err) => self.skip(format!("wakeup reference redis-server: {err}")),
+        }
+    }
+
+    /// VmRSS growth of a fresh process for `wakeup_waiters` plain idle connections (`memory`'s).
+    fn plain_growth(&self, pid: u32, port: u16) -> Option<i64> {
+        let n = self.settings.wakeup_waiters;
+        let m = self.block_on(memory::measure_idle("plain", pid, port, n));
+        (m.opened == n).then(|| m.after as i64 - m.before as i64)
+    }
+
+    fn record_idle(&mut self, r: wakeup::IdleResult) {
+        progress(&format!(
+            "wakeup idle {}: {} of {} waiters on {} keys, VmRSS {} → {} ({:+.2} MiB; as many plain connections {}); {} s idle: CPU ticks {} without → {} with waiters, masters' LMPOP {} → {}; one push per key woke {} keys, {} waiters (at most {} per key; {} master pops){}",
+            r.scenario,
+            r.opened,
+            r.waiters,
+            r.keys,
+            fmt_mib(r.rss_before),
+            fmt_mib(r.rss_after),
+            r.rss_growth() as f64 / (1024.0 * 1024.0),
+            r.plain_growth.map_or("–".into(), |g| format!("{:+.2} MiB", g as f64 / (1024.0 * 1024.0))),
+            r.idle_secs,
+            r.ticks_empty,
+            r.ticks_waiting,
+            r.lmpop_empty,
+            r.lmpop_waiting,
+            r.keys_woken,
+            r.waiters_woken,
+            r.most_woken_by_one_push,
+            r.pops_for_pushes,
+            r.note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default()
+        ));
+        self.results.idle.push(r);
+    }
+
     fn record_hot(&mut self, h: contention::HotResult) {
         progress(&format!(
             "contention {}: {} client SETs, {} master SET/EVAL/EVALSHA, p99 {} ms",
@@ -523,6 +716,7 @@ fn main() {
             "contention" => bench.contention(),
             "fencing" => bench.fencing(),
             "metrics" => bench.metrics(),
+            "wakeup" => bench.wakeup(),
             _ => unreachable!("every section is handled"),
         }
     }

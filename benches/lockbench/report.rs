@@ -22,6 +22,8 @@ pub struct Results {
     pub hot: Vec<HotResult>,
     pub fencing: Vec<crate::fencing::FenceResult>,
     pub metrics: Option<crate::metrics_cost::MetricsCost>,
+    pub wakeup: Option<crate::wakeup::WakeRun>,
+    pub idle: Vec<crate::wakeup::IdleResult>,
     pub skipped: Vec<String>,
 }
 
@@ -464,6 +466,10 @@ pub fn render(settings: &Settings, env: &str, results: &Results, elapsed: Durati
         md.push('\n');
     }
 
+    if results.wakeup.is_some() || !results.idle.is_empty() {
+        render_wakeup(&mut md, settings, results);
+    }
+
     if !results.skipped.is_empty() {
         let _ = writeln!(md, "## Skipped\n");
         for s in &results.skipped {
@@ -670,7 +676,266 @@ fn finish_verdicts(mut out: Vec<Verdict>, results: &Results) -> Vec<Verdict> {
         },
         met: one.is_finite().then_some(one <= 1.0),
     });
+    wakeup_verdicts(&mut out, results);
     out
+}
+
+/// Issue 25's targets: wake-ups within 5 ms + one master round trip (each kind), and idle
+/// waiters that cost less than 10 MB and no CPU.
+fn wakeup_verdicts(out: &mut Vec<Verdict>, results: &Results) {
+    use crate::wakeup::{Kind, MEMORY_LIMIT};
+    for (kind, target) in [
+        (
+            Kind::List,
+            "python-redis-lock waiter (BLPOP) through the proxy granted within 5 ms + one master round trip of the release, p50 and p99",
+        ),
+        (
+            Kind::PubSub,
+            "Redisson-style waiter (SUBSCRIBE) through the proxy granted within 5 ms + one master round trip of the release, p50 and p99",
+        ),
+    ] {
+        let Some(run) = &results.wakeup else {
+            out.push(Verdict {
+                target,
+                measured: "wakeup section not run".into(),
+                met: None,
+            });
+            continue;
+        };
+        let bound = run.bound_us();
+        let mut parts = Vec::new();
+        let mut met = bound.is_some();
+        for t in [Target::Proxy(3), Target::Proxy(5), Target::Direct] {
+            let Some(cell) = run.cell(kind, t) else {
+                met &= t == Target::Direct;
+                continue;
+            };
+            let lat = cell.latency();
+            if t != Target::Direct {
+                met &= cell.failures == 0
+                    && lat.zip(bound).is_some_and(|(l, b)| l.p50 <= b && l.p99 <= b);
+            }
+            let (p50, p99, _) = fmt_lat(lat);
+            let failed = if cell.failures > 0 {
+                format!(", {} failed", cell.failures)
+            } else {
+                String::new()
+            };
+            parts.push(format!(
+                "{}: p50 **{p50}** / p99 **{p99}** ms ({} rounds{failed})",
+                t.label(),
+                cell.granted.len()
+            ));
+        }
+        out.push(Verdict {
+            target,
+            measured: format!(
+                "{}; bound {} ms (5 ms + PING p50 {} ms)",
+                parts.join("; "),
+                bound.map_or("–".into(), fmt_us),
+                run.rtt_p50().map_or("–".into(), fmt_us)
+            ),
+            met: bound.map(|_| met),
+        });
+    }
+    const IDLE: &str =
+        "1,000 waiters blocked in BLPOP on 100 keys through the proxy over 5 masters: < 10 MB resident and no CPU while idle";
+    match results.idle.iter().find(|r| !r.direct) {
+        Some(r) => out.push(Verdict {
+            target: IDLE,
+            measured: format!(
+                "{} waiters: VmRSS {:+.2} MiB (as many plain idle connections on a fresh proxy: {}); over {} idle s the proxy used {} CPU ticks with them against {} without, the masters ran {} LMPOP; one push per key woke {} of {} keys",
+                r.opened,
+                r.rss_growth() as f64 / (1024.0 * 1024.0),
+                r.plain_growth.map_or("–".into(), |g| format!("{:+.2} MiB", g as f64 / (1024.0 * 1024.0))),
+                r.idle_secs,
+                r.ticks_waiting,
+                r.ticks_empty,
+                r.lmpop_waiting,
+                r.keys_woken,
+                r.keys
+            ),
+            met: Some(
+                r.opened == r.waiters
+                    && r.rss_growth() < MEMORY_LIMIT as i64
+                    && r.ticks_waiting <= r.ticks_empty + 1
+                    && r.lmpop_waiting == 0
+                    && r.keys_woken == r.keys,
+            ),
+        }),
+        None => out.push(Verdict {
+            target: IDLE,
+            measured: "wakeup section not run".into(),
+            met: None,
+        }),
+    }
+}
+
+/// Section 9: wake-ups of blocked waiters, then the idle waiters.
+fn render_wakeup(md: &mut String, settings: &Settings, results: &Results) {
+    use crate::wakeup::{Kind, BOUND_US, SETTLE, WARMUP_ROUNDS, WOKEN_LIMIT};
+    let _ = writeln!(md, "## 9. Wake-ups of blocked lock waiters (issue 25)\n");
+    if let Some(run) = &results.wakeup {
+        let bound = run.bound_us();
+        let rtt = percentiles_of(&run.rtt);
+        let _ = writeln!(
+            md,
+            "Each round, for each target (the first master directly, a fresh proxy over the first 3 masters, one over all 5; the order rotates) and each waiter, on fresh keys: the holder takes `lock:K` (`SET NX PX 30000`); **python-redis-lock**: the waiter's `SET NX PX` fails, it sends `BLPOP lock-signal:K 0`, and once it is blocked (redis-server: `blocked_clients`; the proxy: every master ran its first pop try, `LMPOP`) and {} ms later, the holder releases with the library's UNLOCK script (`EVALSHA`; `DEL` signal, `LPUSH`, `PEXPIRE 1000`, `DEL` lock); when `BLPOP` returns the waiter retries `SET NX PX` and must be granted. **Redisson-style**: the waiter `SUBSCRIBE`s on its own connection to `redisson_lock__channel:{{K}}` (confirmed), its `SET NX PX` fails, {} ms later the holder runs `EVAL \"redis.call('del', KEYS[1]); redis.call('publish', KEYS[2], ARGV[1]); return 1\"`; on the message the waiter retries and must be granted. Granted = release written → the waiter's `OK` arrived; woken = release written → the `BLPOP` reply or the message arrived. {} measured rounds ({} unmeasured first) in {:.0} s (`BENCH_WAKEUP_ROUNDS` {}, at most `BENCH_WAKEUP_SECS` {}). Bound = 5 ms + one master round trip (p50 of {} `PING`s to the first master directly, interleaved with the rounds).\n",
+            SETTLE.as_millis(),
+            SETTLE.as_millis(),
+            run.rounds,
+            WARMUP_ROUNDS,
+            run.secs,
+            settings.wakeup_rounds,
+            settings.wakeup_secs,
+            run.rtt.len(),
+        );
+        let _ = writeln!(
+            md,
+            "| waiter | target | rounds | granted p50 ms | p99 ms | max ms | p50 vs direct | p99 vs direct | woken p50 ms | woken p99 ms | p50 ≤ bound | p99 ≤ bound | failed / notes |"
+        );
+        let _ = writeln!(
+            md,
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"
+        );
+        for kind in Kind::ALL {
+            let direct = run.cell(kind, Target::Direct).and_then(|c| c.latency());
+            for c in run.cells.iter().filter(|c| c.kind == kind) {
+                let lat = c.latency();
+                let (p50, p99, _) = fmt_lat(lat);
+                let (w50, w99, _) = fmt_lat(c.woken_latency());
+                let vs = |pick: fn(&Latency) -> f64| match (lat, direct) {
+                    (Some(l), Some(d)) if c.target != Target::Direct && pick(&d) > 0.0 => {
+                        fmt_ratio(pick(&l) / pick(&d))
+                    }
+                    _ => "–".into(),
+                };
+                let within = |pick: fn(&Latency) -> f64| match (lat, bound) {
+                    (Some(l), Some(b)) if pick(&l) <= b => "yes",
+                    (Some(_), Some(_)) => "**no**",
+                    _ => "–",
+                };
+                let mut notes = c.failures.to_string();
+                if let Some(e) = &c.first_error {
+                    let _ = write!(notes, " ({e})");
+                }
+                if c.duplicates > 0 {
+                    let _ = write!(notes, "; {} duplicate messages", c.duplicates);
+                }
+                if let Some(n) = &c.note {
+                    let _ = write!(notes, "; {n}");
+                }
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    kind.label(),
+                    c.target.label(),
+                    c.granted.len(),
+                    p50,
+                    p99,
+                    c.max_us().map_or("–".into(), fmt_us),
+                    vs(|l| l.p50),
+                    vs(|l| l.p99),
+                    w50,
+                    w99,
+                    within(|l| l.p50),
+                    within(|l| l.p99),
+                    cell(&notes)
+                );
+            }
+        }
+        let _ = writeln!(
+            md,
+            "\nMaster round trip (`PING` to the first master directly): p50 {} ms, p99 {} ms; bound = {} ms + {} ms = **{} ms**.\n",
+            rtt.map_or("–".into(), |l| fmt_us(l.p50)),
+            rtt.map_or("–".into(), |l| fmt_us(l.p99)),
+            fmt_us(BOUND_US),
+            rtt.map_or("–".into(), |l| fmt_us(l.p50)),
+            bound.map_or("–".into(), fmt_us),
+        );
+    }
+    if !results.idle.is_empty() {
+        let _ = writeln!(
+            md,
+            "**Idle blocked waiters.** {} connections each send `BLPOP lock-signal:idle:TAG:<i mod {}> 0` (fresh process, after one warm-up waiter woken by one push). VmRSS (/proc/PID/status) before the waiters and 0.5 s after every waiter was seen blocked (redis-server: `blocked_clients`; the proxy: every master ran each waiter's first `LMPOP`). CPU = utime + stime ticks ({:.0} per s) of the process over {} idle s, without the waiters (its own background work: the proxy's health checks, redis-server's cron) and with them; the masters' commands over the same windows (`INFO commandstats` deltas; redis-server: its own). Then one `LPUSH key 1` per key, pipelined: keys with at least one waiter woken within {} s, waiters woken (through the proxy a push may wake several waiters: a signal, not a queue, docs/PROTOCOL.md §14), the pop commands the masters ran meanwhile (`LMPOP`; redis-server: `BLPOP`), pushes written → each key's first waiter woken. As many plain idle connections (one `PING` each, as §4 opens them) on a fresh process of the same kind show what the connections cost without blocking; \"blocking's own\" = the difference. Target: < 10 MB (10^7 bytes) more resident in all, no more CPU ticks than without the waiters (+1 tick of rounding) and no master pops while idle.\n",
+            settings.wakeup_waiters,
+            settings.wakeup_keys,
+            results.idle.first().map_or(100.0, |r| r.hz),
+            settings.wakeup_idle_secs,
+            WOKEN_LIMIT.as_secs(),
+        );
+        let _ = writeln!(
+            md,
+            "| process | waiters | VmRSS before | after | growth | growth vs redis-server | as many plain connections (fresh process) | blocking's own | CPU ticks idle without / with waiters | CPU with waiters vs redis-server | masters' CPU ticks without / with | master LMPOP without / with | master calls (not INFO) without / with | keys woken | waiters woken (most by one push) | master pops for the pushes | first wake p50 / slowest key ms | notes |"
+        );
+        let _ = writeln!(
+            md,
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+        );
+        let reference = results.idle.iter().find(|r| r.direct);
+        let mib = |b: Option<i64>| {
+            b.map_or("–".into(), |b| {
+                format!("{:+.2} MiB", b as f64 / (1024.0 * 1024.0))
+            })
+        };
+        for r in &results.idle {
+            let growth = r.rss_growth() as f64 / (1024.0 * 1024.0);
+            let (vs_mem, vs_cpu) = match reference {
+                Some(d) if !r.direct => (
+                    if d.rss_growth() > 0 {
+                        fmt_ratio(r.rss_growth() as f64 / d.rss_growth() as f64)
+                    } else {
+                        "–".into()
+                    },
+                    if d.ticks_waiting > 0 {
+                        fmt_ratio(r.ticks_waiting as f64 / d.ticks_waiting as f64)
+                    } else {
+                        format!("{} vs 0 ticks", r.ticks_waiting)
+                    },
+                ),
+                _ => ("–".into(), "–".into()),
+            };
+            let masters = |a: u64, b: u64| {
+                if r.direct {
+                    "–".to_string()
+                } else {
+                    format!("{a} / {b}")
+                }
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} of {} on {} keys | {} | {} | {growth:+.2} MiB | {vs_mem} | {} | {} | {} / {} | {vs_cpu} | {} | {} / {} | {} / {} | {} of {} | {} ({}) | {} | {} / {} | {} |",
+                r.scenario,
+                r.opened,
+                r.waiters,
+                r.keys,
+                fmt_mib(r.rss_before),
+                fmt_mib(r.rss_after),
+                mib(r.plain_growth),
+                mib(r.blocking_growth()),
+                r.ticks_empty,
+                r.ticks_waiting,
+                masters(r.master_ticks_empty, r.master_ticks_waiting),
+                r.lmpop_empty,
+                r.lmpop_waiting,
+                r.calls_empty,
+                r.calls_waiting,
+                r.keys_woken,
+                r.keys,
+                r.waiters_woken,
+                r.most_woken_by_one_push,
+                fmt_rate(r.pops_for_pushes as f64),
+                r.first_wake_p50_us.map_or("–".into(), fmt_us),
+                r.first_wake_max_us.map_or("–".into(), fmt_us),
+                cell(r.note.as_deref().unwrap_or(""))
+            );
+        }
+        md.push('\n');
+    }
+}
+
+fn percentiles_of(sorted_ns: &[u64]) -> Option<Latency> {
+    crate::stats::percentiles(sorted_ns)
 }
 
 fn fmt_pct(x: f64) -> String {

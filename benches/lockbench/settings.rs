@@ -20,6 +20,9 @@
 //! | `BENCH_CPU_WARMUP_REQUESTS` | `10000` | `cpu`: unmeasured requests before each cell's measured run |
 //! | `BENCH_MEM_CONNS` | `10000` | idle connections of `memory` |
 //! | `BENCH_HOT_CLIENTS` / `BENCH_HOT_INTERVAL_MS` | `100` / `5` | `contention` pollers and their sleep |
+//! | `BENCH_WAKEUP_ROUNDS` / `BENCH_WAKEUP_SECS` | `300` / `60` | `wakeup`: measured rounds (each: every target, both kinds), stopped early after this many seconds |
+//! | `BENCH_WAKEUP_WAITERS` / `BENCH_WAKEUP_KEYS` | `1000` / `100` | `wakeup`: idle blocked waiters and their keys |
+//! | `BENCH_WAKEUP_IDLE_SECS` | `5` | `wakeup`: idle seconds measured without and with the waiters |
 //! | `BENCH_OUT` | `target/bench-results.md` | where the report is written |
 
 use crate::stats::Window;
@@ -28,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Every section, in the order they run.
-pub const SECTIONS: [&str; 9] = [
+pub const SECTIONS: [&str; 10] = [
     "cycles",
     "clientside",
     "node",
@@ -38,6 +41,7 @@ pub const SECTIONS: [&str; 9] = [
     "contention",
     "fencing",
     "metrics",
+    "wakeup",
 ];
 
 /// Which server a load runs against.
@@ -100,6 +104,13 @@ pub struct Settings {
     pub mem_conns: usize,
     pub hot_clients: usize,
     pub hot_interval_ms: u64,
+    /// `wakeup`: measured rounds, and the seconds after which no round starts.
+    pub wakeup_rounds: usize,
+    pub wakeup_secs: f64,
+    /// `wakeup`: idle blocked waiters, their keys, the idle seconds measured.
+    pub wakeup_waiters: usize,
+    pub wakeup_keys: usize,
+    pub wakeup_idle_secs: f64,
     pub out: PathBuf,
 }
 
@@ -156,6 +167,7 @@ impl Settings {
                 "mem" => "memory",
                 "hot" => "contention",
                 "rust-redlock" | "client" => "clientside",
+                "wake" | "wakeups" => "wakeup",
                 other => other,
             };
             if name == "all" {
@@ -211,6 +223,11 @@ impl Settings {
             mem_conns: env_num("BENCH_MEM_CONNS", "10000"),
             hot_clients: env_num("BENCH_HOT_CLIENTS", "100"),
             hot_interval_ms: env_num("BENCH_HOT_INTERVAL_MS", "5"),
+            wakeup_rounds: env_num::<usize>("BENCH_WAKEUP_ROUNDS", "300").max(1),
+            wakeup_secs: env_num("BENCH_WAKEUP_SECS", "60"),
+            wakeup_waiters: env_num("BENCH_WAKEUP_WAITERS", "1000"),
+            wakeup_keys: env_num::<usize>("BENCH_WAKEUP_KEYS", "100").max(1),
+            wakeup_idle_secs: env_num("BENCH_WAKEUP_IDLE_SECS", "5"),
             out: std::env::var("BENCH_OUT")
                 .map(PathBuf::from)
                 .unwrap_or_else(|_| target_dir.join("bench-results.md")),
