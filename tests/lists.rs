@@ -232,7 +232,7 @@ async fn idle_waiters_cost_the_masters_nothing() {
     assert!(info.contains("blocked_clients:50\r\n"), "{info}");
     let list = observer.cmd(&["CLIENT", "LIST"]).await;
     assert_eq!(list.matches(" flags=b ").count(), 50, "{list}");
-    // A push on one key wakes its waiters only: each of its 5 tries again, one pops first (two
+    // A push on one key wakes its waiters only: each of its 5 tries once, one pops first (two
     // racing waiters may each be first on a different master: a signal, not a queue).
     let pushed = key("idle3");
     let mut pusher = env.proxy.client().await;
@@ -249,8 +249,8 @@ async fn idle_waiters_cost_the_masters_nothing() {
         woken += usize::from(waiter.try_read(Duration::from_millis(100)).await.is_some());
     }
     assert!((1..=3).contains(&woken), "{woken} woken by one push");
-    assert!(
-        pops(port).await - before <= 10,
-        "more tries than the key's waiters"
-    );
+    // One try per waiter of the key: the winner's own pop notifies a change that adds
+    // nothing, which wakes nobody.
+    let tries = pops(port).await - before;
+    assert!(tries <= 5, "{tries} tries for the key's 5 waiters");
 }

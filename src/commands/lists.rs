@@ -24,7 +24,7 @@ use crate::error::ProxyError;
 use crate::lease::Outcome;
 use crate::masters::{Ask, Masters};
 use crate::protocol::{encode_command, Reply, Request};
-use crate::pubsub::{Hub, Inbox, Kind};
+use crate::pubsub::{Hub, Kind, Wakeups};
 use crate::redlock::{merge, MergeRule, Vote};
 use bytes::{Bytes, BytesMut};
 use std::sync::atomic::Ordering;
@@ -202,14 +202,14 @@ struct Registration<'a> {
     client: &'a ClientHandle,
     hub: &'a Hub,
     channels: Vec<Bytes>,
-    inbox: Inbox,
+    wakeups: Wakeups,
 }
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
         self.hub.stats.blocked.fetch_sub(1, Ordering::Relaxed);
         self.client.set_blocked(false);
-        let id = self.inbox.subscriber.id();
+        let id = self.wakeups.subscriber.id();
         for channel in &self.channels {
             self.hub.unsubscribe(Kind::Channel, channel, id);
         }
@@ -218,7 +218,7 @@ impl Drop for Registration<'_> {
 
 impl Waiter {
     async fn wait(mut self, keys: Vec<Bytes>, attempt: Attempt) -> Reply {
-        let inbox = self.hub.waiter();
+        let wakeups = self.hub.waiter();
         let channels: Vec<Bytes> = keys
             .iter()
             .map(|key| [KEYSPACE, key.as_ref()].concat().into())
@@ -227,22 +227,21 @@ impl Waiter {
             .iter()
             .map(|channel| {
                 self.hub
-                    .subscribe(Kind::Channel, channel.clone(), &inbox.subscriber)
+                    .subscribe(Kind::Channel, channel.clone(), &wakeups.subscriber)
             })
             .collect();
         self.hub.stats.blocked.fetch_add(1, Ordering::Relaxed);
         self.client.set_blocked(true);
-        let mut registration = Registration {
+        let registration = Registration {
             client: &self.client,
             hub: &self.hub,
             channels,
-            inbox,
+            wakeups,
         };
         // Registered before the first try: a push after the try is notified.
         futures::future::join_all(subscribed).await;
+        // A wake-up kept from before a try costs one more try, never a missed one.
         loop {
-            // Every notification so far is covered by the try that follows.
-            registration.inbox.clear();
             match first_pop(&self.masters, &attempt.ask, attempt.replies).await {
                 Popped::Value(reply) => return (attempt.shape)(reply),
                 Popped::Nothing(reply) if reply.is_error() && !is_no_quorum(&reply) => {
@@ -251,7 +250,7 @@ impl Waiter {
                 Popped::Nothing(_) => {}
             }
             tokio::select! {
-                _ = registration.inbox.next() => {}
+                _ = registration.wakeups.next() => {}
                 _ = sleep_until_some(self.deadline) => return Reply::NullArray,
                 _ = self.ended.wait_for(|ended| *ended) => return Reply::NullArray,
             }

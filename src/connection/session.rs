@@ -283,9 +283,8 @@ where
         let idle = !closing && !in_flight && self.out.is_empty() && !self.session.pubsub.active();
         // Messages wait while a barrier (a subscribe) is unanswered: a client reads a
         // channel's confirmation before its messages.
-        let messages = !closing
-            && self.session.pubsub.inbox.is_some()
-            && !self.in_flight.barrier_pending();
+        let messages =
+            !closing && self.session.pubsub.inbox.is_some() && !self.in_flight.barrier_pending();
         let idle_deadline = self.limits.idle_timeout.map(|t| self.last_activity + t);
         let client = &self.session.client;
         tokio::select! {

@@ -33,7 +33,7 @@ use link::LinkCommand;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 
 /// Most messages waiting for one client before it is closed.
@@ -145,26 +145,80 @@ impl Message {
     }
 }
 
-/// Where the hub delivers one client's messages (cloned into every topic it subscribes).
+/// Where the hub delivers one subscriber's messages (cloned into every topic it subscribes).
 #[derive(Clone)]
 pub struct Subscriber {
     /// The client's id (or a waiter's, from [`WAITER_IDS`]): one entry per id and topic.
     id: u64,
-    tx: mpsc::Sender<Message>,
-    overflowed: Arc<AtomicBool>,
-    /// A waiter ([`Hub::waiter`]) is also woken (an empty message) when a master confirms its
-    /// topic again after a reconnection: what changed on that master meanwhile was not
-    /// notified.
-    wakes_on_confirm: bool,
+    sink: Sink,
+}
+
+/// How a subscriber takes its messages.
+#[derive(Clone)]
+enum Sink {
+    /// A client: the messages themselves, and whether some were dropped because it did not
+    /// take them.
+    Client {
+        tx: mpsc::Sender<Message>,
+        overflowed: Arc<AtomicBool>,
+    },
+    /// A blocked pop ([`Hub::waiter`]): woken, without the message, by a keyspace event that
+    /// may add elements to its key ([`adds_elements`]), and when a master confirms its
+    /// registration again after a reconnection (what changed there meanwhile was not
+    /// notified). A permit, not a queue: a few bytes per waiter.
+    Waiter(Arc<Notify>),
 }
 
 /// Waiters' ids: above every client id.
 const WAITER_IDS: u64 = 1 << 63;
 
+/// Keyspace events (the payload of a `__keyspace@…__:<key>` message) after which the key may
+/// hold elements it did not: a blocked pop tries again only then, not after pops and deletes
+/// (a pop's own notification must not wake the other waiters of the key).
+const ADDS_ELEMENTS: &[&[u8]] = &[
+    b"lpush",
+    b"rpush",
+    b"linsert",
+    b"rename_to",
+    b"copy_to",
+    b"move_to",
+    b"restore",
+    b"sortstore",
+];
+
+/// Whether a keyspace event may have added elements to its key.
+fn adds_elements(event: &[u8]) -> bool {
+    ADDS_ELEMENTS.contains(&event)
+}
+
 impl Subscriber {
     /// The client's id.
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    fn is_client(&self) -> bool {
+        matches!(self.sink, Sink::Client { .. })
+    }
+
+    /// Hands over `message`; false if the subscriber is gone.
+    fn deliver(&self, message: &Message) -> bool {
+        match &self.sink {
+            Sink::Client { tx, overflowed } => match tx.try_send(message.clone()) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    overflowed.store(true, Ordering::Relaxed);
+                    true
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+            },
+            Sink::Waiter(wake) => {
+                if adds_elements(&message.payload) {
+                    wake.notify_one();
+                }
+                true
+            }
+        }
     }
 }
 
@@ -172,24 +226,22 @@ impl Subscriber {
 pub struct Inbox {
     pub subscriber: Subscriber,
     rx: mpsc::Receiver<Message>,
+    overflowed: Arc<AtomicBool>,
 }
 
 impl Inbox {
     /// An inbox for client `id`.
     pub fn new(id: u64) -> Inbox {
-        Inbox::with(id, false)
-    }
-
-    fn with(id: u64, wakes_on_confirm: bool) -> Inbox {
         let (tx, rx) = mpsc::channel(INBOX_MESSAGES);
+        let overflowed = Arc::<AtomicBool>::default();
+        let sink = Sink::Client {
+            tx,
+            overflowed: overflowed.clone(),
+        };
         Inbox {
-            subscriber: Subscriber {
-                id,
-                tx,
-                overflowed: Arc::default(),
-                wakes_on_confirm,
-            },
+            subscriber: Subscriber { id, sink },
             rx,
+            overflowed,
         }
     }
 
@@ -206,14 +258,22 @@ impl Inbox {
         self.rx.try_recv().ok()
     }
 
-    /// Drops the messages waiting.
-    pub fn clear(&mut self) {
-        while self.rx.try_recv().is_ok() {}
-    }
-
     /// Whether messages were dropped because the client did not take them.
     pub fn overflowed(&self) -> bool {
-        self.subscriber.overflowed.load(Ordering::Relaxed)
+        self.overflowed.load(Ordering::Relaxed)
+    }
+}
+
+/// A blocked pop's wake-ups: what it registers in the hub, and what it waits on.
+pub struct Wakeups {
+    pub subscriber: Subscriber,
+    wake: Arc<Notify>,
+}
+
+impl Wakeups {
+    /// The next wake-up; one that came while nobody waited is kept (one, however many came).
+    pub async fn next(&self) {
+        self.wake.notified().await
     }
 }
 
@@ -295,8 +355,16 @@ impl Hub {
 
     /// An inbox for a waiter (a blocked `BLPOP`) to subscribe keyspace channels with: woken
     /// by their messages and when a master confirms one again after a reconnection.
-    pub fn waiter(&self) -> Inbox {
-        Inbox::with(self.next_waiter.fetch_add(1, Ordering::Relaxed), true)
+    pub fn waiter(&self) -> Wakeups {
+        let wake = Arc::new(Notify::new());
+        let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
+        Wakeups {
+            subscriber: Subscriber {
+                id,
+                sink: Sink::Waiter(wake.clone()),
+            },
+            wake,
+        }
     }
 
     fn table(&self) -> MutexGuard<'_, Table> {
@@ -360,11 +428,7 @@ impl Hub {
         let mut own = vec![0; self.links.len()];
         let mut count = |topic: &Topic| {
             // Clients only: a blocked pop's registration receives nothing a client sees.
-            local += topic
-                .subscribers
-                .values()
-                .filter(|s| !s.wakes_on_confirm)
-                .count();
+            local += topic.subscribers.values().filter(|s| s.is_client()).count();
             let bits = *topic.confirmed.borrow();
             for (master, own) in own.iter_mut().enumerate() {
                 *own += i64::from(bits & (1 << master) != 0);
@@ -388,7 +452,7 @@ impl Hub {
     pub fn subscriptions(&self) -> [(Kind, usize); 3] {
         let table = self.table();
         [Kind::Channel, Kind::Pattern, Kind::Shard].map(|kind| {
-            let clients = |topic: &Topic| topic.subscribers.values().any(|s| !s.wakes_on_confirm);
+            let clients = |topic: &Topic| topic.subscribers.values().any(Subscriber::is_client);
             let n = table
                 .topics
                 .iter()
@@ -418,14 +482,10 @@ impl Hub {
         }) {
             return;
         }
-        let wake = Message {
-            kind,
-            pattern: None,
-            channel: name,
-            payload: Bytes::new(),
-        };
-        for waiter in topic.subscribers.values().filter(|s| s.wakes_on_confirm) {
-            let _ = waiter.tx.try_send(wake.clone());
+        for subscriber in topic.subscribers.values() {
+            if let Sink::Waiter(wake) = &subscriber.sink {
+                wake.notify_one();
+            }
         }
     }
 
@@ -449,21 +509,38 @@ impl Hub {
             return;
         }
         self.stats.delivered.fetch_add(1, Ordering::Relaxed);
-        topic.subscribers.retain(
-            |_, subscriber| match subscriber.tx.try_send(message.clone()) {
-                Ok(()) => true,
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    subscriber.overflowed.store(true, Ordering::Relaxed);
-                    true
-                }
-                Err(mpsc::error::TrySendError::Closed(_)) => false,
-            },
-        );
+        topic
+            .subscribers
+            .retain(|_, subscriber| subscriber.deliver(&message));
     }
 }
 
 impl Drop for Hub {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::adds_elements;
+
+    #[test]
+    fn only_events_that_may_add_elements_wake_a_blocked_pop() {
+        for event in [
+            "lpush",
+            "rpush",
+            "linsert",
+            "rename_to",
+            "copy_to",
+            "restore",
+        ] {
+            assert!(adds_elements(event.as_bytes()), "{event}");
+        }
+        for event in [
+            "lpop", "rpop", "del", "expire", "expired", "ltrim", "lrem", "lset", "",
+        ] {
+            assert!(!adds_elements(event.as_bytes()), "{event}");
+        }
     }
 }
