@@ -149,6 +149,14 @@ impl Output {
         rollbacks
     }
 
+    /// Gives back the buffer's memory if nothing is in it (a client that will wait long: a
+    /// blocked pop).
+    pub(super) fn release_if_empty(&mut self) {
+        if self.buf.is_empty() && self.buf.capacity() > 0 {
+            self.buf = BytesMut::new();
+        }
+    }
+
     /// `n` more bytes were handed to the socket: a grant written completely is the client's.
     fn advance(&mut self, n: usize) {
         self.buf.advance(n);

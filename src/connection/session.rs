@@ -57,6 +57,10 @@ const READ_MIN: usize = 1024;
 /// Request bytes read ahead while a barrier waits (a blocked `BLPOP`): enough to see the
 /// client's stream end, as Redis frees a blocked client that disconnects, and bounded.
 const BARRIER_READ_AHEAD: usize = 16 * 1024;
+/// Read buffer headroom while a barrier waits with nothing buffered: a blocked client usually
+/// sends nothing more, and thousands of them wait at once, so their buffers are given back and
+/// a read then takes a small one.
+const BARRIER_READ_CHUNK: usize = 256;
 /// When closing, how long a client may take none of the replies left before it is dropped.
 pub(super) const CLOSE_STALL: Duration = Duration::from_secs(1);
 /// Request bytes buffered, and reply bytes queued, for a client that must still authenticate
@@ -264,7 +268,17 @@ where
     async fn next_event(&mut self) -> Event {
         self.closing |= *self.stop.borrow();
         let closing = self.closing;
-        let read_ahead = self.in_flight.barrier_pending() && self.rbuf.len() < BARRIER_READ_AHEAD;
+        let barrier = self.in_flight.barrier_pending();
+        let read_ahead = barrier && self.rbuf.len() < BARRIER_READ_AHEAD;
+        if barrier && self.rbuf.is_empty() {
+            self.rbuf = BytesMut::new();
+            self.out.release_if_empty();
+        }
+        let chunk = if barrier {
+            BARRIER_READ_CHUNK
+        } else {
+            READ_CHUNK
+        };
         let can_read = !closing && (self.in_flight.accepts(self.limits.max_inflight) || read_ahead);
         let unparsed = !self.rbuf.is_empty();
         let in_flight = !self.in_flight.is_empty();
@@ -294,7 +308,7 @@ where
                 Event::Message(message)
             }
             ready = self.wr.ready(), if to_write => Event::Writable(ready.is_ok()),
-            read = read_more(&mut self.rd, &mut self.rbuf), if can_read => {
+            read = read_more(&mut self.rd, &mut self.rbuf, chunk), if can_read => {
                 Event::Read { read, unparsed }
             }
             _ = client.stopped(), if !closing => Event::Stop,
@@ -459,10 +473,11 @@ async fn next_message(inbox: &mut Option<Inbox>) -> Message {
     }
 }
 
-/// Reads more bytes; false at end of stream or on error.
-async fn read_more(rd: &mut (impl AsyncRead + Unpin), buf: &mut BytesMut) -> bool {
-    if buf.capacity() - buf.len() < READ_MIN {
-        buf.reserve(READ_CHUNK);
+/// Reads more bytes, with at least `chunk` bytes of headroom when it runs low; false at end of
+/// stream or on error.
+async fn read_more(rd: &mut (impl AsyncRead + Unpin), buf: &mut BytesMut, chunk: usize) -> bool {
+    if buf.capacity() - buf.len() < READ_MIN.min(chunk) {
+        buf.reserve(chunk);
     }
     matches!(rd.read_buf(buf).await, Ok(n) if n > 0)
 }
