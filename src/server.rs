@@ -147,11 +147,17 @@ impl Accepted {
         let Some(acceptor) = acceptor else {
             return serve_or_refuse(stream, permit, shared, shard, stop).await;
         };
-        match tokio::time::timeout(TLS_HANDSHAKE_LIMIT, acceptor.accept(stream)).await {
-            Ok(Ok(stream)) => serve_or_refuse(stream, permit, shared, shard, stop).await,
-            Ok(Err(err)) => tracing::debug!(error = %err, "TLS handshake failed"),
-            Err(_) => tracing::debug!("TLS handshake timed out"),
-        }
+        // Boxed: a connection's task is as large as its largest state, and the TLS one (the
+        // handshake, then a TLS session) is several KiB larger than a plain session, which
+        // every plain connection would otherwise carry.
+        Box::pin(async move {
+            match tokio::time::timeout(TLS_HANDSHAKE_LIMIT, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => serve_or_refuse(stream, permit, shared, shard, stop).await,
+                Ok(Err(err)) => tracing::debug!(error = %err, "TLS handshake failed"),
+                Err(_) => tracing::debug!("TLS handshake timed out"),
+            }
+        })
+        .await
     }
 
     /// Serves `stream` on this runtime (shard 0), or hands it to its shard's runtime: a socket
