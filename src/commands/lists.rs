@@ -168,7 +168,7 @@ struct Attempt {
 /// Blocks until an attempt pops, the timeout passes (a null array) or the connection ends.
 fn block(
     ctx: &Ctx<'_>,
-    session: &Session,
+    session: &mut Session,
     keys: Vec<Bytes>,
     timeout: Option<Duration>,
     attempt: Attempt,
@@ -179,7 +179,7 @@ fn block(
         masters: ctx.masters(),
         // A timeout past what the clock can count is forever.
         deadline: timeout.and_then(|t| ctx.received_at.checked_add(t)),
-        ended: session.ended.subscribe(),
+        ended: session.ended_signal(),
     };
     Action::Barrier(Box::pin(async move {
         Outcome::Reply(waiter.wait(keys, attempt).await)

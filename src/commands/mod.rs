@@ -49,8 +49,9 @@ pub struct Session {
     pub users_generation: u64,
     /// What the client subscribed to, and its messages.
     pub pubsub: pubsub::Subscriptions,
-    /// Set once the connection ends: a blocked command stops waiting.
-    pub ended: tokio::sync::watch::Sender<bool>,
+    /// Set once the connection ends: a blocked command stops waiting. Made by the first
+    /// blocking command (most connections never block: no allocation for them).
+    ended: Option<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Session {
@@ -66,7 +67,23 @@ impl Session {
             user: users.initial(),
             users_generation,
             pubsub: pubsub::Subscriptions::default(),
-            ended: tokio::sync::watch::Sender::new(false),
+            ended: None,
+        }
+    }
+}
+
+impl Session {
+    /// What a blocking command watches to stop when the connection ends.
+    pub fn ended_signal(&mut self) -> tokio::sync::watch::Receiver<bool> {
+        self.ended
+            .get_or_insert_with(|| tokio::sync::watch::Sender::new(false))
+            .subscribe()
+    }
+
+    /// The connection ends: blocking commands stop waiting.
+    pub fn end(&self) {
+        if let Some(ended) = &self.ended {
+            ended.send_replace(true);
         }
     }
 }

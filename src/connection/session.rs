@@ -399,7 +399,7 @@ where
             self.closing = true;
             // Redis frees a client whose stream ended at once: a blocked command stops
             // waiting (and pops nothing) instead of being driven to its end.
-            self.session.ended.send_replace(true);
+            self.session.end();
         }
         let limit = buffer_limit(&self.session, self.limits.query);
         if self.rbuf.len() as u64 > limit {
@@ -436,7 +436,7 @@ where
     /// and those still in flight are rolled back.
     fn close(&mut self) {
         self.session.pubsub.leave_all(&self.shared.pubsub);
-        self.session.ended.send_replace(true);
+        self.session.end();
         std::mem::take(&mut self.out).abandon();
         let in_flight = std::mem::take(&mut self.in_flight);
         if !in_flight.is_empty() {
