@@ -242,7 +242,9 @@ impl Waiter {
         futures::future::join_all(subscribed).await;
         // A wake-up kept from before a try costs one more try, never a missed one.
         loop {
-            match first_pop(&self.masters, &attempt.ask, attempt.replies).await {
+            // Boxed: only a try needs the fan-out's state, and a waiter waits far longer than
+            // it tries (a thousand waiters keep only their small waiting state).
+            match Box::pin(first_pop(&self.masters, &attempt.ask, attempt.replies)).await {
                 Popped::Value(reply) => return (attempt.shape)(reply),
                 Popped::Nothing(reply) if reply.is_error() && !is_no_quorum(&reply) => {
                     return reply
