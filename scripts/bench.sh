@@ -10,7 +10,8 @@
 #   BENCH_SECS=2 scripts/bench.sh              # shorter cells
 #   scripts/bench.sh memory contention         # only these sections (same as BENCH_ONLY=memory,contention)
 #   BENCH_TARGETS=direct,proxy5 BENCH_CONNS=50 BENCH_DEPTHS=1 scripts/bench.sh cycles
-#   BENCH_ROUNDS=5 BENCH_CPU_REQUESTS=200000 scripts/bench.sh cpu   # CPU per request (issue 14)
+#   BENCH_ROUNDS=5 BENCH_CPU_REQUESTS=200000 scripts/bench.sh cpu   # CPU per request (issues 14, 27:
+#                                              # beside twemproxy and haproxy, -P 1 and -P 16)
 #
 # Sections: cycles, clientside, node, redis-benchmark, cpu, memory, contention, fencing, metrics. Every knob is listed
 # in BENCHMARKS.md.
@@ -19,6 +20,22 @@ cd "$(dirname "$0")/.."
 
 . scripts/lib.sh
 ensure_redis
+
+# The peer proxies of the cpu section (issue 27): twemproxy and haproxy from Debian. Without
+# them lockbench skips their cells with a note.
+if ! command -v nutcracker >/dev/null || ! command -v haproxy >/dev/null; then
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  if command -v apt-get >/dev/null \
+     && $sudo_cmd apt-get update -q \
+     && $sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get install -y -q nutcracker haproxy; then
+    # lockbench starts its own instances; not the packages' services.
+    (command -v systemctl >/dev/null \
+      && $sudo_cmd systemctl disable --now haproxy nutcracker 2>/dev/null) || true
+  else
+    echo "bench.sh: cannot install nutcracker/haproxy; their cpu cells will be skipped" >&2
+  fi
+fi
 
 if command -v npm >/dev/null; then
   installed=benches/node/node_modules/.package-lock.json

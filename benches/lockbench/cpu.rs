@@ -1,9 +1,12 @@
-//! `cpu`: CPU time per request (issue 14). The load is
-//! `redis-benchmark -c 50 -P 1 -r 100000000 -n BENCH_CPU_REQUESTS SET k:__rand_int__ v NX PX ttl`
-//! against five cells: redis-server directly, then the proxy over 1 and over 5 masters with
-//! `--threads 1` (the current-thread runtime) and with `--threads 2` (multi-thread). Every round
-//! (`BENCH_ROUNDS`) runs the five cells in that order, so that whatever else the machine does
-//! falls on all of them alike, and the ratios are taken within a round.
+//! `cpu`: CPU time per request (issues 14 and 27). The load is
+//! `redis-benchmark -c 50 -P depth -r 100000000 -n BENCH_CPU_REQUESTS SET k:__rand_int__ v NX PX ttl`
+//! against the cells of [`VARIANTS`]: at `-P 1`, redis-server directly, the proxy over 1 and over
+//! 5 masters with `--threads 1` (the current-thread runtime) and with `--threads 2`
+//! (multi-thread), and the peer proxies twemproxy and haproxy (TCP mode) over 1 master
+//! (`peers.rs`); at `-P 16`, redis-server, the proxy over 1 (`--threads 1`) and the two peers. A
+//! peer whose binary is missing is left out with a note. Every round (`BENCH_ROUNDS`) runs the
+//! cells in that order, so that whatever else the machine does falls on all of them alike, and
+//! the ratios are taken within a round.
 //!
 //! Each cell starts fresh masters (no keys left by an earlier cell, no FLUSHALL under a proxy,
 //! which would quarantine the master) and a fresh proxy, runs `BENCH_CPU_WARMUP_REQUESTS`
@@ -11,10 +14,12 @@
 //! and of the load generator (this process and its reaped children: redis-benchmark) before and
 //! after the measured run, and divides by the requests. redis-benchmark does not check replies,
 //! so the cell counts the SETs granted itself: through the proxy, the growth of its `INFO stats`
-//! `acquires_granted` (and the other `acquires_*` outcomes); direct, the growth of `DBSIZE`
+//! `acquires_granted` (and the other `acquires_*` outcomes); direct and through a peer, the growth
+//! of `DBSIZE`
 //! (through the proxy each grant also writes a fencing token counter key on the masters).
 
 use crate::external::{acquire_counters, dbsize, redis_benchmark, GRANTED};
+use crate::peers::{Peer, PeerProcess};
 use crate::procs::{CpuProbe, CpuUse};
 use crate::settings::{Settings, Target};
 use redlock_proxy::LocalCluster;
@@ -22,43 +27,52 @@ use redlock_testkit::launcher::ProxyProcess;
 use redlock_testkit::masters::pids;
 use std::collections::BTreeMap;
 
-/// One of the five cells of a round.
+/// One of the cells of a round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Variant {
+    /// `Direct` for redis-server alone and for a peer proxy (over that one master).
     pub target: Target,
-    /// The proxy's `--threads` (1 for the direct cell).
+    /// The proxy's `--threads` (1 for the direct and peer cells).
     pub threads: usize,
+    /// redis-benchmark's `-P`.
+    pub depth: usize,
+    /// A peer proxy (issue 27) in front of the one master instead of redlock-proxy.
+    pub peer: Option<Peer>,
 }
 
-/// The cells of a round, in the order they run.
-pub const VARIANTS: [Variant; 5] = [
+const fn cell(target: Target, threads: usize, depth: usize, peer: Option<Peer>) -> Variant {
     Variant {
-        target: Target::Direct,
-        threads: 1,
-    },
-    Variant {
-        target: Target::Proxy(1),
-        threads: 1,
-    },
-    Variant {
-        target: Target::Proxy(5),
-        threads: 1,
-    },
-    Variant {
-        target: Target::Proxy(1),
-        threads: 2,
-    },
-    Variant {
-        target: Target::Proxy(5),
-        threads: 2,
-    },
+        target,
+        threads,
+        depth,
+        peer,
+    }
+}
+
+/// The cells of a round, in the order they run: issue 14's five at `-P 1`, the two peers at
+/// `-P 1`, then redis-server, the proxy over 1 and the two peers at `-P 16`.
+pub const VARIANTS: [Variant; 11] = [
+    cell(Target::Direct, 1, 1, None),
+    cell(Target::Proxy(1), 1, 1, None),
+    cell(Target::Proxy(5), 1, 1, None),
+    cell(Target::Proxy(1), 2, 1, None),
+    cell(Target::Proxy(5), 2, 1, None),
+    cell(Target::Direct, 1, 1, Some(Peer::Twemproxy)),
+    cell(Target::Direct, 1, 1, Some(Peer::Haproxy)),
+    cell(Target::Direct, 1, 16, None),
+    cell(Target::Proxy(1), 1, 16, None),
+    cell(Target::Direct, 1, 16, Some(Peer::Twemproxy)),
+    cell(Target::Direct, 1, 16, Some(Peer::Haproxy)),
 ];
 
 impl Variant {
     pub fn label(self) -> String {
-        match self.target {
-            Target::Direct => self.target.label(),
-            Target::Proxy(_) => format!("{}, --threads {}", self.target.label(), self.threads),
+        match (self.peer, self.target) {
+            (Some(peer), _) => peer.label().to_string(),
+            (None, Target::Direct) => self.target.label(),
+            (None, Target::Proxy(_)) => {
+                format!("{}, --threads {}", self.target.label(), self.threads)
+            }
         }
     }
 
@@ -69,9 +83,24 @@ impl Variant {
         }
     }
 
+    /// redis-server alone, no proxy of any kind.
+    pub fn is_direct(self) -> bool {
+        self.target == Target::Direct && self.peer.is_none()
+    }
+
     /// The same proxy with `--threads 1` (itself when it is the direct cell).
     pub fn single_threaded(self) -> Variant {
         Variant { threads: 1, ..self }
+    }
+
+    /// The direct redis-server cell at the same pipeline depth.
+    pub fn direct(self) -> Variant {
+        cell(Target::Direct, 1, self.depth, None)
+    }
+
+    /// The twemproxy cell at the same pipeline depth.
+    pub fn twemproxy(self) -> Variant {
+        cell(Target::Direct, 1, self.depth, Some(Peer::Twemproxy))
     }
 }
 
@@ -130,13 +159,30 @@ pub fn run_cell(
             Some(proxy)
         }
     };
-    let port = proxy.as_ref().map_or(master_port, |p| p.port);
+    let mut peer = match variant.peer {
+        Some(which) => Some(PeerProcess::start(
+            which,
+            &settings
+                .peer_bin(which)
+                .ok_or_else(|| format!("{} not found", settings.peer_bin_name(which)))?,
+            master_port,
+        )?),
+        None => None,
+    };
+    let port = proxy
+        .as_ref()
+        .map(|p| p.port)
+        .or(peer.as_ref().map(|p| p.port))
+        .unwrap_or(master_port);
     let ttl = settings.ttl_ms;
     if settings.cpu_warmup_requests > 0 {
-        redis_benchmark(port, 1, settings.cpu_warmup_requests, ttl)?;
+        redis_benchmark(port, variant.depth, settings.cpu_warmup_requests, ttl)?;
     }
     let probe = CpuProbe::new(
-        proxy.as_ref().map(ProxyProcess::pid),
+        proxy
+            .as_ref()
+            .map(ProxyProcess::pid)
+            .or(peer.as_ref().map(PeerProcess::pid)),
         &pids(&masters.masters),
         hz,
     );
@@ -146,7 +192,7 @@ pub fn run_cell(
     };
     let counted_before = count();
     let before = probe.snap();
-    let run = redis_benchmark(port, 1, settings.cpu_requests, ttl)?;
+    let run = redis_benchmark(port, variant.depth, settings.cpu_requests, ttl)?;
     let after = probe.snap();
     let counted = counted_before.zip(count()).map(|(b, a)| {
         a.into_iter()
@@ -171,7 +217,10 @@ pub fn run_cell(
             .flatten()
             .filter(|(name, n)| name != GRANTED && *n > 0)
             .collect(),
-        note: proxy.as_mut().and_then(ProxyProcess::health_note),
+        note: match peer.as_mut() {
+            Some(peer) => peer.health_note(),
+            None => proxy.as_mut().and_then(ProxyProcess::health_note),
+        },
     })
 }
 
@@ -192,13 +241,24 @@ pub struct Ratios {
     pub rps_vs_threads1: Option<f64>,
     /// Proxy CPU per request / the same proxy's with `--threads 1`.
     pub proxy_cpu_vs_threads1: Option<f64>,
+    /// Proxy CPU per request (the direct cell: redis-server's own) / twemproxy's CPU per
+    /// request at the same depth in the same round.
+    pub vs_twemproxy: Option<f64>,
 }
 
 pub fn ratios(cells: &[CpuCell], cell: &CpuCell) -> Ratios {
-    let direct = VARIANTS[0];
+    let direct = cell.variant.direct();
     let base = find(cells, direct, cell.round)
         .map(CpuCell::masters_us)
         .filter(|&us| us > 0.0 && cell.variant != direct);
+    let twemproxy = find(cells, cell.variant.twemproxy(), cell.round)
+        .and_then(CpuCell::proxy_us)
+        .filter(|&us| us > 0.0);
+    let own = if cell.variant.is_direct() {
+        Some(cell.masters_us())
+    } else {
+        cell.proxy_us()
+    };
     let single = Some(cell.variant.single_threaded())
         .filter(|v| *v != cell.variant)
         .and_then(|v| find(cells, v, cell.round));
@@ -209,5 +269,6 @@ pub fn ratios(cells: &[CpuCell], cell: &CpuCell) -> Ratios {
         proxy_cpu_vs_threads1: single
             .and_then(|s| s.proxy_us().zip(cell.proxy_us()))
             .map(|(s, p)| p / s),
+        vs_twemproxy: twemproxy.zip(own).map(|(t, o)| o / t),
     }
 }

@@ -17,8 +17,9 @@
 //!   the proxy over 1 master.
 //! - `cpu`: CPU time per request under that redis-benchmark load (a fixed number of requests
 //!   per cell): redis-server directly vs the proxy over 1 and 5 fresh masters, `--threads 1`
-//!   and `--threads 2`, interleaved rounds; the proxy's and the masters' CPU per request
-//!   against redis-server's own.
+//!   and `--threads 2`, and the peer proxies twemproxy and haproxy (TCP mode) over 1 master, at
+//!   `-P 1`, then redis-server, the proxy over 1 and the peers at `-P 16`, interleaved rounds;
+//!   the proxy's and the masters' CPU per request against redis-server's own and twemproxy's.
 //! - `memory`: proxy resident bytes per idle client connection (10k connections, one PING each).
 //! - `contention`: 100 clients polling `SET hot v NX PX 30000` every 5 ms while one holder
 //!   holds it; master operations per client operation.
@@ -43,6 +44,7 @@ mod external;
 mod fencing;
 mod memory;
 mod metrics_cost;
+mod peers;
 mod procs;
 mod report;
 mod settings;
@@ -277,25 +279,52 @@ impl Bench {
         arm(master);
     }
 
-    /// The five cells of [`cpu::VARIANTS`] in each of `BENCH_ROUNDS` rounds.
+    /// The cells of [`cpu::VARIANTS`] in each of `BENCH_ROUNDS` rounds (a peer proxy's only if
+    /// its binary is found).
     fn cpu(&mut self) {
         if let Err(why) = external::redis_benchmark_ready() {
             return self.skip(format!("cpu: redis-benchmark {why}"));
         }
         let s = self.settings.clone();
+        let mut missing = Vec::new();
+        for peer in peers::Peer::ALL {
+            match s.peer_bin(peer) {
+                Some(bin) => progress(&format!(
+                    "cpu: {} is {} ({})",
+                    peer.label(),
+                    bin.display(),
+                    peers::version(peer, &bin)
+                )),
+                None => {
+                    missing.push(peer);
+                    self.skip(format!(
+                        "cpu: the {} cells: `{}` not found (Debian: `apt-get install {}`; scripts/bench.sh installs it)",
+                        peer.label(),
+                        s.peer_bin_name(peer),
+                        peer.package()
+                    ));
+                }
+            }
+        }
+        let variants: Vec<cpu::Variant> = cpu::VARIANTS
+            .into_iter()
+            .filter(|v| v.peer.is_none_or(|p| !missing.contains(&p)))
+            .collect();
         for round in 1..=s.rounds {
-            for variant in cpu::VARIANTS {
+            for variant in variants.iter().copied() {
                 match cpu::run_cell(&s, variant, round, self.hz, |port| self.prepare(port)) {
                     Ok(cell) => {
                         let r = cpu::ratios(&self.results.cpu, &cell);
                         progress(&format!(
-                            "cpu round {round} {}: {} req/s, µs/req proxy {} masters {:.2} (×direct proxy {} masters {}), threads2/1 req/s {}, {} of {} granted{}",
+                            "cpu round {round} {} -P {}: {} req/s, µs/req proxy {} masters {:.2} (×direct proxy {} masters {}; ×twemproxy {}), threads2/1 req/s {}, {} of {} granted{}",
                             variant.label(),
+                            variant.depth,
                             fmt_rate(cell.rps),
                             cell.proxy_us().map_or("–".into(), |p| format!("{p:.2}")),
                             cell.masters_us(),
                             r.proxy_vs_direct.map_or("–".into(), fmt_ratio),
                             r.masters_vs_direct.map_or("–".into(), fmt_ratio),
+                            r.vs_twemproxy.map_or("–".into(), fmt_ratio),
                             r.rps_vs_threads1.map_or("–".into(), fmt_ratio),
                             cell.granted.map_or("?".into(), |g| g.to_string()),
                             cell.requests,
@@ -303,7 +332,11 @@ impl Bench {
                         ));
                         self.results.cpu.push(cell);
                     }
-                    Err(err) => self.skip(format!("cpu {} round {round}: {err}", variant.label())),
+                    Err(err) => self.skip(format!(
+                        "cpu {} -P {} round {round}: {err}",
+                        variant.label(),
+                        variant.depth
+                    )),
                 }
             }
         }

@@ -652,7 +652,12 @@ fn finish_verdicts(mut out: Vec<Verdict>, results: &Results) -> Vec<Verdict> {
     });
     // 5. Proxy CPU per request ≤ 1.0× redis-server's own (issue 14), the default --threads 1.
     let ratio = |target: Target| {
-        let variant = crate::cpu::Variant { target, threads: 1 };
+        let variant = crate::cpu::Variant {
+            target,
+            threads: 1,
+            depth: 1,
+            peer: None,
+        };
         median(
             results
                 .cpu
@@ -675,6 +680,37 @@ fn finish_verdicts(mut out: Vec<Verdict>, results: &Results) -> Vec<Verdict> {
             "cpu section not run".into()
         },
         met: one.is_finite().then_some(one <= 1.0),
+    });
+    // Issue 27, target 1 (over 1 master): proxy CPU per request against twemproxy's.
+    let vs_twemproxy = |depth: usize| {
+        let variant = crate::cpu::Variant {
+            target: Target::Proxy(1),
+            threads: 1,
+            depth,
+            peer: None,
+        };
+        median(
+            results
+                .cpu
+                .iter()
+                .filter(|c| c.variant == variant)
+                .filter_map(|c| crate::cpu::ratios(&results.cpu, c).vs_twemproxy)
+                .collect(),
+        )
+    };
+    let (p16, p1) = (vs_twemproxy(16), vs_twemproxy(1));
+    out.push(Verdict {
+        target: "proxy over 1 master, CPU per SET NX PX: ≤ 1.25× twemproxy's at -P 16, ≤ 1.0× at -P 1 (issue 27)",
+        measured: if p16.is_finite() || p1.is_finite() {
+            format!(
+                "median per-round ratio at -P 16 **{}**, at -P 1 **{}** (`--threads 1`)",
+                if p16.is_finite() { fmt_ratio(p16) } else { "–".into() },
+                if p1.is_finite() { fmt_ratio(p1) } else { "–".into() },
+            )
+        } else {
+            "cpu section not run, or twemproxy missing".into()
+        },
+        met: (p16.is_finite() && p1.is_finite()).then_some(p16 <= 1.25 && p1 <= 1.0),
     });
     wakeup_verdicts(&mut out, results);
     out
@@ -1025,13 +1061,17 @@ fn render_node(md: &mut String, settings: &Settings, runs: &[NodeResult]) {
     md.push('\n');
 }
 
-/// Section 8: CPU per request, every cell, then the medians of each variant.
+/// Section 8: CPU per request, every cell, the medians of each variant, then the proxy and the
+/// peer proxies side by side.
 fn render_cpu(md: &mut String, settings: &Settings, cells: &[crate::cpu::CpuCell]) {
     use crate::cpu::{ratios, VARIANTS};
-    let _ = writeln!(md, "## 8. CPU per request: redis-server vs the proxy\n");
     let _ = writeln!(
         md,
-        "`redis-benchmark -c {RB_CONNS} -P 1 -r 100000000 -n {} SET lb:rb:TAG:__rand_int__ v NX PX {}` against redis-server directly, then the proxy over 1 and over 5 fresh masters with `--threads 1` and `--threads 2`; each of {} round(s) runs those five cells in that order, and every ratio compares cells of the same round. Each cell: fresh masters and proxy, {} unmeasured requests, then utime + stime (/proc/PID/stat) before and after the measured run, divided by its requests. Masters = the sum over the masters (through the proxy: CPU per acquire); direct = the direct cell's redis-server. Load gen = redis-benchmark. Other = CPU % of one core used by everything else on the machine meanwhile (noise; ⚠ above {NOISY_OTHER_CPU:.0} %). Granted = the proxy's `acquires_granted` (with its other `acquires_*` outcomes when not 0); direct: keys added.\n",
+        "## 8. CPU per request: redis-server, the proxy and the peer proxies\n"
+    );
+    let _ = writeln!(
+        md,
+        "`redis-benchmark -c {RB_CONNS} -P depth -r 100000000 -n {} SET lb:rb:TAG:__rand_int__ v NX PX {}`. At `-P 1`: redis-server directly, the proxy over 1 and over 5 fresh masters with `--threads 1` and `--threads 2`, twemproxy (`nutcracker`) over 1 master and haproxy in TCP mode over 1 master; at `-P 16`: redis-server, the proxy over 1 (`--threads 1`), twemproxy and haproxy. Each of {} round(s) runs those cells in that order, and every ratio compares cells of the same round and depth. Each cell: fresh masters and proxy (a peer: its own process with a generated config, default settings), {} unmeasured requests, then utime + stime (/proc/PID/stat) before and after the measured run, divided by its requests. Masters = the sum over the masters (through the proxy: CPU per acquire); direct = the direct cell's redis-server. ×twemproxy = the cell's proxy CPU per request (the direct cell: redis-server's own) over twemproxy's. Load gen = redis-benchmark. Other = CPU % of one core used by everything else on the machine meanwhile (noise; ⚠ above {NOISY_OTHER_CPU:.0} %). Granted = the proxy's `acquires_granted` (with its other `acquires_*` outcomes when not 0); direct and through a peer: keys added.\n",
         settings.cpu_requests,
         settings.ttl_ms,
         settings.rounds,
@@ -1039,17 +1079,17 @@ fn render_cpu(md: &mut String, settings: &Settings, cells: &[crate::cpu::CpuCell
     );
     let _ = writeln!(
         md,
-        "| round | scenario | req/s | proxy µs/req | masters µs/acquire | direct µs/req | proxy / direct | masters / direct | req/s vs --threads 1 | proxy CPU vs --threads 1 | load gen µs/req | other CPU % | granted |"
+        "| round | scenario | -P | req/s | proxy µs/req | masters µs/acquire | direct µs/req | proxy / direct | masters / direct | ×twemproxy | req/s vs --threads 1 | proxy CPU vs --threads 1 | load gen µs/req | other CPU % | granted |"
     );
     let _ = writeln!(
         md,
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     );
     let us = |x: Option<f64>| x.map_or("–".into(), |x| format!("{x:.2}"));
     let ratio = |x: Option<f64>| x.map_or("–".into(), fmt_ratio);
     for c in cells {
         let r = ratios(cells, c);
-        let direct = crate::cpu::find(cells, VARIANTS[0], c.round).map(|d| d.masters_us());
+        let direct = crate::cpu::find(cells, c.variant.direct(), c.round).map(|d| d.masters_us());
         let mut granted = c.granted.map_or("?".into(), |g| {
             format!("{:.1} %", g as f64 * 100.0 / c.requests.max(1) as f64)
         });
@@ -1062,15 +1102,17 @@ fn render_cpu(md: &mut String, settings: &Settings, cells: &[crate::cpu::CpuCell
         let noisy = noisy_mark(c.other_pct);
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {:.2} | {} | {} | {} | {} | {} | {:.2} | {:.0}{noisy} | {} |",
+            "| {} | {} | {} | {} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {:.2} | {:.0}{noisy} | {} |",
             c.round,
             c.variant.label(),
+            c.variant.depth,
             fmt_rate(c.rps),
             us(c.proxy_us()),
             c.masters_us(),
             us(direct),
             ratio(r.proxy_vs_direct),
             ratio(r.masters_vs_direct),
+            ratio(r.vs_twemproxy),
             ratio(r.rps_vs_threads1),
             ratio(r.proxy_cpu_vs_threads1),
             c.per_request.client,
@@ -1084,31 +1126,96 @@ fn render_cpu(md: &mut String, settings: &Settings, cells: &[crate::cpu::CpuCell
     );
     let _ = writeln!(
         md,
-        "| scenario | req/s | proxy µs/req | masters µs/acquire | proxy / direct | masters / direct | req/s vs --threads 1 | proxy CPU vs --threads 1 |"
+        "| scenario | -P | req/s | proxy µs/req | masters µs/acquire | proxy / direct | masters / direct | ×twemproxy | req/s vs --threads 1 | proxy CPU vs --threads 1 |"
     );
-    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let median_of = |variant: crate::cpu::Variant,
+                     f: &dyn Fn(&crate::cpu::CpuCell) -> Option<f64>|
+     -> Option<f64> {
+        let m = median(
+            cells
+                .iter()
+                .filter(|c| c.variant == variant)
+                .filter_map(f)
+                .collect(),
+        );
+        m.is_finite().then_some(m)
+    };
     for variant in VARIANTS {
-        let mine: Vec<&crate::cpu::CpuCell> =
-            cells.iter().filter(|c| c.variant == variant).collect();
-        if mine.is_empty() {
+        if !cells.iter().any(|c| c.variant == variant) {
             continue;
         }
-        let med = |f: &dyn Fn(&crate::cpu::CpuCell) -> Option<f64>| {
-            let m = median(mine.iter().filter_map(|c| f(c)).collect());
-            m.is_finite().then_some(m)
-        };
+        let med = |f: &dyn Fn(&crate::cpu::CpuCell) -> Option<f64>| median_of(variant, f);
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             variant.label(),
+            variant.depth,
             med(&|c| Some(c.rps)).map_or("–".into(), fmt_rate),
             us(med(&|c| c.proxy_us())),
             us(med(&|c| Some(c.masters_us()))),
             ratio(med(&|c| ratios(cells, c).proxy_vs_direct)),
             ratio(med(&|c| ratios(cells, c).masters_vs_direct)),
+            ratio(med(&|c| ratios(cells, c).vs_twemproxy)),
             ratio(med(&|c| ratios(cells, c).rps_vs_threads1)),
             ratio(med(&|c| ratios(cells, c).proxy_cpu_vs_threads1)),
         );
+    }
+    // Side by side (issue 27): the proxy over 1 (`--threads 1`), the peers, redis-server.
+    use crate::cpu::Variant;
+    use crate::peers::Peer;
+    let columns = |depth: usize| -> [Variant; 4] {
+        let v = |target, peer| Variant {
+            target,
+            threads: 1,
+            depth,
+            peer,
+        };
+        [
+            v(Target::Proxy(1), None),
+            v(Target::Direct, Some(Peer::Twemproxy)),
+            v(Target::Direct, Some(Peer::Haproxy)),
+            v(Target::Direct, None),
+        ]
+    };
+    let _ = writeln!(
+        md,
+        "\nSide by side: CPU µs per request of the proxy process (redis-server: its own), median of the rounds, and the median per-round ratio to twemproxy's:\n"
+    );
+    let _ = writeln!(
+        md,
+        "| per request | redlock-proxy over 1 (`--threads 1`) | twemproxy over 1 | haproxy (tcp) over 1 | redis-server |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|");
+    for depth in [1, 16] {
+        let mut row = format!("| proxy CPU, `-P {depth}` |");
+        let mut rates = format!("| req/s, `-P {depth}` |");
+        for variant in columns(depth) {
+            let own = median_of(variant, &|c| {
+                if c.variant.is_direct() {
+                    Some(c.masters_us())
+                } else {
+                    c.proxy_us()
+                }
+            });
+            let vs = median_of(variant, &|c| ratios(cells, c).vs_twemproxy);
+            let _ = write!(
+                row,
+                " {} |",
+                match (own, vs) {
+                    (Some(o), Some(r)) => format!("{o:.2} µs ({} twemproxy)", fmt_ratio(r)),
+                    (Some(o), None) => format!("{o:.2} µs"),
+                    _ => "– (not run)".into(),
+                }
+            );
+            let _ = write!(
+                rates,
+                " {} |",
+                median_of(variant, &|c| Some(c.rps)).map_or("–".into(), fmt_rate)
+            );
+        }
+        let _ = writeln!(md, "{row}");
+        let _ = writeln!(md, "{rates}");
     }
     md.push('\n');
 }

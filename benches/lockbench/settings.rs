@@ -9,7 +9,7 @@
 //! | `BENCH_CONNS` / `BENCH_DEPTHS` | `1,50,500` / `1,16` | `cycles` connections and pipeline depths |
 //! | `BENCH_CLIENTSIDE_CONNS` | `1,50,500` | `clientside` worker counts |
 //! | `BENCH_NODE_WORKERS` | `1,50` | `node` worker counts |
-//! | `BENCH_ROUNDS` | `3` | repetitions (interleaved) of redis-benchmark `-P 1`, of node at the most workers, of `cpu`'s five cells and of `metrics` |
+//! | `BENCH_ROUNDS` | `3` | repetitions (interleaved) of redis-benchmark `-P 1`, of node at the most workers, of `cpu`'s cells and of `metrics` |
 //! | `BENCH_CLIENT_THREADS` | `1` | tokio worker threads of the load generator |
 //! | `BENCH_RELEASE` | `evalsha` | release command of `cycles`: `evalsha` or `eval` |
 //! | `BENCH_TTL_MS` | `30000` | lock TTL |
@@ -18,6 +18,7 @@
 //! | `BENCH_BASELINE_BIN` | `BENCH_PROXY_BIN` | `metrics`: the proxy of the cells without metrics (e.g. a build without the metrics code) |
 //! | `BENCH_CPU_REQUESTS` | `100000` | `cpu`: measured `SET NX PX` requests per cell |
 //! | `BENCH_CPU_WARMUP_REQUESTS` | `10000` | `cpu`: unmeasured requests before each cell's measured run |
+//! | `BENCH_TWEMPROXY_BIN` / `BENCH_HAPROXY_BIN` | `nutcracker` / `haproxy` | `cpu`: the peer proxies (a name is looked up on `PATH`; missing: their cells are skipped) |
 //! | `BENCH_MEM_CONNS` | `10000` | idle connections of `memory` |
 //! | `BENCH_HOT_CLIENTS` / `BENCH_HOT_INTERVAL_MS` | `100` / `5` | `contention` pollers and their sleep |
 //! | `BENCH_WAKEUP_ROUNDS` / `BENCH_WAKEUP_SECS` | `300` / `60` | `wakeup`: measured rounds (each: every target, both kinds), stopped early after this many seconds |
@@ -25,6 +26,7 @@
 //! | `BENCH_WAKEUP_IDLE_SECS` | `5` | `wakeup`: idle seconds measured without and with the waiters |
 //! | `BENCH_OUT` | `target/bench-results.md` | where the report is written |
 
+use crate::peers::Peer;
 use crate::stats::Window;
 use redlock_testkit::launcher::ProxyProcess;
 use std::path::{Path, PathBuf};
@@ -101,6 +103,9 @@ pub struct Settings {
     /// `cpu`: measured requests per cell, and unmeasured ones before them.
     pub cpu_requests: u64,
     pub cpu_warmup_requests: u64,
+    /// `cpu`: the peer proxies' binaries (names looked up on `PATH`, or paths).
+    pub twemproxy_bin: String,
+    pub haproxy_bin: String,
     pub mem_conns: usize,
     pub hot_clients: usize,
     pub hot_interval_ms: u64,
@@ -220,6 +225,8 @@ impl Settings {
             baseline_bin: std::env::var("BENCH_BASELINE_BIN").ok().map(PathBuf::from),
             cpu_requests: env_num::<u64>("BENCH_CPU_REQUESTS", "100000").max(1),
             cpu_warmup_requests: env_num("BENCH_CPU_WARMUP_REQUESTS", "10000"),
+            twemproxy_bin: env_or("BENCH_TWEMPROXY_BIN", "nutcracker"),
+            haproxy_bin: env_or("BENCH_HAPROXY_BIN", "haproxy"),
             mem_conns: env_num("BENCH_MEM_CONNS", "10000"),
             hot_clients: env_num("BENCH_HOT_CLIENTS", "100"),
             hot_interval_ms: env_num("BENCH_HOT_INTERVAL_MS", "5"),
@@ -237,6 +244,19 @@ impl Settings {
     /// A fresh proxy process (`BENCH_PROXY_BIN` with `BENCH_PROXY_ARGS`) over `backends`.
     pub fn start_proxy(&self, backends: &[String]) -> std::io::Result<ProxyProcess> {
         ProxyProcess::start(&self.proxy_bin, backends, &self.proxy_args)
+    }
+
+    /// The binary a peer proxy is started from, as configured.
+    pub fn peer_bin_name(&self, peer: Peer) -> &str {
+        match peer {
+            Peer::Twemproxy => &self.twemproxy_bin,
+            Peer::Haproxy => &self.haproxy_bin,
+        }
+    }
+
+    /// The peer proxy's binary, if it exists.
+    pub fn peer_bin(&self, peer: Peer) -> Option<PathBuf> {
+        crate::peers::resolve(self.peer_bin_name(peer))
     }
 
     pub fn wants(&self, section: &str) -> bool {
