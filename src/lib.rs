@@ -21,8 +21,8 @@
 //! 2. [`transport`]: one pipelined FIFO connection per master (send, replies in order,
 //!    reconnect, watchdog, clean-ups that survive reconnects). Knows nothing of votes.
 //!    [`dial`] opens its streams: TCP or TLS, `AUTH`. Beside it [`pubsub`]: the clients'
-//!    subscriptions and one subscriber connection per master for them all. [`tls`] loads the TLS material of both
-//!    sides (rustls). Beside them [`config`]: the defaults, a TOML file and flags on top,
+//!    subscriptions and one subscriber connection per master for them all. [`tls`] loads the
+//!    TLS material of both sides (rustls). Beside them [`config`]: the defaults, a TOML file and flags on top,
 //!    whose checks build the users and load the masters' TLS files.
 //! 3. [`health`]: whether each master may vote (the monitor, quarantine of masters that lost
 //!    data, clock readings), behind [`health::MasterHealth`].

@@ -19,7 +19,7 @@ use crate::dial::{Dial, PASSWORD_ENV};
 use crate::health::{self, MasterHealth};
 use crate::live::LiveDuration;
 use crate::protocol::{Reply, ScriptCall};
-use crate::redlock::{merge, no_quorum, quorum, MergeRule, MissingReason, Vote};
+use crate::redlock::{merge, merged, quorum, MergeRule, MissingReason, Vote};
 use crate::secret::Secret;
 use crate::tls::master_client_config;
 use crate::transport::{Driver, Link, NoReply, Pending, SharedScript};
@@ -563,7 +563,7 @@ impl Masters {
         let (votes, _late) = self
             .fan_out_each(ask, 1, |v| merge(v, rule).is_some())
             .await;
-        merge(&votes, rule).unwrap_or_else(|| no_quorum(votes.len()))
+        merged(&votes, rule)
     }
 }
 

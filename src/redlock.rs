@@ -437,6 +437,12 @@ fn merge_arrays(replies: &[&Reply], q: usize) -> Option<Reply> {
         .map(Reply::Array)
 }
 
+/// The reply `votes` merge to by `rule`, or the refusal when they merge to none (no majority
+/// agreed among the votes in).
+pub fn merged(votes: &[Vote], rule: MergeRule) -> Reply {
+    merge(votes, rule).unwrap_or_else(|| no_quorum(votes.len()))
+}
+
 /// The refusal when no majority of `n` masters agreed.
 pub fn no_quorum(n: usize) -> Reply {
     ProxyError::NoQuorum {

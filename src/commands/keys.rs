@@ -11,7 +11,7 @@ use super::{Action, Ctx, Session};
 use crate::lease::Outcome;
 use crate::masters::{Ask, Masters};
 use crate::protocol::{encode_command, Protocol, Reply, Request};
-use crate::redlock::{conservative_ttl, MergeRule};
+use crate::redlock::{conservative_ttl, MergeRule, Policy};
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
 
@@ -90,15 +90,21 @@ pub(super) fn guarded_write_at(
     shape: Shape,
 ) -> Action {
     let masters = ctx.masters();
-    let guard = guard_command(&request.args[key..=key], &ctx.shared.policy);
-    let mut both = BytesMut::from(payload(request).as_ref());
-    both.extend_from_slice(&guard);
-    let both = both.freeze();
+    let guarded_key = request.args[key].clone();
+    let both = with_guard(&payload(request), guarded_key, &ctx.shared.policy);
     Action::Defer(Box::pin(async move {
         let ask = |_| Some(Ask::Commands(both.clone()));
         let reply = guarded(&masters, ask, MergeRule::Known).await.reply;
         Outcome::Reply(shape(reply))
     }))
+}
+
+/// `command` (encoded) followed, in the same pipeline, by the script guard over `key`
+/// ([`guard_command`]).
+pub(super) fn with_guard(command: &[u8], key: Bytes, policy: &Policy) -> Bytes {
+    let mut both = BytesMut::from(command);
+    both.extend_from_slice(&guard_command(&[key], policy));
+    both.freeze()
 }
 
 /// `PEXPIRE` / `EXPIRE`: the new TTL must not exceed `max_lock_ttl_ms` (every TTL the proxy

@@ -17,7 +17,7 @@
 //! - Nothing after a blocked pop is dispatched before it is answered (a barrier), as a
 //!   blocked Redis client runs nothing else.
 
-use super::keys::{guarded_write_at, payload};
+use super::keys::{guarded_write_at, payload, with_guard};
 use super::{Action, Ctx, Session};
 use crate::client_registry::ClientHandle;
 use crate::error::ProxyError;
@@ -25,8 +25,8 @@ use crate::lease::Outcome;
 use crate::masters::{Ask, Masters};
 use crate::protocol::{encode_command, Reply, Request};
 use crate::pubsub::{Hub, Kind, Wakeups};
-use crate::redlock::{merge, MergeRule, Vote};
-use bytes::{Bytes, BytesMut};
+use crate::redlock::{merged, MergeRule, Vote};
+use bytes::Bytes;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,12 +73,7 @@ pub fn lmove(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action 
 
 /// `args` (a command whose destination is `args[2]`) followed by the guard over it.
 fn guarded(ctx: &Ctx<'_>, args: &[Bytes]) -> Bytes {
-    let mut both = BytesMut::from(encode_command(args).as_ref());
-    both.extend_from_slice(&super::scripts::guard_command(
-        &args[2..3],
-        &ctx.shared.policy,
-    ));
-    both.freeze()
+    with_guard(&encode_command(args), args[2].clone(), &ctx.shared.policy)
 }
 
 /// `BLPOP` / `BRPOP key… timeout`.
@@ -253,7 +248,7 @@ impl Waiter {
             }
             tokio::select! {
                 _ = registration.wakeups.next() => {}
-                _ = sleep_until_some(self.deadline) => return Reply::NullArray,
+                _ = super::sleep_until_some(self.deadline) => return Reply::NullArray,
                 _ = self.ended.wait_for(|ended| *ended) => return Reply::NullArray,
             }
         }
@@ -305,18 +300,7 @@ async fn first_pop(masters: &Masters, ask: &Ask, replies: usize) -> Popped {
             (other, _) => other.clone(),
         })
         .collect();
-    Popped::Nothing(
-        merge(&commands, MergeRule::Known)
-            .unwrap_or_else(|| crate::redlock::no_quorum(votes.len())),
-    )
-}
-
-/// Sleeps until `deadline`, or forever without one.
-async fn sleep_until_some(deadline: Option<Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
+    Popped::Nothing(merged(&commands, MergeRule::Known))
 }
 
 #[cfg(test)]

@@ -543,6 +543,15 @@ fn check_access(
     Ok(())
 }
 
+/// Sleeps until `deadline`, or forever without one. Lazy: a branch of the loop's `select!`
+/// that is disabled builds no timer (`select!` evaluates every branch's future).
+pub async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Parses an integer argument the way Redis does (`getLongLongFromObject`).
 pub fn parse_int(arg: &[u8]) -> Result<i64, ProxyError> {
     crate::protocol::parse_strict_i64(arg).ok_or(ProxyError::NotAnInteger)

@@ -8,8 +8,9 @@
 //!   subscriptions (channels and patterns together; shard channels apart), pushes in RESP3,
 //!   arrays in RESP2's subscribed mode.
 //! - A subscribe is answered once every channel it added is active on a quorum of masters
-//!   (or [`crate::pubsub::CONFIRM_WAIT`] passed), and nothing the client sent after it starts before: a
-//!   waiter that subscribes and then tries its lock cannot miss the release's message.
+//!   (or [`crate::pubsub::CONFIRM_WAIT`] passed), and nothing the client sent after it starts
+//!   before: a waiter that subscribes and then tries its lock cannot miss the release's
+//!   message.
 //! - Receiver counts (`PUBLISH`'s reply, `PUBSUB NUMSUB`) are this proxy's subscribers plus,
 //!   from the master that counts most, the receivers that are not this proxy's own
 //!   subscriptions: another proxy counts once per topic it subscribed for its clients.
@@ -20,7 +21,7 @@ use crate::lease::Outcome;
 use crate::masters::Ask;
 use crate::protocol::{encode_command, Reply, Request};
 use crate::pubsub::{Hub, Inbox, Kind};
-use crate::redlock::{merge, no_quorum, quorum, MergeRule, Vote};
+use crate::redlock::{merged, quorum, MergeRule, Vote};
 use bytes::Bytes;
 use std::collections::{BTreeSet, HashSet};
 use std::fmt;
@@ -170,7 +171,7 @@ pub fn publish(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Actio
         let (local, own) = hub.receivers(kind, &channel, true);
         let reply = match remote_receivers(&votes, |i, n| n - own[i]) {
             Some(remote) => Reply::Integer(local as i64 + remote),
-            None => merge(&votes, MergeRule::Known).unwrap_or_else(|| no_quorum(votes.len())),
+            None => merged(&votes, MergeRule::Known),
         };
         Outcome::Reply(reply)
     }))
@@ -240,9 +241,7 @@ pub fn pubsub(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action
             b"numpat" => remote_receivers(&votes, |_, n| n).map(Reply::Integer),
             _ => channels(&votes),
         };
-        let reply = reply.unwrap_or_else(|| {
-            merge(&votes, MergeRule::Known).unwrap_or_else(|| no_quorum(votes.len()))
-        });
+        let reply = reply.unwrap_or_else(|| merged(&votes, MergeRule::Known));
         Outcome::Reply(reply)
     }))
 }

@@ -46,8 +46,7 @@ use crate::masters::{Ask, LateVotes, Masters};
 use crate::on_master::{script_sha, ARMED_KEY, GUARD_SCRIPT, QUARANTINE_KEY};
 use crate::protocol::{encode_command, Reply, Request};
 use crate::redlock::{
-    merge, no_quorum, quorum, token_refusal, validity_window, MergeRule, MissingReason, Policy,
-    Vote,
+    merge, merged, quorum, token_refusal, validity_window, MergeRule, MissingReason, Policy, Vote,
 };
 use crate::script_cache::Script;
 use crate::script_keys::{access_args, TokenOffer, DEADLINE_AT};
@@ -526,7 +525,7 @@ impl Tally {
 
     /// The masters merged by `rule`, with what [`Guarded`] keeps.
     fn guarded(&self, rule: MergeRule) -> Guarded {
-        let reply = merge(&self.votes, rule).unwrap_or_else(|| no_quorum(self.votes.len()));
+        let reply = merged(&self.votes, rule);
         Guarded {
             reply,
             capped: self.capped,

@@ -19,8 +19,9 @@
 //!   requests in flight and still reads, within its bounds.
 //! - Bounded memory: the socket is not read with `max_inflight_per_client` requests in
 //!   flight, nor past [`BARRIER_READ_AHEAD`] unparsed bytes behind a barrier (read that far
-//!   so a blocked client's disconnection is seen); past `client_query_buffer_limit` bytes of requests, or
-//!   `client_output_buffer_limit` bytes of replies (0 = none), the client is closed at once.
+//!   so a blocked client's disconnection is seen); past `client_query_buffer_limit` bytes of
+//!   requests, or `client_output_buffer_limit` bytes of replies (0 = none), the client is
+//!   closed at once.
 //! - Replies that are ready are encoded first, then written in one write per burst (early
 //!   once [`FLUSH_AT`] bytes wait).
 //! - Closing writes what is left while the client takes it; a client that takes nothing for
@@ -297,8 +298,7 @@ where
         let idle = !closing && !in_flight && self.out.is_empty() && !self.session.pubsub.active();
         // Messages wait while a barrier (a subscribe) is unanswered: a client reads a
         // channel's confirmation before its messages.
-        let messages =
-            !closing && self.session.pubsub.inbox.is_some() && !self.in_flight.barrier_pending();
+        let messages = !closing && self.session.pubsub.inbox.is_some() && !barrier;
         let idle_deadline = self.limits.idle_timeout.map(|t| self.last_activity + t);
         let client = &self.session.client;
         tokio::select! {
@@ -312,8 +312,8 @@ where
                 Event::Read { read, unparsed }
             }
             _ = client.stopped(), if !closing => Event::Stop,
-            _ = sleep_until_some(stall_deadline), if only_writes_left => Event::Stalled,
-            _ = sleep_until_some(idle_deadline), if idle => Event::Idle,
+            _ = commands::sleep_until_some(stall_deadline), if only_writes_left => Event::Stalled,
+            _ = commands::sleep_until_some(idle_deadline), if idle => Event::Idle,
             _ = client.killed() => Event::Killed,
         }
     }
@@ -387,8 +387,8 @@ where
     }
 
     /// Bytes were read (`read`), or the client's stream ended: the start of the validity clock
-    /// of the requests among them (unless older bytes still wait: theirs stays), and activity. Past the query buffer limit the connection
-    /// is closed.
+    /// of the requests among them (unless older bytes still wait: theirs stays), and activity.
+    /// Past the query buffer limit the connection is closed.
     fn read_done(&mut self, read: bool, unparsed: bool) -> Flow {
         let now = Instant::now();
         if !unparsed {
@@ -453,15 +453,6 @@ fn buffer_limit(session: &Session, authenticated: u64) -> u64 {
         UNAUTHENTICATED_BUFFER_LIMIT
     } else {
         authenticated
-    }
-}
-
-/// Sleeps until `deadline`, or forever without one. Lazy: a branch of the loop's `select!`
-/// that is disabled builds no timer (`select!` evaluates every branch's future).
-async fn sleep_until_some(deadline: Option<Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 

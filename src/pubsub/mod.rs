@@ -26,6 +26,7 @@ mod link;
 use crate::auth::glob_match;
 use crate::live::LiveDuration;
 use crate::protocol::Reply;
+use crate::redlock::quorum;
 use crate::transport::Connect;
 use bytes::Bytes;
 use dedup::Dedup;
@@ -335,7 +336,7 @@ impl Hub {
                 dedup: Dedup::new(node_timeout.get()),
             }),
             links,
-            quorum: masters / 2 + 1,
+            quorum: quorum(masters),
             node_timeout,
             stop,
             next_waiter: AtomicU64::new(WAITER_IDS),
@@ -353,8 +354,8 @@ impl Hub {
         self.stop.send_replace(true);
     }
 
-    /// An inbox for a waiter (a blocked `BLPOP`) to subscribe keyspace channels with: woken
-    /// by their messages and when a master confirms one again after a reconnection.
+    /// The wake-ups of a waiter (a blocked `BLPOP`), to subscribe its keys' keyspace
+    /// channels with ([`Sink::Waiter`]).
     pub fn waiter(&self) -> Wakeups {
         let wake = Arc::new(Notify::new());
         let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);

@@ -1,7 +1,7 @@
 //! A small Redisson lock client, in Rust, for the tests: Redisson (the Java library) cannot be
 //! installed here, so this client replays what it sends, byte for byte, over the kit's RESP
-//! client ([`crate::resp::Client`]): its exact Lua scripts (Redisson 3.45 and its current source: `RedissonLock`,
-//! `RedissonBaseLock`, `RedissonFencedLock`, the watchdog of `RedissonBaseLock` and of
+//! client ([`crate::resp::Client`]): its exact Lua scripts (Redisson 3.45 and its current
+//! source: `RedissonLock`, `RedissonBaseLock`, `RedissonFencedLock`, the watchdog of `RedissonBaseLock` and of
 //! `renewal.LockTask`), sent by `EVALSHA` with `SCRIPT LOAD` after a `NOSCRIPT` (Redisson's
 //! script cache) or by `EVAL`, its key and channel names, its unlock latch and its waiter
 //! protocol:
