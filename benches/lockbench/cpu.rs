@@ -2,9 +2,9 @@
 //! `redis-benchmark -c 50 -P depth -r 100000000 -n BENCH_CPU_REQUESTS SET k:__rand_int__ v NX PX ttl`
 //! against the cells of [`VARIANTS`]: at `-P 1`, redis-server directly, the proxy over 1 and over
 //! 5 masters with `--threads 1` (the current-thread runtime) and with `--threads 2`
-//! (multi-thread), and the peer proxies twemproxy and haproxy (TCP mode) over 1 master
-//! (`peers.rs`); at `-P 16`, redis-server, the proxy over 1 (`--threads 1`) and the two peers. A
-//! peer whose binary is missing is left out with a note. Every round (`BENCH_ROUNDS`) runs the
+//! (multi-thread), and the peer proxies twemproxy and haproxy (TCP mode) over 1 master and
+//! twemproxy sharding over 5 (`peers.rs`); at `-P 16`, redis-server, the proxy over 1 and over 5
+//! (`--threads 1`) and the same peers. A peer whose binary is missing is left out with a note. Every round (`BENCH_ROUNDS`) runs the
 //! cells in that order, so that whatever else the machine does falls on all of them alike, and
 //! the ratios are taken within a round.
 //!
@@ -30,13 +30,14 @@ use std::collections::BTreeMap;
 /// One of the cells of a round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Variant {
-    /// `Direct` for redis-server alone and for a peer proxy (over that one master).
+    /// `Direct` for redis-server alone; `Proxy(n)`: the proxy, or the peer in its place, over
+    /// `n` masters.
     pub target: Target,
     /// The proxy's `--threads` (1 for the direct and peer cells).
     pub threads: usize,
     /// redis-benchmark's `-P`.
     pub depth: usize,
-    /// A peer proxy (issue 27) in front of the one master instead of redlock-proxy.
+    /// A peer proxy (issue 27) in front of the masters instead of redlock-proxy.
     pub peer: Option<Peer>,
 }
 
@@ -49,26 +50,29 @@ const fn cell(target: Target, threads: usize, depth: usize, peer: Option<Peer>) 
     }
 }
 
-/// The cells of a round, in the order they run: issue 14's five at `-P 1`, the two peers at
-/// `-P 1`, then redis-server, the proxy over 1 and the two peers at `-P 16`.
-pub const VARIANTS: [Variant; 11] = [
+/// The cells of a round, in the order they run: issue 14's five at `-P 1`, the peers at `-P 1`,
+/// then redis-server, the proxy over 1 and over 5 and the peers at `-P 16`.
+pub const VARIANTS: [Variant; 14] = [
     cell(Target::Direct, 1, 1, None),
     cell(Target::Proxy(1), 1, 1, None),
     cell(Target::Proxy(5), 1, 1, None),
     cell(Target::Proxy(1), 2, 1, None),
     cell(Target::Proxy(5), 2, 1, None),
-    cell(Target::Direct, 1, 1, Some(Peer::Twemproxy)),
-    cell(Target::Direct, 1, 1, Some(Peer::Haproxy)),
+    cell(Target::Proxy(1), 1, 1, Some(Peer::Twemproxy)),
+    cell(Target::Proxy(5), 1, 1, Some(Peer::Twemproxy)),
+    cell(Target::Proxy(1), 1, 1, Some(Peer::Haproxy)),
     cell(Target::Direct, 1, 16, None),
     cell(Target::Proxy(1), 1, 16, None),
-    cell(Target::Direct, 1, 16, Some(Peer::Twemproxy)),
-    cell(Target::Direct, 1, 16, Some(Peer::Haproxy)),
+    cell(Target::Proxy(5), 1, 16, None),
+    cell(Target::Proxy(1), 1, 16, Some(Peer::Twemproxy)),
+    cell(Target::Proxy(5), 1, 16, Some(Peer::Twemproxy)),
+    cell(Target::Proxy(1), 1, 16, Some(Peer::Haproxy)),
 ];
 
 impl Variant {
     pub fn label(self) -> String {
         match (self.peer, self.target) {
-            (Some(peer), _) => peer.label().to_string(),
+            (Some(peer), _) => format!("{} over {}", peer.label(), self.masters()),
             (None, Target::Direct) => self.target.label(),
             (None, Target::Proxy(_)) => {
                 format!("{}, --threads {}", self.target.label(), self.threads)
@@ -98,9 +102,14 @@ impl Variant {
         cell(Target::Direct, 1, self.depth, None)
     }
 
-    /// The twemproxy cell at the same pipeline depth.
+    /// The twemproxy cell over as many masters, at the same pipeline depth.
     pub fn twemproxy(self) -> Variant {
-        cell(Target::Direct, 1, self.depth, Some(Peer::Twemproxy))
+        cell(
+            Target::Proxy(self.masters()),
+            1,
+            self.depth,
+            Some(Peer::Twemproxy),
+        )
     }
 }
 
@@ -144,10 +153,11 @@ pub fn run_cell(
     prepare: impl Fn(u16),
 ) -> Result<CpuCell, String> {
     let masters = LocalCluster::start(variant.masters()).map_err(|e| e.to_string())?;
-    let master_port = masters.masters[0].port;
-    let mut proxy = match variant.target {
-        Target::Direct => None,
-        Target::Proxy(_) => {
+    let master_ports: Vec<u16> = masters.masters.iter().map(|m| m.port).collect();
+    let master_port = master_ports[0];
+    let mut proxy = match (variant.target, variant.peer) {
+        (Target::Direct, _) | (_, Some(_)) => None,
+        (Target::Proxy(_), None) => {
             let mut with_threads = settings.clone();
             with_threads
                 .proxy_args
@@ -165,7 +175,7 @@ pub fn run_cell(
             &settings
                 .peer_bin(which)
                 .ok_or_else(|| format!("{} not found", settings.peer_bin_name(which)))?,
-            master_port,
+            &master_ports,
         )?),
         None => None,
     };
@@ -188,7 +198,12 @@ pub fn run_cell(
     );
     let count = || match proxy {
         Some(_) => acquire_counters(port),
-        None => dbsize(master_port).map(|keys| BTreeMap::from([(GRANTED.to_string(), keys)])),
+        // Direct or through a peer: the keys added on every master (twemproxy shards them).
+        None => master_ports
+            .iter()
+            .map(|&port| dbsize(port))
+            .sum::<Option<u64>>()
+            .map(|keys| BTreeMap::from([(GRANTED.to_string(), keys)])),
     };
     let counted_before = count();
     let before = probe.snap();

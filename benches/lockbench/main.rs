@@ -17,8 +17,9 @@
 //!   the proxy over 1 master.
 //! - `cpu`: CPU time per request under that redis-benchmark load (a fixed number of requests
 //!   per cell): redis-server directly vs the proxy over 1 and 5 fresh masters, `--threads 1`
-//!   and `--threads 2`, and the peer proxies twemproxy and haproxy (TCP mode) over 1 master, at
-//!   `-P 1`, then redis-server, the proxy over 1 and the peers at `-P 16`, interleaved rounds;
+//!   and `--threads 2`, and the peer proxies twemproxy (over 1, and sharding over 5) and haproxy
+//!   (TCP mode, over 1), at `-P 1`, then redis-server, the proxy over 1 and 5 and the peers at
+//!   `-P 16`, interleaved rounds;
 //!   the proxy's and the masters' CPU per request against redis-server's own and twemproxy's.
 //! - `memory`: proxy resident bytes per idle client connection (10k connections, one PING each).
 //! - `contention`: 100 clients polling `SET hot v NX PX 30000` every 5 ms while one holder

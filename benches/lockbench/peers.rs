@@ -1,5 +1,5 @@
-//! The peer proxies of `cpu` (issue 27): twemproxy (`nutcracker`) and haproxy in TCP mode, each
-//! in front of one master, as a new user would run them (Debian's packages, a minimal config,
+//! The peer proxies of `cpu` (issue 27): twemproxy (`nutcracker`), in front of one master or
+//! sharding over five, and haproxy in TCP mode in front of one master, as a new user would run them (Debian's packages, a minimal config,
 //! every other setting at its default). Each cell starts its own peer as a child process on a
 //! loopback ephemeral port, with a config file generated in a fresh temporary directory, and
 //! stops it (and removes the directory) when the cell ends.
@@ -23,8 +23,8 @@ impl Peer {
 
     pub fn label(self) -> &'static str {
         match self {
-            Peer::Twemproxy => "twemproxy over 1",
-            Peer::Haproxy => "haproxy (tcp) over 1",
+            Peer::Twemproxy => "twemproxy",
+            Peer::Haproxy => "haproxy (tcp)",
         }
     }
 
@@ -88,9 +88,11 @@ pub struct PeerProcess {
 }
 
 impl PeerProcess {
-    /// Starts `peer` (binary `bin`) in front of the redis-server on `master_port` and waits
-    /// (up to 10 s) until it accepts connections.
-    pub fn start(peer: Peer, bin: &Path, master_port: u16) -> Result<PeerProcess, String> {
+    /// Starts `peer` (binary `bin`) in front of the redis-servers on `master_ports` and waits
+    /// (up to 10 s) until it accepts connections. twemproxy shards the keys over all of them
+    /// (ketama, equal weights); haproxy forwards to the first (a TCP balancer cannot route by
+    /// key).
+    pub fn start(peer: Peer, bin: &Path, master_ports: &[u16]) -> Result<PeerProcess, String> {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "lockbench-{}-{}-{}",
@@ -109,10 +111,14 @@ impl PeerProcess {
         };
         let args: Vec<String> = match peer {
             Peer::Twemproxy => {
+                let servers: String = master_ports
+                    .iter()
+                    .map(|p| format!("   - 127.0.0.1:{p}:1\n"))
+                    .collect();
                 let config = write(
                     "nutcracker.yml",
                     &format!(
-                        "lockbench:\n  listen: 127.0.0.1:{port}\n  hash: fnv1a_64\n  distribution: ketama\n  redis: true\n  auto_eject_hosts: false\n  servers:\n   - 127.0.0.1:{master_port}:1\n"
+                        "lockbench:\n  listen: 127.0.0.1:{port}\n  hash: fnv1a_64\n  distribution: ketama\n  redis: true\n  auto_eject_hosts: false\n  servers:\n{servers}"
                     ),
                 )?;
                 // Its stats server would otherwise take the fixed port 22222.
@@ -129,6 +135,7 @@ impl PeerProcess {
                 ]
             }
             Peer::Haproxy => {
+                let master_port = master_ports[0];
                 let config = write(
                     "haproxy.cfg",
                     &format!(

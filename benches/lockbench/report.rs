@@ -681,10 +681,10 @@ fn finish_verdicts(mut out: Vec<Verdict>, results: &Results) -> Vec<Verdict> {
         },
         met: one.is_finite().then_some(one <= 1.0),
     });
-    // Issue 27, target 1 (over 1 master): proxy CPU per request against twemproxy's.
-    let vs_twemproxy = |depth: usize| {
+    // Issue 27, target 1: proxy CPU per request against twemproxy's over as many masters.
+    let vs_twemproxy = |masters: usize, depth: usize| {
         let variant = crate::cpu::Variant {
-            target: Target::Proxy(1),
+            target: Target::Proxy(masters),
             threads: 1,
             depth,
             peer: None,
@@ -698,19 +698,40 @@ fn finish_verdicts(mut out: Vec<Verdict>, results: &Results) -> Vec<Verdict> {
                 .collect(),
         )
     };
-    let (p16, p1) = (vs_twemproxy(16), vs_twemproxy(1));
+    let shown = |r: f64| {
+        if r.is_finite() {
+            fmt_ratio(r)
+        } else {
+            "–".into()
+        }
+    };
+    let (p16, p1) = (vs_twemproxy(1, 16), vs_twemproxy(1, 1));
     out.push(Verdict {
         target: "proxy over 1 master, CPU per SET NX PX: ≤ 1.25× twemproxy's at -P 16, ≤ 1.0× at -P 1 (issue 27)",
         measured: if p16.is_finite() || p1.is_finite() {
             format!(
                 "median per-round ratio at -P 16 **{}**, at -P 1 **{}** (`--threads 1`)",
-                if p16.is_finite() { fmt_ratio(p16) } else { "–".into() },
-                if p1.is_finite() { fmt_ratio(p1) } else { "–".into() },
+                shown(p16),
+                shown(p1),
             )
         } else {
             "cpu section not run, or twemproxy missing".into()
         },
         met: (p16.is_finite() && p1.is_finite()).then_some(p16 <= 1.25 && p1 <= 1.0),
+    });
+    let five = vs_twemproxy(5, 16);
+    out.push(Verdict {
+        target: "proxy over 5 masters, CPU per SET NX PX: ≤ 1.25× twemproxy's over 5 at -P 16 (issue 27)",
+        measured: if five.is_finite() {
+            format!(
+                "median per-round ratio at -P 16 **{}**, at -P 1 {} (`--threads 1`)",
+                shown(five),
+                shown(vs_twemproxy(5, 1)),
+            )
+        } else {
+            "cpu section not run, or twemproxy missing".into()
+        },
+        met: five.is_finite().then_some(five <= 1.25),
     });
     wakeup_verdicts(&mut out, results);
     out
@@ -1071,7 +1092,7 @@ fn render_cpu(md: &mut String, settings: &Settings, cells: &[crate::cpu::CpuCell
     );
     let _ = writeln!(
         md,
-        "`redis-benchmark -c {RB_CONNS} -P depth -r 100000000 -n {} SET lb:rb:TAG:__rand_int__ v NX PX {}`. At `-P 1`: redis-server directly, the proxy over 1 and over 5 fresh masters with `--threads 1` and `--threads 2`, twemproxy (`nutcracker`) over 1 master and haproxy in TCP mode over 1 master; at `-P 16`: redis-server, the proxy over 1 (`--threads 1`), twemproxy and haproxy. Each of {} round(s) runs those cells in that order, and every ratio compares cells of the same round and depth. Each cell: fresh masters and proxy (a peer: its own process with a generated config, default settings), {} unmeasured requests, then utime + stime (/proc/PID/stat) before and after the measured run, divided by its requests. Masters = the sum over the masters (through the proxy: CPU per acquire); direct = the direct cell's redis-server. ×twemproxy = the cell's proxy CPU per request (the direct cell: redis-server's own) over twemproxy's. Load gen = redis-benchmark. Other = CPU % of one core used by everything else on the machine meanwhile (noise; ⚠ above {NOISY_OTHER_CPU:.0} %). Granted = the proxy's `acquires_granted` (with its other `acquires_*` outcomes when not 0); direct and through a peer: keys added.\n",
+        "`redis-benchmark -c {RB_CONNS} -P depth -r 100000000 -n {} SET lb:rb:TAG:__rand_int__ v NX PX {}`. At `-P 1`: redis-server directly, the proxy over 1 and over 5 fresh masters with `--threads 1` and `--threads 2`, twemproxy (`nutcracker`) over 1 master and sharding over 5 (ketama), and haproxy in TCP mode over 1 master; at `-P 16`: redis-server, the proxy over 1 and over 5 (`--threads 1`), and the same peers. Each of {} round(s) runs those cells in that order, and every ratio compares cells of the same round and depth. Each cell: fresh masters and proxy (a peer: its own process with a generated config, default settings), {} unmeasured requests, then utime + stime (/proc/PID/stat) before and after the measured run, divided by its requests. Masters = the sum over the masters (through the proxy: CPU per acquire); direct = the direct cell's redis-server. ×twemproxy = the cell's proxy CPU per request (the direct cell: redis-server's own) over twemproxy's over as many masters (twemproxy over 5 sends each request to one of them; the proxy to all five). Load gen = redis-benchmark. Other = CPU % of one core used by everything else on the machine meanwhile (noise; ⚠ above {NOISY_OTHER_CPU:.0} %). Granted = the proxy's `acquires_granted` (with its other `acquires_*` outcomes when not 0); direct and through a peer: keys added.\n",
         settings.cpu_requests,
         settings.ttl_ms,
         settings.rounds,
@@ -1164,7 +1185,7 @@ fn render_cpu(md: &mut String, settings: &Settings, cells: &[crate::cpu::CpuCell
     // Side by side (issue 27): the proxy over 1 (`--threads 1`), the peers, redis-server.
     use crate::cpu::Variant;
     use crate::peers::Peer;
-    let columns = |depth: usize| -> [Variant; 4] {
+    let columns = |depth: usize| -> [Variant; 6] {
         let v = |target, peer| Variant {
             target,
             threads: 1,
@@ -1173,9 +1194,11 @@ fn render_cpu(md: &mut String, settings: &Settings, cells: &[crate::cpu::CpuCell
         };
         [
             v(Target::Proxy(1), None),
-            v(Target::Direct, Some(Peer::Twemproxy)),
-            v(Target::Direct, Some(Peer::Haproxy)),
+            v(Target::Proxy(1), Some(Peer::Twemproxy)),
+            v(Target::Proxy(1), Some(Peer::Haproxy)),
             v(Target::Direct, None),
+            v(Target::Proxy(5), None),
+            v(Target::Proxy(5), Some(Peer::Twemproxy)),
         ]
     };
     let _ = writeln!(
@@ -1184,9 +1207,9 @@ fn render_cpu(md: &mut String, settings: &Settings, cells: &[crate::cpu::CpuCell
     );
     let _ = writeln!(
         md,
-        "| per request | redlock-proxy over 1 (`--threads 1`) | twemproxy over 1 | haproxy (tcp) over 1 | redis-server |"
+        "| per request | redlock-proxy over 1 (`--threads 1`) | twemproxy over 1 | haproxy (tcp) over 1 | redis-server | redlock-proxy over 5 (`--threads 1`) | twemproxy over 5 (sharding) |"
     );
-    let _ = writeln!(md, "|---|---:|---:|---:|---:|");
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|");
     for depth in [1, 16] {
         let mut row = format!("| proxy CPU, `-P {depth}` |");
         let mut rates = format!("| req/s, `-P {depth}` |");
