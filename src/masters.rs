@@ -526,8 +526,13 @@ impl Masters {
         // Waiting here, before any master is asked, keeps the proxy's own backlog out of the
         // node timeout: under overload requests queue for a permit (and, beyond the per-client
         // bound, in the clients' sockets) instead of timing out on the masters' connections.
-        // The semaphore is fair, so a client's requests still leave in its order.
-        let _permit = self.fanouts.acquire().await;
+        // The semaphore is fair, so a client's requests still leave in its order: a permit is
+        // free only while nobody waits (a released one goes to the first waiter), so taking a
+        // free one at once overtakes nobody, and skips building and polling a waiter.
+        let _permit = match self.fanouts.try_acquire() {
+            Ok(permit) => Ok(permit),
+            Err(_) => self.fanouts.acquire().await,
+        };
         let mut votes = vec![Vote::Pending; self.voters.len()];
         let mut late = LateVotes::default();
         for (i, voter) in self.voters.iter().enumerate() {

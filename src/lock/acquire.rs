@@ -8,7 +8,7 @@ use crate::error::ProxyError;
 use crate::health::instance_name;
 use crate::lease::{Granted, Lease, Outcome};
 use crate::masters::{Ask, LateVotes, Masters};
-use crate::on_master::{script_sha, token_key, ARMED_KEY, LOCK_SCRIPT, QUARANTINE_KEY};
+use crate::on_master::{script_sha, ARMED_KEY, LOCK_SCRIPT, QUARANTINE_KEY, TOKEN_KEY_PREFIX};
 use crate::protocol::{encode_command, Reply, ScriptCall};
 use crate::redlock::{
     acquire_decision, backend_ttl_ms, held_by_majority, majority_unreachable, may_hold_our_value,
@@ -270,8 +270,7 @@ struct Request {
     px_ms: u64,
     /// The operation itself: the acquire operation of [`LOCK_SCRIPT`], or a bare `SET`.
     operation: Operation,
-    /// The key's token counter and this attempt's record in it.
-    token_key: Bytes,
+    /// This attempt's record in the key's token counter.
     record: Record,
     /// The latest master clock (ms) at which a master may take the token.
     latest: u64,
@@ -300,7 +299,6 @@ impl Request {
         // deadline, token), merged by the link with the operations queued beside it and called
         // by SHA1 (the health monitor loads it on every master); a master that lost its script
         // cache answers NOSCRIPT and the link sends the body at once.
-        let token_key = token_key(key);
         let record = acquirer.tokens.record(token);
         // The record starts with the token as the script compares it.
         let token_arg = &record.as_bytes()[..16];
@@ -314,7 +312,7 @@ impl Request {
         let operation = match acquirer.masters.quarantine() {
             // Encoded once: only the deadline differs from master to master.
             true => Operation::Script(ScriptCall::with_number_between(
-                &[key, &token_key],
+                &[&[key], &[TOKEN_KEY_PREFIX.as_bytes(), key]],
                 &[b"a", value, px, record.as_bytes()],
                 &[token_arg, earliest, counter_px],
             )),
@@ -332,7 +330,6 @@ impl Request {
             deadline: attempt.received_at + window,
             px_ms,
             operation,
-            token_key,
             record,
             latest,
         })
@@ -421,7 +418,7 @@ fn tally(
         undo: Undo::Lock {
             key: attempt.key.clone(),
             value: attempt.value.clone(),
-            record: quarantine.then_some((request.token_key, request.record)),
+            record: quarantine.then_some(request.record),
         },
         lives: Duration::from_millis(request.px_ms),
         stats: acquirer.stats.clone(),

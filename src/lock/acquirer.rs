@@ -94,7 +94,7 @@ impl Acquirer {
     /// by [`crate::lease_script::is_compare_and_delete`]) and `LOCK.RELEASE`, as release
     /// operations of the proxy's own [`LOCK_SCRIPT`], which the links merge with the acquires.
     pub async fn release(&self, key: &[u8], value: &[u8]) -> Reply {
-        let call = ScriptCall::new(&[key], &[b"r", value]);
+        let call = ScriptCall::new(&[&[key]], &[b"r", value]);
         let rule = MergeRule::Release;
         let ask = |_| Some(Ask::Script(self.script.clone(), call.clone()));
         self.masters.quorum_reply_each(ask, rule).await

@@ -54,9 +54,9 @@ pub(super) enum Undo {
     Lock {
         key: Bytes,
         value: Bytes,
-        /// The key's token counter and the attempt's record in it; `None` when quarantine is
-        /// off (the acquire is a bare `SET`).
-        record: Option<(Bytes, Record)>,
+        /// The attempt's record in the key's token counter; `None` when quarantine is off
+        /// (the acquire is a bare `SET`).
+        record: Option<Record>,
     },
     /// One count of `field` in the hash `key`, where the run's `record` (its token offer) is
     /// still the key's counter ([`UNDO_HASH_SCRIPT`]).
@@ -77,10 +77,11 @@ impl Undo {
             Undo::Lock {
                 key,
                 value,
-                record: Some((counter, record)),
+                record: Some(record),
             } => {
                 let script = UNDO_SCRIPT.text().as_bytes();
-                encode_command(&[eval, script, b"2", key, counter, value, record.as_bytes()])
+                let counter = token_key(key);
+                encode_command(&[eval, script, b"2", key, &counter, value, record.as_bytes()])
             }
             Undo::Lock {
                 key,

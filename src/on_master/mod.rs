@@ -26,11 +26,13 @@ pub const QUARANTINE_KEY: &str = "redlock-proxy:quarantine";
 /// writes and compares it.
 pub const CLAIM_PREFIX: &str = "founding:";
 
+/// What every token counter's name starts with ([`token_key`]).
+pub const TOKEN_KEY_PREFIX: &str = "redlock-proxy:token:";
+
 /// Where the masters keep the fencing token counter of `key` (`<token>:<proxy instance>`).
 pub fn token_key(key: &[u8]) -> Bytes {
-    let mut name = BytesMut::with_capacity(key.len() + 20);
-    name.extend_from_slice(RESERVED_PREFIX.as_bytes());
-    name.extend_from_slice(b"token:");
+    let mut name = BytesMut::with_capacity(TOKEN_KEY_PREFIX.len() + key.len());
+    name.extend_from_slice(TOKEN_KEY_PREFIX.as_bytes());
     name.extend_from_slice(key);
     name.freeze()
 }

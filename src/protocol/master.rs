@@ -2,7 +2,7 @@
 //! (with `redis-protocol`, RESP2, which is what a fresh connection to Redis speaks) into the
 //! same [`Reply`] type the proxy answers clients with.
 
-use super::reply::{bulk, header};
+use super::reply::{bulk, bulk_of_parts, header};
 use super::Reply;
 use bytes::{Bytes, BytesMut};
 use redis_protocol::resp2::{decode::decode_bytes_mut, types::BytesFrame};
@@ -37,23 +37,35 @@ pub struct ScriptCall {
 }
 
 impl ScriptCall {
-    pub fn new(keys: &[&[u8]], args: &[&[u8]]) -> ScriptCall {
+    /// A call with `keys` (each given as the pieces it is the concatenation of, so that a key
+    /// such as a token counter is written without being built first) and `args`.
+    pub fn new(keys: &[&[&[u8]]], args: &[&[u8]]) -> ScriptCall {
         ScriptCall::around_number(keys, args, None)
     }
 
     /// A call whose arguments are `before`, a number, then `after`; the number is 0 until
     /// [`ScriptCall::with_number`].
-    pub fn with_number_between(keys: &[&[u8]], before: &[&[u8]], after: &[&[u8]]) -> ScriptCall {
+    pub fn with_number_between(
+        keys: &[&[&[u8]]],
+        before: &[&[u8]],
+        after: &[&[u8]],
+    ) -> ScriptCall {
         ScriptCall::around_number(keys, before, Some(after))
     }
 
-    fn around_number(keys: &[&[u8]], before: &[&[u8]], after: Option<&[&[u8]]>) -> ScriptCall {
+    fn around_number(
+        keys: &[&[&[u8]]],
+        before: &[&[u8]],
+        after: Option<&[&[u8]]>,
+    ) -> ScriptCall {
         let rest = after.unwrap_or_default();
-        let all = keys.iter().chain(before).chain(rest);
-        let capacity = all.map(|a| a.len() + 16).sum();
-        let mut bulks = BytesMut::with_capacity(capacity);
+        // Each bulk's header and CRLFs take at most 16 bytes: sized once, never regrown.
+        let key_bytes: usize = keys.iter().flat_map(|k| k.iter()).map(|p| p.len()).sum();
+        let arg_bytes: usize = before.iter().chain(rest).map(|a| a.len()).sum();
+        let bulk_count = keys.len() + before.len() + rest.len();
+        let mut bulks = BytesMut::with_capacity(key_bytes + arg_bytes + 16 * bulk_count);
         for key in keys {
-            bulk(&mut bulks, b'$', key);
+            bulk_of_parts(&mut bulks, key);
         }
         let args_at = bulks.len();
         for arg in before {
@@ -188,8 +200,8 @@ mod tests {
     #[test]
     fn calls_of_one_script_merge_into_one_command() {
         let shared = [Bytes::from_static(b"m")];
-        let a = ScriptCall::new(&[b"a", b"ta"], &[b"1", b"x\r\n"]);
-        let b = ScriptCall::new(&[b"b", b"tb"], &[b"2", b""]);
+        let a = ScriptCall::new(&[&[b"a"], &[b"t", b"a"]], &[b"1", b"x\r\n"]);
+        let b = ScriptCall::new(&[&[b"b"], &[b"tb"]], &[b"2", b""]);
         let mut out = BytesMut::new();
         encode_script_call(&mut out, Invoke::Sha("f00"), &shared, [&a, &b].into_iter());
         assert_eq!(
@@ -205,7 +217,7 @@ mod tests {
             encode_command(&["EVAL", "return 1", "2", "a", "ta", "1", "x\r\n"])
         );
         // One template, a number per master: the rest is shared, the number in its place.
-        let template = ScriptCall::with_number_between(&[b"c"], &[b"p", b"q"], &[b"z"]);
+        let template = ScriptCall::with_number_between(&[&[b"c"]], &[b"p", b"q"], &[b"z"]);
         let (first, second) = (template.with_number(7), template.with_number(1_000_000));
         let mut out = BytesMut::new();
         encode_script_call(&mut out, Invoke::Sha("f00"), &[], [&first, &b].into_iter());

@@ -185,6 +185,17 @@ pub(super) fn bulk(out: &mut BytesMut, prefix: u8, data: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// A bulk string that is the concatenation of `parts`, written without joining them first.
+pub(super) fn bulk_of_parts(out: &mut BytesMut, parts: &[&[u8]]) {
+    let len = parts.iter().map(|p| p.len()).sum();
+    out.reserve(len + 16);
+    header(out, b'$', len);
+    for part in parts {
+        out.extend_from_slice(part);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
 fn put_int(out: &mut BytesMut, value: i64) {
     let mut buf = itoa::Buffer::new();
     out.extend_from_slice(buf.format(value).as_bytes());

@@ -201,7 +201,7 @@ mod tests {
         (0..n)
             .map(|i| {
                 let key = format!("k{i}");
-                let call = ScriptCall::new(&[key.as_bytes()], &[b"r", b"v"]);
+                let call = ScriptCall::new(&[&[key.as_bytes()]], &[b"r", b"v"]);
                 link.send_script(script.clone(), call)
             })
             .collect()
