@@ -12,7 +12,7 @@ use crate::live::LiveDuration;
 use crate::masters::{Masters, Settings};
 use crate::on_master::{
     script_sha, CLAIM_SCRIPT, COMPARE_AND_DELETE, LIFT_SCRIPT, LOCK_SCRIPT, QUARANTINE_SCRIPT,
-    STATUS_SCRIPT, UNDO_SCRIPT,
+    RESTAMP_SCRIPT, STATUS_SCRIPT, UNDO_SCRIPT,
 };
 use crate::protocol::{Protocol, Reply, RequestParser};
 use crate::transport::{Connect, Driver, Link, ReadHalf, WriteHalf};
@@ -215,17 +215,19 @@ impl FakeMaster {
         let n = |i: usize| number(&argv[i]).unwrap_or(0);
         let markers = |db: &Db| {
             Reply::Array(vec![
-                Reply::Integer(exists(db, &keys[0]) as i64),
+                live(db, &keys[0]).map_or(Reply::Null, |v| Reply::Bulk(v.clone())),
                 Reply::Integer(pttl(db, &keys[1])),
                 live(db, &keys[1]).map_or(Reply::Null, |v| Reply::Bulk(v.clone())),
             ])
         };
         let one = Bytes::from_static(b"1");
+        // What the scripts that arm a master write: the run_id of the process running them.
+        let stamp = Bytes::from(self.run_id.clone());
         if body == STATUS_SCRIPT.text() {
             markers(keys_db)
         } else if body == CLAIM_SCRIPT.text() {
             if !exists(keys_db, &keys[0]) {
-                set(keys_db, keys[0].clone(), one, false, None);
+                set(keys_db, keys[0].clone(), stamp, false, None);
                 set(keys_db, keys[1].clone(), argv[0].clone(), false, Some(n(1)));
             } else if let Some((claim, _)) = keys_db.get_mut(&keys[1]) {
                 if claim.starts_with(b"founding:") && *claim > argv[0] {
@@ -247,8 +249,14 @@ impl FakeMaster {
             if pttl(keys_db, &keys[1]) < ms as i64 {
                 set(keys_db, keys[1].clone(), one.clone(), false, Some(ms));
             }
-            set(keys_db, keys[0].clone(), one, false, None);
+            set(keys_db, keys[0].clone(), stamp, false, None);
             Reply::Integer(pttl(keys_db, &keys[1]))
+        } else if body == RESTAMP_SCRIPT.text() {
+            let judged = live(keys_db, &keys[0]) == Some(&argv[0]) && argv[1] == stamp;
+            if judged {
+                set(keys_db, keys[0].clone(), stamp, false, None);
+            }
+            Reply::Integer(judged as i64)
         } else if body == LOCK_SCRIPT.text() {
             // In µs, as the script compares it (ms with the µs as a fraction).
             let now = self.clock_us();

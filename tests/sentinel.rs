@@ -2,8 +2,9 @@
 //! docs/SAFETY.md "Failovers"): three groups of a primary and a replica, watched by three
 //! sentinels. A failover is amnesia (replication is asynchronous): a replica promoted after it
 //! missed a lock must not vote for a contender while that lock is held. With the failover
-//! quarantine it does not; the negative control (quarantine off) shows the scenario bites. And
-//! a workload under repeated failovers keeps mutual exclusion.
+//! quarantine it does not, also when no proxy ran during the failover (the armed marker names
+//! the process that armed it); the negative controls (quarantine off; an unstamped marker) show
+//! the scenarios bite. And a workload under repeated failovers keeps mutual exclusion.
 
 use redlock_proxy::Config;
 use redlock_testkit::checker::drift_ns;
@@ -21,20 +22,33 @@ use std::time::{Duration, Instant};
 /// Sentinels take `DOWN_AFTER_MS` to call a primary down, then elect and promote.
 const FAILOVER_LIMIT: Duration = Duration::from_secs(30);
 
+/// Who sees the failover of [`contender_after_a_lossy_failover`].
+#[derive(Clone, Copy, Debug)]
+enum Failover {
+    /// The proxy runs through it; `quarantine` off is the negative control.
+    Watched { quarantine: bool },
+    /// The proxy that granted A's lock stops before it and a new one starts after it;
+    /// `legacy_marker`: the negative control, the promoted server's armed marker reset to `1`
+    /// (unstamped, as earlier versions wrote it).
+    Unwatched { legacy_marker: bool },
+}
+
 /// A holds `k` on groups 0 and 1 (group 2 holds a foreign value then); group 0's primary dies
 /// and its replica, cut off before A's write, is promoted; B tries `k` through the proxy until
 /// A's lease ends. Returns B's grants.
-async fn contender_after_a_lossy_failover(quarantine: bool) -> usize {
+async fn contender_after_a_lossy_failover(failover: Failover) -> usize {
     let ttl_a: u64 = 15_000;
     let mut groups = tokio::task::block_in_place(|| SentinelGroups::start(3, 3));
+    let quarantine = !matches!(failover, Failover::Watched { quarantine: false });
     let tweak = |c: &mut Config| {
         c.quarantine = quarantine;
         c.max_lock_ttl_ms = ttl_a;
     };
-    let proxy = Proxy::start(groups.backends(), tweak).await;
-    let k = key(&format!("failover-{quarantine}"));
+    let mut proxy = Some(Proxy::start(groups.backends(), tweak).await);
+    let port = |proxy: &Option<Proxy>| proxy.as_ref().expect("a proxy runs").port;
+    let k = key(&format!("failover-{failover:?}").replace([' ', '{', '}', ':'], ""));
     let probe = format!("{k}:probe");
-    let ready = wait_grantable(proxy.port, &probe, 1000, Duration::from_secs(10)).await;
+    let ready = wait_grantable(port(&proxy), &probe, 1000, Duration::from_secs(10)).await;
     assert!(ready.is_some(), "proxy never ready");
     let primaries: Vec<u16> = (0..3).map(|g| groups.primary(g)).collect();
     assert_eq!(
@@ -47,7 +61,7 @@ async fn contender_after_a_lossy_failover(quarantine: bool) -> usize {
     signal(replica_pid, "STOP");
     let killed = master_cmd(primaries[0], &["CLIENT", "KILL", "TYPE", "replica"]).await;
     assert_eq!(killed, ":1", "the replication link was cut");
-    let mut a = proxy.client().await;
+    let mut a = Client::connect(port(&proxy)).await;
     let t_send = now_ns();
     let granted = a
         .cmd(&["SET", &k, "tok-a", "NX", "PX", &ttl_a.to_string()])
@@ -56,6 +70,10 @@ async fn contender_after_a_lossy_failover(quarantine: bool) -> usize {
     let lease_end = t_send + ttl_a * 1_000_000 - drift_ns(ttl_a);
     assert_eq!(master_get(primaries[0], &k).await.as_deref(), Some("tok-a"));
     assert_eq!(master_cmd(primaries[2], &["DEL", &k]).await, ":1");
+    drop(a);
+    if matches!(failover, Failover::Unwatched { .. }) {
+        proxy.take().expect("a proxy runs").stop().await;
+    }
     // The primary dies; the replica, resumed, is promoted without A's lock.
     groups.servers[0][0].kill();
     signal(replica_pid, "CONT");
@@ -67,7 +85,14 @@ async fn contender_after_a_lossy_failover(quarantine: bool) -> usize {
         None,
         "the replica had A's lock"
     );
-    let mut b = Client::connect(proxy.port).await;
+    if let Failover::Unwatched { legacy_marker } = failover {
+        if legacy_marker {
+            let armed = redlock_proxy::on_master::ARMED_KEY;
+            assert_eq!(master_cmd(promoted, &["SET", armed, "1"]).await, "+OK");
+        }
+        proxy = Some(Proxy::start(groups.backends(), tweak).await);
+    }
+    let mut b = Client::connect(port(&proxy)).await;
     let mut grants = 0;
     for attempt in 0..100_000 {
         // Stop a margin before A's lease ends: a grant after it is no overlap.
@@ -87,13 +112,35 @@ async fn contender_after_a_lossy_failover(quarantine: bool) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_promoted_without_a_held_lock_is_quarantined() {
-    assert_eq!(contender_after_a_lossy_failover(true).await, 0);
+    let watched = Failover::Watched { quarantine: true };
+    assert_eq!(contender_after_a_lossy_failover(watched).await, 0);
 }
 
 /// Negative control: without the quarantine the promoted replica votes for B while A holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_quarantine_the_promoted_replica_grants_a_held_lock() {
-    assert!(contender_after_a_lossy_failover(false).await > 0);
+    let watched = Failover::Watched { quarantine: false };
+    assert!(contender_after_a_lossy_failover(watched).await > 0);
+}
+
+/// No proxy runs during the failover: the promoted server's armed marker still names its old
+/// primary's process, so the next proxy quarantines it (docs/SAFETY.md, "Failovers").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_no_proxy_watched_is_quarantined_by_the_next_proxy() {
+    let unwatched = Failover::Unwatched {
+        legacy_marker: false,
+    };
+    assert_eq!(contender_after_a_lossy_failover(unwatched).await, 0);
+}
+
+/// Negative control: with the marker as earlier versions wrote it (no stamp), nothing tells the
+/// next proxy that the promoted server's data came from elsewhere, and B gets A's lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_stamp_an_unwatched_failover_grants_a_held_lock() {
+    let unwatched = Failover::Unwatched {
+        legacy_marker: true,
+    };
+    assert!(contender_after_a_lossy_failover(unwatched).await > 0);
 }
 
 #[test]

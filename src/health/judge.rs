@@ -26,6 +26,9 @@ pub struct Observation {
     pub aof_enabled: bool,
     pub aof_write_ok: bool,
     pub fsync_always: bool,
+    /// It was promoted from replica to master at some time since it started
+    /// (`master_replid2` is not all zeros: the replication id it had as a replica).
+    pub promoted: bool,
 }
 
 impl Observation {
@@ -58,6 +61,7 @@ pub fn parse_info(text: &str) -> Observation {
             }
             "rdb_last_load_keys_loaded" => obs.loaded_from_disk |= number() > 0,
             "aof_last_write_status" => obs.aof_write_ok = value == "ok",
+            "master_replid2" => obs.promoted = value.bytes().any(|b| b != b'0'),
             "cmdstat_flushall" | "cmdstat_debug" => {
                 let calls = value
                     .split(',')
@@ -145,7 +149,7 @@ pub enum Deployment {
 }
 
 /// A master's markers, as one look at them saw them (the status and claim scripts answer
-/// `[exists(armed), pttl(quarantine), get(quarantine)]`).
+/// `[get(armed), pttl(quarantine), get(quarantine)]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Markers {
     /// No `armed` marker: brand new, or it lost its data.
@@ -155,8 +159,16 @@ pub enum Markers {
     /// until the claim is lifted by its founder or expires.
     Claimed { tag: String, left_ms: i64 },
     /// Armed outside a claim; `quarantine_left_ms` > 0 while a loss quarantine lasts.
-    Armed { quarantine_left_ms: i64 },
+    /// `stamp`: the `run_id` of the process that armed it (`None`: `1`, from a proxy of an
+    /// earlier version).
+    Armed {
+        quarantine_left_ms: i64,
+        stamp: Option<String>,
+    },
 }
+
+/// What `armed` holds where a proxy of an earlier version armed the master (no stamp).
+const UNSTAMPED: &[u8] = b"1";
 
 impl Markers {
     pub fn parse(reply: &Reply) -> Option<Markers> {
@@ -164,8 +176,8 @@ impl Markers {
             return None;
         };
         match items.as_slice() {
-            [Reply::Integer(0), ..] => Some(Markers::Unarmed),
-            [Reply::Integer(1), Reply::Integer(left), Reply::Bulk(value)]
+            [Reply::Null, ..] => Some(Markers::Unarmed),
+            [Reply::Bulk(_), Reply::Integer(left), Reply::Bulk(value)]
                 if value.starts_with(CLAIM_PREFIX.as_bytes()) =>
             {
                 Some(Markers::Claimed {
@@ -173,8 +185,10 @@ impl Markers {
                     left_ms: *left,
                 })
             }
-            [Reply::Integer(1), Reply::Integer(left), ..] => Some(Markers::Armed {
+            [Reply::Bulk(stamp), Reply::Integer(left), ..] => Some(Markers::Armed {
                 quarantine_left_ms: *left,
+                stamp: (stamp.as_ref() != UNSTAMPED)
+                    .then(|| String::from_utf8_lossy(stamp).into_owned()),
             }),
             _ => None,
         }
@@ -271,6 +285,47 @@ pub fn marker_step(
         }
         (Markers::Claimed { .. }, _) => MarkerStep::Claimed,
     }
+}
+
+/// What an armed master's stamp says about the data it serves (docs/SAFETY.md, "Failovers").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StampCheck {
+    /// Armed by the process that serves it.
+    Own,
+    /// To be re-stamped with the serving process's `run_id`, no quarantine: the marker has no
+    /// stamp (an earlier version armed it), or its data was judged this process's own.
+    Restamp,
+    /// Armed by another process (the reason): the data came by replication or from disk.
+    Foreign(String),
+}
+
+/// Judges an armed master's `stamp` against what it is now (`now`): whether this proxy's
+/// previous look (`watched`) showed the stamped process and judged the change harmless
+/// (`lost_since`: the loss it found, if any), and, failing that, whether the server ran longer
+/// than `bound` without ever being promoted (any lease a restart before that lost has expired).
+pub fn check_stamp(
+    stamp: Option<&str>,
+    now: &Observation,
+    watched: Option<&str>,
+    lost_since: bool,
+    bound: Duration,
+) -> StampCheck {
+    let Some(stamp) = stamp else {
+        return StampCheck::Restamp;
+    };
+    if stamp == now.run_id {
+        return StampCheck::Own;
+    }
+    let watched_intact = watched == Some(stamp) && !lost_since;
+    let aged_own = Duration::from_secs(now.uptime_secs) >= bound && !now.promoted;
+    if watched_intact || aged_own {
+        return StampCheck::Restamp;
+    }
+    StampCheck::Foreign(format!(
+        "armed by another redis-server process (run_id {}, now {}): a promoted replica or a restart no proxy watched",
+        short(stamp),
+        short(&now.run_id)
+    ))
 }
 
 /// A master first seen armed that loaded its dataset from disk less than `bound` ago may have
@@ -424,30 +479,36 @@ mod tests {
         assert!(judge(None, &loading).unsafe_config.is_some());
     }
 
-    fn markers(exists: i64, pttl: i64, value: Option<&str>) -> Reply {
-        let value = value.map_or(Reply::Null, |v| Reply::bulk(v.to_string()));
-        Reply::Array(vec![Reply::Integer(exists), Reply::Integer(pttl), value])
+    fn markers(armed: Option<&str>, pttl: i64, value: Option<&str>) -> Reply {
+        let bulk = |v: Option<&str>| v.map_or(Reply::Null, |v| Reply::bulk(v.to_string()));
+        Reply::Array(vec![bulk(armed), Reply::Integer(pttl), bulk(value)])
+    }
+
+    fn armed(quarantine_left_ms: i64, stamp: Option<&str>) -> Markers {
+        Markers::Armed {
+            quarantine_left_ms,
+            stamp: stamp.map(str::to_string),
+        }
     }
 
     #[test]
     fn markers_parse_from_the_status_reply() {
         let claim = "founding:ab";
+        let run_id = "7c2d94e1a0b5";
         let cases = [
-            (markers(0, -2, None), Some(Markers::Unarmed)),
+            (markers(None, -2, None), Some(Markers::Unarmed)),
+            // Armed by an earlier version: no stamp.
+            (markers(Some("1"), -2, None), Some(armed(-2, None))),
             (
-                markers(1, -2, None),
-                Some(Markers::Armed {
-                    quarantine_left_ms: -2,
-                }),
+                markers(Some(run_id), -2, None),
+                Some(armed(-2, Some(run_id))),
             ),
             (
-                markers(1, 500, Some("1")),
-                Some(Markers::Armed {
-                    quarantine_left_ms: 500,
-                }),
+                markers(Some(run_id), 500, Some("1")),
+                Some(armed(500, Some(run_id))),
             ),
             (
-                markers(1, 700, Some(claim)),
+                markers(Some(run_id), 700, Some(claim)),
                 Some(Markers::Claimed {
                     tag: claim.into(),
                     left_ms: 700,
@@ -458,6 +519,92 @@ mod tests {
         for (reply, expected) in cases {
             assert_eq!(Markers::parse(&reply), expected, "{reply:?}");
         }
+    }
+
+    #[test]
+    fn a_stamp_of_another_process_is_a_loss_unless_its_data_is_known_to_be_its_own() {
+        let bound = Duration::from_secs(60);
+        let server = |run_id: &str, uptime_secs, promoted| Observation {
+            promoted,
+            ..obs(run_id, uptime_secs)
+        };
+        let foreign = |c: StampCheck| matches!(c, StampCheck::Foreign(_));
+        // (stamp, the server now, this proxy's previous look at it, a loss seen since): check.
+        let cases = [
+            // Armed by the serving process.
+            (
+                Some("aaa"),
+                server("aaa", 5, false),
+                None,
+                false,
+                StampCheck::Own,
+            ),
+            (
+                Some("aaa"),
+                server("aaa", 5, true),
+                None,
+                false,
+                StampCheck::Own,
+            ),
+            // Armed by an earlier version: stamped now, judged as before.
+            (
+                None,
+                server("bbb", 5, true),
+                None,
+                false,
+                StampCheck::Restamp,
+            ),
+            // A restart this proxy watched and judged harmless (appendfsync always).
+            (
+                Some("aaa"),
+                server("bbb", 5, false),
+                Some("aaa"),
+                false,
+                StampCheck::Restamp,
+            ),
+            // Running longer than B and never promoted: whatever its restart lost has expired.
+            (
+                Some("aaa"),
+                server("bbb", 60, false),
+                None,
+                false,
+                StampCheck::Restamp,
+            ),
+        ];
+        for (stamp, now, watched, lost, expected) in cases {
+            let check = check_stamp(stamp, &now, watched, lost, bound);
+            assert_eq!(check, expected, "{stamp:?} {now:?} {watched:?}");
+        }
+        // A restart this proxy watched and judged a loss: not vouched for.
+        let check = check_stamp(
+            Some("aaa"),
+            &server("bbb", 5, false),
+            Some("aaa"),
+            true,
+            bound,
+        );
+        assert!(foreign(check));
+        // A promoted replica (however long it has run), or a restart less than B ago that no
+        // proxy watched: its data came from another process.
+        for now in [
+            server("bbb", 5, true),
+            server("bbb", 600, true),
+            server("bbb", 59, false),
+        ] {
+            let check = check_stamp(Some("aaa"), &now, None, false, bound);
+            assert!(foreign(check.clone()), "{now:?}: {check:?}");
+        }
+        // The previous look showed another process than the stamped one: not vouched for.
+        let check = check_stamp(
+            Some("aaa"),
+            &server("bbb", 5, true),
+            Some("ccc"),
+            false,
+            bound,
+        );
+        assert!(foreign(check));
+        assert!(parse_info("master_replid2:2a0f\r\n").promoted);
+        assert!(!parse_info("master_replid2:0000000000\r\n").promoted);
     }
 
     #[test]
@@ -474,11 +621,7 @@ mod tests {
                 left_ms: 1,
             })
         };
-        let armed = || {
-            Some(Markers::Armed {
-                quarantine_left_ms: -2,
-            })
-        };
+        let live = || Some(armed(-2, None));
         let short = |mine, others, silent| Founding::Short {
             mine,
             others,
@@ -497,15 +640,9 @@ mod tests {
             (vec![mine(), mine(), other(), other()], short(2, 2, 0)),
             (vec![Some(Markers::Unarmed), None, mine()], short(1, 0, 1)),
             // Any master armed outside a claim: the deployment is live, whatever the claims.
-            (vec![mine(), mine(), armed()], Founding::Live),
+            (vec![mine(), mine(), live()], Founding::Live),
             (
-                vec![
-                    mine(),
-                    mine(),
-                    Some(Markers::Armed {
-                        quarantine_left_ms: 900,
-                    }),
-                ],
+                vec![mine(), mine(), Some(armed(900, Some("aaa")))],
                 Founding::Live,
             ),
         ];
@@ -522,9 +659,7 @@ mod tests {
     fn marker_steps() {
         use Deployment::*;
         let tag = "founding:a";
-        let armed = Markers::Armed {
-            quarantine_left_ms: -2,
-        };
+        let armed = armed(-2, Some("aaa"));
         let claimed = |t: &str| Markers::Claimed {
             tag: t.into(),
             left_ms: 100,

@@ -62,13 +62,15 @@ mod state;
 
 pub use judge::Deployment;
 use judge::{
-    first_sight_wait, founding_round, marker_step, parse_info, parse_time, Founding, MarkerStep,
-    Markers,
+    check_stamp, first_sight_wait, founding_round, marker_step, parse_info, parse_time, Founding,
+    MarkerStep, Markers, StampCheck,
 };
 pub use state::{MasterHealth, QUARANTINE_CAUSES};
 
 use crate::live::LiveDuration;
-use crate::on_master::{CLAIM_PREFIX, CLAIM_SCRIPT, LIFT_SCRIPT, QUARANTINE_SCRIPT, STATUS_SCRIPT};
+use crate::on_master::{
+    CLAIM_PREFIX, CLAIM_SCRIPT, LIFT_SCRIPT, QUARANTINE_SCRIPT, RESTAMP_SCRIPT, STATUS_SCRIPT,
+};
 use crate::protocol::{encode_command, Reply};
 use crate::transport::Link;
 use bytes::{Bytes, BytesMut};
@@ -483,6 +485,7 @@ impl Monitor {
         obs.fsync_always = fsync_always(fsync);
         let now = Instant::now();
         let first = health.first_sight();
+        let watched = health.last_run_id();
         let armed = matches!(markers, Markers::Armed { .. });
         let waited = first_sight_wait(&obs, policy.lease_bound).filter(|_| first && armed);
         let twin = self
@@ -494,9 +497,30 @@ impl Monitor {
                     &obs.run_id[..obs.run_id.len().min(8)]
                 )
             });
+        let stamp = match &markers {
+            Markers::Armed { stamp, .. } => Some(stamp.clone()),
+            _ => None,
+        };
+        let (run_id, judged) = (obs.run_id.clone(), obs.clone());
         let mut lost = health.observe(&link.addr, obs, twin);
         if armed {
             self.view.decide(Deployment::Live, "a master is armed");
+        }
+        if let Some(stamp) = stamp {
+            let bound = policy.lease_bound;
+            match check_stamp(
+                stamp.as_deref(),
+                &judged,
+                watched.as_deref(),
+                lost.is_some(),
+                bound,
+            ) {
+                StampCheck::Own => {}
+                StampCheck::Restamp => self.restamp(stamp.as_deref(), &run_id).await,
+                StampCheck::Foreign(reason) => {
+                    lost.get_or_insert(reason);
+                }
+            }
         }
         if policy.quarantine {
             if lost.is_none() && waited.is_some() {
@@ -507,6 +531,7 @@ impl Monitor {
             health.end_quarantine(&link.addr);
             if let Markers::Armed {
                 quarantine_left_ms: left @ 1..,
+                ..
             } = markers
             {
                 // The cause this proxy saw, if it saw one (another proxy may have written the
@@ -524,6 +549,17 @@ impl Monitor {
         if verdict.is_some() {
             health.set_judged();
             self.view.judged.notify_waiters();
+        }
+    }
+
+    /// Stamps the armed marker with `run_id`, the process judged, if it still holds `stamp`
+    /// (`None`: `1`, unstamped) and the master is still that process ([`RESTAMP_SCRIPT`]).
+    async fn restamp(&self, stamp: Option<&str>, run_id: &str) {
+        let stamp = stamp.unwrap_or("1");
+        let script =
+            encode_command(&["EVAL", RESTAMP_SCRIPT.text(), "1", ARMED_KEY, stamp, run_id]);
+        if self.ask(script).await == Some(Reply::Integer(1)) {
+            tracing::debug!(master = %self.link.addr, "armed marker stamped with the serving process");
         }
     }
 

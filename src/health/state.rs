@@ -257,6 +257,12 @@ impl MasterHealth {
         verdict.lost
     }
 
+    /// The `run_id` of this master's last observation, if any.
+    pub(super) fn last_run_id(&self) -> Option<String> {
+        let h = self.state.lock().ok()?;
+        h.last.as_ref().map(|obs| obs.run_id.clone())
+    }
+
     pub(super) fn first_sight(&self) -> bool {
         self.state.lock().is_ok_and(|h| h.last.is_none())
     }

@@ -96,6 +96,9 @@ on_master! {
     CLAIM_SCRIPT = "claim.lua";
     /// Lifts this proxy's founding claim.
     LIFT_SCRIPT = "lift_claim.lua";
+    /// Re-stamps the armed marker of a server whose data was judged its own (docs/SAFETY.md,
+    /// "Failovers").
+    RESTAMP_SCRIPT = "restamp.lua";
     /// `LOCK.TOKEN` on one master.
     TOKEN_SCRIPT = "token.lua";
     /// The guard after every command that may write (docs/PROTOCOL.md §5).
@@ -171,21 +174,21 @@ mod tests {
             ),
             (
                 "status.lua",
-                "9d3b06ba18f3c9148be17491965b2256efe97e10",
+                "15fd35393ce3eb570d36a6c485a482da96070027",
                 2,
                 0,
                 false,
             ),
             (
                 "quarantine.lua",
-                "7df207a2af8d47f3e316305390abb3e4787883ab",
+                "b42a1a7f04da9df3e88435cb2111cc1ae1eafc56",
                 2,
                 1,
                 false,
             ),
             (
                 "claim.lua",
-                "316b315d53d90d17bde9724329292dd82f835202",
+                "ec79cdd950ef85953f13799c93e261938144d27c",
                 2,
                 2,
                 false,
@@ -195,6 +198,13 @@ mod tests {
                 "d095c0795782341e80b9859b911abb1d3d2f9810",
                 2,
                 1,
+                false,
+            ),
+            (
+                "restamp.lua",
+                "50e106b5613a295c1b8c036c8b0126b69c6c7e7e",
+                1,
+                2,
                 false,
             ),
             (

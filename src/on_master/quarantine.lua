@@ -8,5 +8,7 @@ if q and q ~= '1' then
 end
 redis.call('set', KEYS[2], '1', 'NX', 'PX', ARGV[1])
 redis.call('pexpire', KEYS[2], ARGV[1], 'GT')
-redis.call('set', KEYS[1], '1')
+-- Armed by this very process: a server that later serves this data under another run_id got
+-- it by replication or from disk (docs/SAFETY.md, "Failovers").
+redis.call('set', KEYS[1], string.match(redis.call('info', 'server'), 'run_id:(%w+)'))
 return redis.call('pttl', KEYS[2])

@@ -45,19 +45,11 @@ impl ScriptCall {
 
     /// A call whose arguments are `before`, a number, then `after`; the number is 0 until
     /// [`ScriptCall::with_number`].
-    pub fn with_number_between(
-        keys: &[&[&[u8]]],
-        before: &[&[u8]],
-        after: &[&[u8]],
-    ) -> ScriptCall {
+    pub fn with_number_between(keys: &[&[&[u8]]], before: &[&[u8]], after: &[&[u8]]) -> ScriptCall {
         ScriptCall::around_number(keys, before, Some(after))
     }
 
-    fn around_number(
-        keys: &[&[&[u8]]],
-        before: &[&[u8]],
-        after: Option<&[&[u8]]>,
-    ) -> ScriptCall {
+    fn around_number(keys: &[&[&[u8]]], before: &[&[u8]], after: Option<&[&[u8]]>) -> ScriptCall {
         let rest = after.unwrap_or_default();
         // Each bulk's header and CRLFs take at most 16 bytes: sized once, never regrown.
         let key_bytes: usize = keys.iter().flat_map(|k| k.iter()).map(|p| p.len()).sum();
