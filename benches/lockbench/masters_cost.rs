@@ -423,8 +423,17 @@ impl Stand {
         self.proxy.as_ref().map_or(self.master.port, |p| p.port)
     }
 
+    /// The proxy's health note and, if it logged at WARN or ERROR, its first such line.
     fn note(&mut self) -> Option<String> {
-        self.proxy.as_mut().and_then(ProxyProcess::health_note)
+        let proxy = self.proxy.as_mut()?;
+        let mut note = proxy.health_note()?;
+        let mut logged = proxy.logged(&["\"level\":\"WARN\""]);
+        logged.extend(proxy.logged(&["\"level\":\"ERROR\""]));
+        if let Some(first) = logged.first() {
+            let first: String = first.chars().take(240).collect();
+            let _ = write!(note, "; first: {first}");
+        }
+        Some(note)
     }
 }
 
@@ -478,11 +487,13 @@ fn cpu_cell(
     }
     let proxy_pid = stand.proxy.as_ref().map(ProxyProcess::pid);
     let probe = CpuProbe::new(proxy_pid, &[stand.master_pid()], hz);
-    let granted = || match proxied {
-        true => acquire_counters(port).and_then(|c| c.get(GRANTED).copied()),
-        false => dbsize(master),
+    let outcomes = || match proxied {
+        true => acquire_counters(port),
+        false => dbsize(master).map(|n| BTreeMap::from([(GRANTED.to_string(), n)])),
     };
-    let (g0, c0, all0) = (granted(), script_calls(master), all_calls(master));
+    let granted = |o: &Option<BTreeMap<String, u64>>| o.as_ref()?.get(GRANTED).copied();
+    let o0 = outcomes();
+    let (g0, c0, all0) = (granted(&o0), script_calls(master), all_calls(master));
     let before = probe.snap();
     let secs = match (&script, kind) {
         (Some(sha), _) => bench_script(port, calls, &script_command(kind, sha, "m"))?,
@@ -493,7 +504,8 @@ fn cpu_cell(
         _ => unreachable!("a script cell has its SHA1"),
     };
     let after = probe.snap();
-    let (g1, c1, all1) = (granted(), script_calls(master), all_calls(master));
+    let o1 = outcomes();
+    let (g1, c1, all1) = (granted(&o1), script_calls(master), all_calls(master));
     let grew = g0
         .zip(g1)
         .map(|(a, b)| b.saturating_sub(a))
@@ -508,7 +520,16 @@ fn cpu_cell(
     let sent = calls * per_call;
     let mut notes: Vec<String> = stand.note().into_iter().collect();
     if grants < sent * 99 / 100 {
-        notes.push(format!("{grants} of {sent} operations granted"));
+        let mut text = format!("{grants} of {sent} operations granted");
+        if let (Some(a), Some(b)) = (&o0, &o1) {
+            for (name, n) in b {
+                let grew = n.saturating_sub(a.get(name).copied().unwrap_or(0));
+                if name != GRANTED && grew > 0 {
+                    let _ = write!(text, ", {name} {grew}");
+                }
+            }
+        }
+        notes.push(text);
     }
     Ok(CpuCell {
         kind,
@@ -802,6 +823,7 @@ fn perf_cell(
             "--stdio",
             "--no-children",
             "-q",
+            "-n",
             "--sort",
             "sym",
             "-i",
@@ -811,29 +833,13 @@ fn perf_cell(
         .stderr(Stdio::null())
         .output()
         .map_err(|e| format!("cannot run perf report: {e}"))?;
-    let samples = Command::new("perf")
-        .args(["report", "--stdio", "--no-children", "--sort", "sym", "-i"])
-        .arg(&data)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .ok()
-        .and_then(|o| {
-            let text = String::from_utf8_lossy(&o.stdout).into_owned();
-            let line = text.lines().find(|l| l.contains("# Samples:"))?.to_string();
-            let n = line.split("Samples:").nth(1)?.split_whitespace().next()?;
-            n.trim_end_matches('K')
-                .parse::<f64>()
-                .ok()
-                .map(|x| if n.ends_with('K') { x * 1000.0 } else { x } as u64)
-        })
-        .unwrap_or(0);
     let _ = std::fs::remove_dir_all(&dir);
     let text = String::from_utf8_lossy(&report.stdout);
     let mut groups: Vec<(&'static str, f64)> = GROUPS.iter().map(|g| (*g, 0.0)).collect();
     let mut top = Vec::new();
+    let mut samples = 0;
     for line in text.lines() {
-        // `    12.34%  [k] symbol` or `     5.67%  [.] symbol`
+        // `    12.34%  123  [k] symbol` or `     5.67%  45  [.] symbol`
         let mut parts = line.split_whitespace();
         let Some(pct) = parts
             .next()
@@ -842,6 +848,10 @@ fn perf_cell(
         else {
             continue;
         };
+        samples += parts
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
         let marker = parts.next().unwrap_or("");
         let symbol: Vec<&str> = parts.collect();
         let symbol = resolve(&symbol.join(" "), &syms);
