@@ -12,8 +12,11 @@
 #   BENCH_TARGETS=direct,proxy5 BENCH_CONNS=50 BENCH_DEPTHS=1 scripts/bench.sh cycles
 #   BENCH_ROUNDS=5 BENCH_CPU_REQUESTS=200000 scripts/bench.sh cpu   # CPU per request (issues 14, 27:
 #                                              # beside twemproxy and haproxy, -P 1 and -P 16)
+#   scripts/bench.sh masters                   # the masters' CPU per grant and memory per held
+#                                              # lock (issue 27, targets 2 and 5; perf if present)
 #
-# Sections: cycles, clientside, node, redis-benchmark, cpu, memory, contention, fencing, metrics. Every knob is listed
+# Sections: cycles, clientside, node, redis-benchmark, cpu, memory, contention, fencing, metrics,
+# wakeup, masters. Every knob is listed
 # in BENCHMARKS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."

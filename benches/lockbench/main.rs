@@ -33,6 +33,12 @@
 //!   redis-server vs the proxy over 3 and 5 masters, interleaved rounds, against 5 ms + one
 //!   master round trip; then 1,000 waiters blocked on 100 keys: the proxy's memory and its idle
 //!   CPU, the masters' pops while idle, who wakes on one push per key (issue 25).
+//! - `masters`: what a granted lock costs each master (issue 27, targets 2 and 5), each cell on
+//!   a fresh redis-server: its CPU per granted acquire, direct `SET NX PX` vs the proxy over it at
+//!   `-P 1` and `-P 16`, and by script (16 operations per `EVALSHA`: bare `SET NX PX`, + the
+//!   token counter, the proxy's `lock.lua`); its memory per held lock beyond the lock key at
+//!   several lock counts (through the proxy, and with shorter counter keys and records); a
+//!   `perf` summary of where its time goes (see `masters_cost.rs`).
 //!
 //! Every proxy is the release binary run as a separate process (the test kit's
 //! `launcher::ProxyProcess`), started fresh for each cell. Knobs (`BENCH_*` environment
@@ -43,6 +49,7 @@ mod cpu;
 mod cycles;
 mod external;
 mod fencing;
+mod masters_cost;
 mod memory;
 mod metrics_cost;
 mod peers;
@@ -650,6 +657,18 @@ impl Bench {
         self.results.idle.push(r);
     }
 
+    /// The masters' CPU per grant and memory per held lock (see [`masters_cost`]).
+    fn masters(&mut self) {
+        if let Err(why) = external::redis_benchmark_ready() {
+            return self.skip(format!("masters: redis-benchmark {why}"));
+        }
+        let s = self.settings.clone();
+        let prepare = |port: u16| self.prepare(port);
+        let acquire = |port: u16, n: u64| self.block_on(masters_cost::acquire_through(port, n));
+        let run = masters_cost::run(&s, self.hz, &prepare, &acquire, &progress);
+        self.results.masters = Some(run);
+    }
+
     fn record_hot(&mut self, h: contention::HotResult) {
         progress(&format!(
             "contention {}: {} client SETs, {} master SET/EVAL/EVALSHA, p99 {} ms",
@@ -751,6 +770,7 @@ fn main() {
             "fencing" => bench.fencing(),
             "metrics" => bench.metrics(),
             "wakeup" => bench.wakeup(),
+            "masters" => bench.masters(),
             _ => unreachable!("every section is handled"),
         }
     }

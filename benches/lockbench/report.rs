@@ -24,6 +24,7 @@ pub struct Results {
     pub metrics: Option<crate::metrics_cost::MetricsCost>,
     pub wakeup: Option<crate::wakeup::WakeRun>,
     pub idle: Vec<crate::wakeup::IdleResult>,
+    pub masters: Option<crate::masters_cost::MastersRun>,
     pub skipped: Vec<String>,
 }
 
@@ -470,6 +471,10 @@ pub fn render(settings: &Settings, env: &str, results: &Results, elapsed: Durati
         render_wakeup(&mut md, settings, results);
     }
 
+    if let Some(run) = &results.masters {
+        crate::masters_cost::render(&mut md, settings, run);
+    }
+
     if !results.skipped.is_empty() {
         let _ = writeln!(md, "## Skipped\n");
         for s in &results.skipped {
@@ -734,6 +739,7 @@ fn finish_verdicts(mut out: Vec<Verdict>, results: &Results) -> Vec<Verdict> {
         met: five.is_finite().then_some(five <= 1.25),
     });
     wakeup_verdicts(&mut out, results);
+    crate::masters_cost::verdicts(&mut out, results.masters.as_ref());
     out
 }
 

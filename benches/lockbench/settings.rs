@@ -24,6 +24,9 @@
 //! | `BENCH_WAKEUP_ROUNDS` / `BENCH_WAKEUP_SECS` | `300` / `60` | `wakeup`: measured rounds (each: every target, both kinds), stopped early after this many seconds |
 //! | `BENCH_WAKEUP_WAITERS` / `BENCH_WAKEUP_KEYS` | `1000` / `100` | `wakeup`: idle blocked waiters and their keys |
 //! | `BENCH_WAKEUP_IDLE_SECS` | `5` | `wakeup`: idle seconds measured without and with the waiters |
+//! | `BENCH_MASTERS_OPS` | `200000` | `masters`: measured lock operations per CPU cell |
+//! | `BENCH_MASTERS_LOCKS` | `100000,200000,400000` | `masters`: held-lock counts of the memory cells |
+//! | `BENCH_MASTERS_PERF` | `1` | `masters`: `0` skips the `perf record` summary of the master |
 //! | `BENCH_OUT` | `target/bench-results.md` | where the report is written |
 
 use crate::peers::Peer;
@@ -33,7 +36,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Every section, in the order they run.
-pub const SECTIONS: [&str; 10] = [
+pub const SECTIONS: [&str; 11] = [
     "cycles",
     "clientside",
     "node",
@@ -44,6 +47,7 @@ pub const SECTIONS: [&str; 10] = [
     "fencing",
     "metrics",
     "wakeup",
+    "masters",
 ];
 
 /// Which server a load runs against.
@@ -116,6 +120,10 @@ pub struct Settings {
     pub wakeup_waiters: usize,
     pub wakeup_keys: usize,
     pub wakeup_idle_secs: f64,
+    /// `masters`: lock operations per CPU cell, held-lock counts, the perf summary on/off.
+    pub masters_ops: u64,
+    pub masters_locks: Vec<u64>,
+    pub masters_perf: bool,
     pub out: PathBuf,
 }
 
@@ -235,6 +243,11 @@ impl Settings {
             wakeup_waiters: env_num("BENCH_WAKEUP_WAITERS", "1000"),
             wakeup_keys: env_num::<usize>("BENCH_WAKEUP_KEYS", "100").max(1),
             wakeup_idle_secs: env_num("BENCH_WAKEUP_IDLE_SECS", "5"),
+            masters_ops: env_num::<u64>("BENCH_MASTERS_OPS", "200000").max(16),
+            masters_locks: env_list("BENCH_MASTERS_LOCKS", "100000,200000,400000", |s| {
+                s.parse().ok().filter(|n: &u64| *n > 0)
+            }),
+            masters_perf: env_or("BENCH_MASTERS_PERF", "1") != "0",
             out: std::env::var("BENCH_OUT")
                 .map(PathBuf::from)
                 .unwrap_or_else(|_| target_dir.join("bench-results.md")),
