@@ -13,8 +13,12 @@
 #   BENCH_ROUNDS=5 BENCH_CPU_REQUESTS=200000 scripts/bench.sh cpu   # CPU per request (issues 14, 27:
 #                                              # beside twemproxy and haproxy, -P 1 and -P 16)
 #
-# Sections: cycles, clientside, node, redis-benchmark, cpu, memory, contention, fencing, metrics. Every knob is listed
-# in BENCHMARKS.md.
+#   scripts/bench.sh latency                   # p99 of SET NX PX at fixed offered rates (open loop), direct vs
+#                                              # the proxy over 5 masters (issue 27, target 4)
+#   BENCH_NODE_HOGS=1 scripts/bench.sh node    # node redlock beside a CPU hog (issue 27, target 3)
+#
+# Sections: cycles, clientside, node, redis-benchmark, cpu, memory, contention, fencing, metrics,
+# wakeup, latency. Every knob is listed in BENCHMARKS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -28,7 +28,7 @@ pub struct NodeResult {
     /// `process.cpuUsage()`, or this process for the raw-RESP load generator.
     pub node_cpu: Option<f64>,
     /// CPU % of the proxy and the masters over the measured window ("client" = this process
-    /// alone while node runs).
+    /// alone while node runs; "other" = everything else, node's own CPU taken out).
     pub cpu: CpuUse,
     pub note: Option<String>,
 }
@@ -93,6 +93,42 @@ impl NodeResult {
     }
 }
 
+/// Busy processes beside the node cells (`BENCH_NODE_HOGS`): each `yes` writing to /dev/null,
+/// under `timeout` so that none outlives a harness that dies; stopped (by pid) when dropped.
+pub struct Hogs(Vec<std::process::Child>);
+
+/// No hog runs longer than this, whatever happens to the harness.
+const HOG_LIMIT_SECS: &str = "900";
+
+impl Hogs {
+    pub fn start(n: usize) -> Result<Hogs, String> {
+        let mut hogs = Hogs(Vec::new());
+        for _ in 0..n {
+            let child = Command::new("timeout")
+                .args([HOG_LIMIT_SECS, "yes"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|err| format!("cannot start a CPU hog (`timeout yes`): {err}"))?;
+            hogs.0.push(child);
+        }
+        Ok(hogs)
+    }
+}
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            // `timeout` passes the signal on to `yes`.
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// How long past its own end a node run may take before it is killed.
 const NODE_GRACE: Duration = Duration::from_secs(30);
 
@@ -120,6 +156,8 @@ pub fn run_node(
         .args(["--secs", &settings.secs.to_string()])
         .args(["--warmup", &settings.warmup.to_string()])
         .args(["--ttl", &settings.ttl_ms.to_string()])
+        .args(["--keys", &settings.node_keys])
+        .args(["--retries", &settings.node_retries.to_string()])
         .args(["--tag", &unique_tag()])
         .current_dir(node_dir())
         .stdin(Stdio::null())
@@ -177,7 +215,11 @@ pub fn run_node(
         fails: num("fails").unwrap_or(0.0) as u64,
         first_error: json_string(&line, "first_error"),
         node_cpu: num("cpu_pct"),
-        cpu: window.unwrap_or_default(),
+        // node is not this process: what the probe saw as "other" includes it.
+        cpu: window.map_or_else(CpuUse::default, |mut cpu| {
+            cpu.other = (cpu.other - num("cpu_pct").unwrap_or(0.0)).max(0.0);
+            cpu
+        }),
         note: None,
     })
 }
@@ -235,6 +277,9 @@ pub const RB_CONNS: usize = 50;
 
 pub const NODE_DIRECT: &str = "node redlock, 5 ioredis clients → 5 masters";
 pub const NODE_PROXY: &str = "node redlock, 1 ioredis client → proxy over 5";
+/// Node redlock over the masters with one ioredis client per worker per master.
+pub const NODE_DIRECT_PER_WORKER: &str =
+    "node redlock, 1 ioredis client per worker per master → 5 masters";
 /// One ioredis client (connection) per worker, as many connections as the raw-RESP cell.
 pub const NODE_PROXY_PER_WORKER: &str = "node redlock, 1 ioredis client per worker → proxy over 5";
 /// The lock-cycle load generator of `cycles` (one connection per worker, pre-encoded RESP).
