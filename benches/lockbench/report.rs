@@ -1032,10 +1032,15 @@ fn render_node(md: &mut String, settings: &Settings, runs: &[NodeResult]) {
         } else {
             ""
         },
-        if settings.node_hogs > 0 {
-            format!("; **{} CPU hog(s)** (`yes > /dev/null`) ran beside every cell (they count in \"other\")", settings.node_hogs)
-        } else {
-            String::new()
+        {
+            let mut more = String::new();
+            if settings.node_procs > 1 {
+                let _ = write!(more, "; **{} node processes** share the workers, each with its own ioredis clients (cycles and node CPU summed, p50 weighted by cycles, p99 and p99.9 the largest)", settings.node_procs);
+            }
+            if settings.node_hogs > 0 {
+                let _ = write!(more, "; **{} CPU hog(s)** (`yes > /dev/null`) ran beside every cell (they count in \"other\")", settings.node_hogs);
+            }
+            more
         },
         settings.rounds
     );

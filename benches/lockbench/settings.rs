@@ -12,6 +12,7 @@
 //! | `BENCH_NODE_KEYS` | `own` | `node`: each worker's own key, a fresh `random` one per cycle, or `shared:N` keys drawn at random by every worker |
 //! | `BENCH_NODE_RETRIES` | `0` | `node`: redlock's `retryCount` (its own 200 ms delay and jitter) |
 //! | `BENCH_NODE_DIRECT_PER_WORKER` | `0` | `node`: `1` adds, at the largest worker count, node redlock with one ioredis client per worker per master (5 × W connections) |
+//! | `BENCH_NODE_PROCS` | `1` | `node`: node processes sharing the workers (each with its own ioredis clients): the load generator is no longer one thread |
 //! | `BENCH_NODE_HOGS` | `0` | `node`: busy processes (`yes > /dev/null`) running beside every node cell, a loaded machine |
 //! | `BENCH_ROUNDS` | `3` | repetitions (interleaved) of redis-benchmark `-P 1`, of node at the most workers, of `cpu`'s cells and of `metrics` |
 //! | `BENCH_CLIENT_THREADS` | `1` | tokio worker threads of the load generator |
@@ -106,6 +107,8 @@ pub struct Settings {
     pub node_retries: u32,
     /// `node`: also node redlock with one ioredis client per worker per master.
     pub node_direct_per_worker: bool,
+    /// `node`: node processes sharing the workers.
+    pub node_procs: usize,
     /// `node`: CPU hogs beside the node cells.
     pub node_hogs: usize,
     pub client_threads: usize,
@@ -246,6 +249,7 @@ impl Settings {
             },
             node_retries: env_num("BENCH_NODE_RETRIES", "0"),
             node_direct_per_worker: env_num::<u8>("BENCH_NODE_DIRECT_PER_WORKER", "0") != 0,
+            node_procs: env_num::<usize>("BENCH_NODE_PROCS", "1").max(1),
             node_hogs: env_num("BENCH_NODE_HOGS", "0"),
             client_threads: env_num("BENCH_CLIENT_THREADS", "1"),
             rounds: env_num::<usize>("BENCH_ROUNDS", "3").max(1),
