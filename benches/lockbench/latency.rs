@@ -653,8 +653,9 @@ pub fn verdict(run: Option<&LatencyRun>) -> Verdict {
         .filter(|c| c.point == point && c.target == Target::Proxy(MASTERS))
         .count();
     let mut measured = format!(
-        "at {} req/s (50 % of the direct peak {}): p99 proxy / direct per round {} → median **{}**; the proxy kept up with the offered rate in {kept} of {proxied} rounds",
+        "at {} req/s ({}, {}): p99 proxy / direct per round {} → median **{}**; the proxy kept up with the offered rate in {kept} of {proxied} rounds",
         fmt_rate(run.points[point].rate),
+        run.points[point].label,
         run.peak(Target::Direct).map_or("–".into(), |p| fmt_rate(p.rate)),
         ratios.iter().map(|r| fmt_vs(*r)).collect::<Vec<_>>().join(", "),
         fmt_vs(ratio),
