@@ -15,9 +15,12 @@
 #   scripts/bench.sh masters                   # the masters' CPU per grant and memory per held
 #                                              # lock (issue 27, targets 2 and 5; perf if present)
 #
+#   scripts/bench.sh latency                   # p99 of SET NX PX at fixed offered rates (open loop), direct vs
+#                                              # the proxy over 5 masters (issue 27, target 4)
+#   BENCH_NODE_HOGS=1 scripts/bench.sh node    # node redlock beside a CPU hog (issue 27, target 3)
+#
 # Sections: cycles, clientside, node, redis-benchmark, cpu, memory, contention, fencing, metrics,
-# wakeup, masters. Every knob is listed
-# in BENCHMARKS.md.
+# wakeup, latency, masters. Every knob is listed in BENCHMARKS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

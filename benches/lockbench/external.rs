@@ -28,7 +28,7 @@ pub struct NodeResult {
     /// `process.cpuUsage()`, or this process for the raw-RESP load generator.
     pub node_cpu: Option<f64>,
     /// CPU % of the proxy and the masters over the measured window ("client" = this process
-    /// alone while node runs).
+    /// alone while node runs; "other" = everything else, node's own CPU taken out).
     pub cpu: CpuUse,
     pub note: Option<String>,
 }
@@ -93,12 +93,52 @@ impl NodeResult {
     }
 }
 
+/// Busy processes beside the node cells (`BENCH_NODE_HOGS`): each `yes` writing to /dev/null,
+/// under `timeout` so that none outlives a harness that dies; stopped (by pid) when dropped.
+pub struct Hogs(Vec<std::process::Child>);
+
+/// No hog runs longer than this, whatever happens to the harness.
+const HOG_LIMIT_SECS: &str = "900";
+
+impl Hogs {
+    pub fn start(n: usize) -> Result<Hogs, String> {
+        let mut hogs = Hogs(Vec::new());
+        for _ in 0..n {
+            let child = Command::new("timeout")
+                .args([HOG_LIMIT_SECS, "yes"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|err| format!("cannot start a CPU hog (`timeout yes`): {err}"))?;
+            hogs.0.push(child);
+        }
+        Ok(hogs)
+    }
+}
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            // `timeout` passes the signal on to `yes`.
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// How long past its own end a node run may take before it is killed.
 const NODE_GRACE: Duration = Duration::from_secs(30);
 
 /// Runs benches/node/lockbench.js against `ports` with `conns` ioredis clients per port and
 /// parses its JSON line; `probe` samples the proxy's and the masters' CPU over node's measured
-/// window (between its "window start" and "window end" lines).
+/// window (between its "window start" and "window end" lines). With `BENCH_NODE_PROCS` P > 1,
+/// P node processes share the workers (and each has its own `conns` clients per port, or one
+/// per worker when `conns == workers`); the window runs from the first process's start to the
+/// last one's end, cycles, fails and node CPU are summed, p50 is the mean of the processes'
+/// weighted by their cycles, p99 and p99.9 the largest of theirs.
 pub fn run_node(
     settings: &Settings,
     ports: &[u16],
@@ -112,72 +152,133 @@ pub fn run_node(
         .map(u16::to_string)
         .collect::<Vec<_>>()
         .join(",");
-    let mut child = Command::new("node")
-        .arg(node_dir().join("lockbench.js"))
-        .args(["--ports", &ports_text])
-        .args(["--workers", &workers.to_string()])
-        .args(["--conns", &conns.to_string()])
-        .args(["--secs", &settings.secs.to_string()])
-        .args(["--warmup", &settings.warmup.to_string()])
-        .args(["--ttl", &settings.ttl_ms.to_string()])
-        .args(["--tag", &unique_tag()])
-        .current_dir(node_dir())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|err| format!("cannot run node: {err}"))?;
+    let procs = settings.node_procs.clamp(1, workers.max(1));
     let (tx, lines) = mpsc::channel();
-    if let Some(out) = child.stdout.take() {
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
+    let mut children = Vec::new();
+    let mut total_conns = 0;
+    for i in 0..procs {
+        let share = workers / procs + usize::from(i < workers % procs);
+        let share_conns = if conns == workers { share } else { conns };
+        total_conns += share_conns * ports.len();
+        let mut child = Command::new("node")
+            .arg(node_dir().join("lockbench.js"))
+            .args(["--ports", &ports_text])
+            .args(["--workers", &share.to_string()])
+            .args(["--conns", &share_conns.to_string()])
+            .args(["--secs", &settings.secs.to_string()])
+            .args(["--warmup", &settings.warmup.to_string()])
+            .args(["--ttl", &settings.ttl_ms.to_string()])
+            .args(["--keys", &settings.node_keys])
+            .args(["--retries", &settings.node_retries.to_string()])
+            .args(["--tag", &unique_tag()])
+            .current_dir(node_dir())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|err| format!("cannot run node: {err}"))?;
+        if let Some(out) = child.stdout.take() {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    let _ = tx.send(line);
+                }
+            });
+        }
+        let stderr = child.stderr.take().map(|mut err| {
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                let _ = err.read_to_string(&mut text);
+                text
+            })
         });
+        children.push((child, stderr));
     }
-    let stderr = child.stderr.take().map(|mut err| {
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = err.read_to_string(&mut text);
-            text
-        })
-    });
+    drop(tx);
     let deadline =
         Instant::now() + Duration::from_secs_f64(settings.warmup + settings.secs) + NODE_GRACE;
-    let (mut opened, mut window, mut result) = (None, None, None);
-    // One line at a time until node closes its stdout (it exits) or the deadline passes.
+    let (mut opened, mut window, mut results, mut ended) = (None, None, Vec::new(), 0);
+    // One line at a time until every node closes its stdout (it exits) or the deadline passes.
     while let Ok(line) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
         match line.as_str() {
-            "window start" => opened = Some(probe.snap()),
-            "window end" => window = opened.map(|a| probe.between(a, probe.snap())),
-            l if l.starts_with('{') => result = Some(line),
+            "window start" if opened.is_none() => opened = Some(probe.snap()),
+            "window end" => {
+                ended += 1;
+                if ended == procs {
+                    window = opened.map(|a| probe.between(a, probe.snap()));
+                }
+            }
+            l if l.starts_with('{') => results.push(line),
             _ => {}
         }
     }
-    if Instant::now() >= deadline {
-        let _ = child.kill();
+    let mut errors = Vec::new();
+    for (mut child, stderr) in children {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+        }
+        let status = child.wait().map_err(|err| format!("node: {err}"))?;
+        if !status.success() {
+            let err = stderr.and_then(|t| t.join().ok()).unwrap_or_default();
+            errors.push(format!("node exited ({status}): {}", err.trim()));
+        }
     }
-    let status = child.wait().map_err(|err| format!("node: {err}"))?;
-    let Some(line) = result else {
-        let err = stderr.and_then(|t| t.join().ok()).unwrap_or_default();
-        return Err(format!("node printed no result ({status}): {}", err.trim()));
+    if results.len() < procs {
+        return Err(format!(
+            "{} of {procs} node processes printed no result: {}",
+            procs - results.len(),
+            errors.join("; ")
+        ));
+    }
+    let sum = |name: &str| -> f64 {
+        results
+            .iter()
+            .map(|line| json_number(line, name).unwrap_or(0.0))
+            .sum()
     };
-    let num = |name: &str| json_number(&line, name);
-    let latency = match (num("p50_us"), num("p99_us"), num("p999_us")) {
-        (Some(p50), Some(p99), Some(p999)) => Some(Latency { p50, p99, p999 }),
+    let cycles = sum("cycles");
+    let most = |name: &str| -> Option<f64> {
+        results
+            .iter()
+            .map(|line| json_number(line, name))
+            .try_fold(f64::NAN, |m, x| x.map(|x| m.max(x)))
+    };
+    let p50 = if cycles > 0.0 {
+        results
+            .iter()
+            .map(|l| {
+                json_number(l, "p50_us").unwrap_or(0.0) * json_number(l, "cycles").unwrap_or(0.0)
+            })
+            .sum::<f64>()
+            / cycles
+    } else {
+        f64::NAN
+    };
+    let latency = match (p50.is_finite(), most("p99_us"), most("p999_us")) {
+        (true, Some(p99), Some(p999)) => Some(Latency { p50, p99, p999 }),
         _ => None,
     };
+    let node_cpu = results
+        .iter()
+        .map(|line| json_number(line, "cpu_pct"))
+        .sum::<Option<f64>>();
     Ok(NodeResult {
         scenario: scenario.into(),
         round: 1,
         workers,
-        conns: conns * ports.len(),
-        cycles_per_sec: num("cycles_per_sec").unwrap_or(0.0),
+        conns: total_conns,
+        cycles_per_sec: sum("cycles_per_sec"),
         latency,
-        fails: num("fails").unwrap_or(0.0) as u64,
-        first_error: json_string(&line, "first_error"),
-        node_cpu: num("cpu_pct"),
-        cpu: window.unwrap_or_default(),
+        fails: sum("fails") as u64,
+        first_error: results
+            .iter()
+            .find_map(|line| json_string(line, "first_error")),
+        node_cpu,
+        // node is not this process: what the probe saw as "other" includes it.
+        cpu: window.map_or_else(CpuUse::default, |mut cpu| {
+            cpu.other = (cpu.other - node_cpu.unwrap_or(0.0)).max(0.0);
+            cpu
+        }),
         note: None,
     })
 }
@@ -235,6 +336,9 @@ pub const RB_CONNS: usize = 50;
 
 pub const NODE_DIRECT: &str = "node redlock, 5 ioredis clients → 5 masters";
 pub const NODE_PROXY: &str = "node redlock, 1 ioredis client → proxy over 5";
+/// Node redlock over the masters with one ioredis client per worker per master.
+pub const NODE_DIRECT_PER_WORKER: &str =
+    "node redlock, 1 ioredis client per worker per master → 5 masters";
 /// One ioredis client (connection) per worker, as many connections as the raw-RESP cell.
 pub const NODE_PROXY_PER_WORKER: &str = "node redlock, 1 ioredis client per worker → proxy over 5";
 /// The lock-cycle load generator of `cycles` (one connection per worker, pre-encoded RESP).

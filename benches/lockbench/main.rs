@@ -33,6 +33,11 @@
 //!   redis-server vs the proxy over 3 and 5 masters, interleaved rounds, against 5 ms + one
 //!   master round trip; then 1,000 waiters blocked on 100 keys: the proxy's memory and its idle
 //!   CPU, the masters' pops while idle, who wakes on one push per key (issue 25).
+//! - `latency`: p50/p99/p99.9 of `SET k v NX PX` (fresh keys) at fixed offered rates, open loop
+//!   (latency from each request's scheduled send time): the closed-loop peaks of one
+//!   redis-server and of the proxy over 5 masters at 50 connections, then 50 % of the direct
+//!   peak and 25/50/75 % of the proxy's, direct vs the proxy over 5, interleaved rounds, with
+//!   the CPU of the proxy, the masters and the load generator (issue 27, target 4).
 //! - `masters`: what a granted lock costs each master (issue 27, targets 2 and 5), each cell on
 //!   a fresh redis-server: its CPU per granted acquire, direct `SET NX PX` vs the proxy over it at
 //!   `-P 1` and `-P 16`, and by script (16 operations per `EVALSHA`: bare `SET NX PX`, + the
@@ -49,6 +54,7 @@ mod cpu;
 mod cycles;
 mod external;
 mod fencing;
+mod latency;
 mod masters_cost;
 mod memory;
 mod metrics_cost;
@@ -138,6 +144,16 @@ impl Bench {
             return self.skip(format!("node: {why}"));
         }
         let master_pids = pids(&self.masters.masters);
+        let _hogs = match external::Hogs::start(self.settings.node_hogs) {
+            Ok(hogs) => hogs,
+            Err(why) => return self.skip(format!("node: {why}")),
+        };
+        if self.settings.node_hogs > 0 {
+            progress(&format!(
+                "node: {} CPU hog(s) (`yes > /dev/null`) running beside every cell",
+                self.settings.node_hogs
+            ));
+        }
         // The largest worker count is the target comparison: repeated, interleaved, with the
         // other clients of the proxy beside it.
         let target_workers = self.settings.node_workers.iter().copied().max();
@@ -164,6 +180,16 @@ impl Bench {
             external::NODE_DIRECT,
             &probe,
         )];
+        if all && workers > 1 && s.node_direct_per_worker {
+            runs.push(external::run_node(
+                &s,
+                &self.master_ports,
+                workers,
+                workers,
+                external::NODE_DIRECT_PER_WORKER,
+                &probe,
+            ));
+        }
         runs.push(self.node_via_proxy(workers, 1, external::NODE_PROXY, master_pids));
         if all && workers > 1 {
             let per_worker = external::NODE_PROXY_PER_WORKER;
@@ -625,6 +651,93 @@ impl Bench {
         }
     }
 
+    /// Issue 27, target 4 (see [`latency`]): the closed-loop peaks, then every offered rate,
+    /// direct then through the proxy over 5 masters, in each round.
+    fn latency(&mut self) {
+        let s = self.settings.clone();
+        let hz = self.hz;
+        let mut run = latency::LatencyRun {
+            conns: s.latency_conns,
+            secs: s.latency_secs,
+            ..Default::default()
+        };
+        for target in [Target::Direct, Target::Proxy(5)] {
+            match self.rt.block_on(latency::peak(&s, target, hz)) {
+                Ok(p) => {
+                    progress(&format!(
+                        "latency peak {}: {} req/s closed loop, p99 {} ms, {} granted, {} null, {} errors",
+                        target.label(),
+                        fmt_rate(p.rate),
+                        p.latency.map_or("–".into(), |l| fmt_us(l.p99)),
+                        p.granted,
+                        p.nulls,
+                        p.errors
+                    ));
+                    run.peaks.push(p);
+                }
+                Err(err) => run
+                    .failures
+                    .push(format!("peak of {}: {err}", target.label())),
+            }
+        }
+        let peak = |t: Target| run.peak(t).map(|p| p.rate).filter(|r| *r > 0.0);
+        let (direct_peak, proxy_peak) = (peak(Target::Direct), peak(Target::Proxy(5)));
+        if let Some(direct) = direct_peak {
+            let f = s.latency_direct_fraction;
+            run.points.push(latency::Point {
+                label: format!("{:.0} % of the direct peak", f * 100.0),
+                rate: direct * f,
+                target: true,
+            });
+        }
+        if let Some(proxy) = proxy_peak {
+            for &f in &s.latency_fractions {
+                run.points.push(latency::Point {
+                    label: format!("{:.0} % of the proxy-over-5 peak", f * 100.0),
+                    rate: proxy * f,
+                    target: false,
+                });
+            }
+        }
+        for round in 1..=s.rounds {
+            for (i, point) in run.points.clone().iter().enumerate() {
+                for target in [Target::Direct, Target::Proxy(5)] {
+                    let cell = latency::open_loop(&s, target, point.rate, round, i, hz);
+                    match self.rt.block_on(cell) {
+                        Ok(c) => {
+                            let (p50, p99, p999) = (
+                                c.latency.map_or("–".into(), |l| latency::fmt_ms(l.p50)),
+                                c.latency.map_or("–".into(), |l| latency::fmt_ms(l.p99)),
+                                c.latency.map_or("–".into(), |l| latency::fmt_ms(l.p999)),
+                            );
+                            progress(&format!(
+                                "latency round {round} {} at {} req/s ({}): completed {}/s, p50 {p50} p99 {p99} p99.9 {p999} ms, send lag p99 {} ms, {} granted {} null {} errors {} unsent {} unanswered, CPU p/m/c/o {}",
+                                target.label(),
+                                fmt_rate(point.rate),
+                                point.label,
+                                fmt_rate(c.completed_per_sec),
+                                c.send_lag.map_or("–".into(), |l| latency::fmt_ms(l.p99)),
+                                c.granted,
+                                c.nulls,
+                                c.errors,
+                                c.unsent,
+                                c.unanswered,
+                                report::fmt_cpu(&c.cpu)
+                            ));
+                            run.cells.push(c);
+                        }
+                        Err(err) => run.failures.push(format!(
+                            "round {round}, {} at {}: {err}",
+                            target.label(),
+                            point.label
+                        )),
+                    }
+                }
+            }
+        }
+        self.results.latency = Some(run);
+    }
+
     /// VmRSS growth of a fresh process for `wakeup_waiters` plain idle connections (`memory`'s).
     fn plain_growth(&self, pid: u32, port: u16) -> Option<i64> {
         let n = self.settings.wakeup_waiters;
@@ -770,6 +883,7 @@ fn main() {
             "fencing" => bench.fencing(),
             "metrics" => bench.metrics(),
             "wakeup" => bench.wakeup(),
+            "latency" => bench.latency(),
             "masters" => bench.masters(),
             _ => unreachable!("every section is handled"),
         }

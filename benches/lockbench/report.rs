@@ -24,6 +24,7 @@ pub struct Results {
     pub metrics: Option<crate::metrics_cost::MetricsCost>,
     pub wakeup: Option<crate::wakeup::WakeRun>,
     pub idle: Vec<crate::wakeup::IdleResult>,
+    pub latency: Option<crate::latency::LatencyRun>,
     pub masters: Option<crate::masters_cost::MastersRun>,
     pub skipped: Vec<String>,
 }
@@ -471,6 +472,10 @@ pub fn render(settings: &Settings, env: &str, results: &Results, elapsed: Durati
         render_wakeup(&mut md, settings, results);
     }
 
+    if let Some(run) = &results.latency {
+        crate::latency::render(&mut md, settings, run);
+    }
+
     if let Some(run) = &results.masters {
         crate::masters_cost::render(&mut md, settings, run);
     }
@@ -739,6 +744,9 @@ fn finish_verdicts(mut out: Vec<Verdict>, results: &Results) -> Vec<Verdict> {
         met: five.is_finite().then_some(five <= 1.25),
     });
     wakeup_verdicts(&mut out, results);
+    if results.latency.is_some() {
+        out.push(crate::latency::verdict(results.latency.as_ref()));
+    }
     crate::masters_cost::verdicts(&mut out, results.masters.as_ref());
     out
 }
@@ -1038,8 +1046,30 @@ fn node_vs_direct(runs: &[NodeResult], r: &NodeResult) -> Option<f64> {
 fn render_node(md: &mut String, settings: &Settings, runs: &[NodeResult]) {
     let _ = writeln!(
         md,
-        "node `redlock` 5.0.0-beta.2 + ioredis 5.9.2, `retryCount: 0`; W async workers in one node process, each looping `acquire([own key], {})` → `release()`. Redlock acquires with its own Lua script (EVALSHA), so through the proxy this exercises the script fan-out path. Through the proxy node uses one ioredis client (one connection), and at the largest worker count also one per worker; the raw-RESP row is the `cycles` load generator (this process, pre-encoded commands, one connection per worker) through the proxy. At the largest worker count every round runs these rows in this order ({} interleaved round(s)); ratios compare rows of the same round, the targets use their medians. Latency = one cycle, ms. Load gen CPU % = node's own CPU over its measured window (node is single-threaded: near 100 % node limits the rate), or this process for the raw-RESP row. CPU µs/cycle = each party's CPU over the measured window per completed cycle; total = load generator + proxy + masters. Other = CPU % of one core used by everything else on the machine (⚠ above {NOISY_OTHER_CPU:.0} %): the 2 cores are shared, so when they are full, cycles/s follows the total CPU per cycle and the share of the cores the benchmark gets.\n",
-        settings.ttl_ms, settings.rounds
+        "node `redlock` 5.0.0-beta.2 + ioredis 5.9.2, `retryCount: {}`; W async workers in one node process, each looping `acquire([key], {})` → `release()`, the key: {}{}{}. Redlock acquires with its own Lua script (EVALSHA), so through the proxy this exercises the script fan-out path. Through the proxy node uses one ioredis client (one connection), and at the largest worker count also one per worker; the raw-RESP row is the `cycles` load generator (this process, pre-encoded commands, one connection per worker) through the proxy. At the largest worker count every round runs these rows in this order ({} interleaved round(s)); ratios compare rows of the same round, the targets use their medians. Latency = one cycle, ms. Load gen CPU % = node's own CPU over its measured window (node is single-threaded: near 100 % node limits the rate), or this process for the raw-RESP row. CPU µs/cycle = each party's CPU over the measured window per completed cycle; total = load generator + proxy + masters. Other = CPU % of one core used by everything else on the machine, node itself not included (⚠ above {NOISY_OTHER_CPU:.0} %): the 2 cores are shared, so when they are full, cycles/s follows the total CPU per cycle and the share of the cores the benchmark gets.\n",
+        settings.node_retries,
+        settings.ttl_ms,
+        match settings.node_keys.as_str() {
+            "own" => "each worker's own".to_string(),
+            "random" => "a fresh random one per cycle".to_string(),
+            shared => format!("one of {} shared by all workers, drawn at random per cycle", shared.trim_start_matches("shared:")),
+        },
+        if settings.node_direct_per_worker {
+            "; at the largest worker count node redlock also runs with one ioredis client per worker per master (5 × W connections)"
+        } else {
+            ""
+        },
+        {
+            let mut more = String::new();
+            if settings.node_procs > 1 {
+                let _ = write!(more, "; **{} node processes** share the workers, each with its own ioredis clients (cycles and node CPU summed, p50 weighted by cycles, p99 and p99.9 the largest)", settings.node_procs);
+            }
+            if settings.node_hogs > 0 {
+                let _ = write!(more, "; **{} CPU hog(s)** (`yes > /dev/null`) ran beside every cell (they count in \"other\")", settings.node_hogs);
+            }
+            more
+        },
+        settings.rounds
     );
     let _ = writeln!(
         md,

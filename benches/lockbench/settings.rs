@@ -9,6 +9,11 @@
 //! | `BENCH_CONNS` / `BENCH_DEPTHS` | `1,50,500` / `1,16` | `cycles` connections and pipeline depths |
 //! | `BENCH_CLIENTSIDE_CONNS` | `1,50,500` | `clientside` worker counts |
 //! | `BENCH_NODE_WORKERS` | `1,50` | `node` worker counts |
+//! | `BENCH_NODE_KEYS` | `own` | `node`: each worker's own key, a fresh `random` one per cycle, or `shared:N` keys drawn at random by every worker |
+//! | `BENCH_NODE_RETRIES` | `0` | `node`: redlock's `retryCount` (its own 200 ms delay and jitter) |
+//! | `BENCH_NODE_DIRECT_PER_WORKER` | `0` | `node`: `1` adds, at the largest worker count, node redlock with one ioredis client per worker per master (5 × W connections) |
+//! | `BENCH_NODE_PROCS` | `1` | `node`: node processes sharing the workers (each with its own ioredis clients): the load generator is no longer one thread |
+//! | `BENCH_NODE_HOGS` | `0` | `node`: busy processes (`yes > /dev/null`) running beside every node cell, a loaded machine |
 //! | `BENCH_ROUNDS` | `3` | repetitions (interleaved) of redis-benchmark `-P 1`, of node at the most workers, of `cpu`'s cells and of `metrics` |
 //! | `BENCH_CLIENT_THREADS` | `1` | tokio worker threads of the load generator |
 //! | `BENCH_RELEASE` | `evalsha` | release command of `cycles`: `evalsha` or `eval` |
@@ -24,6 +29,10 @@
 //! | `BENCH_WAKEUP_ROUNDS` / `BENCH_WAKEUP_SECS` | `300` / `60` | `wakeup`: measured rounds (each: every target, both kinds), stopped early after this many seconds |
 //! | `BENCH_WAKEUP_WAITERS` / `BENCH_WAKEUP_KEYS` | `1000` / `100` | `wakeup`: idle blocked waiters and their keys |
 //! | `BENCH_WAKEUP_IDLE_SECS` | `5` | `wakeup`: idle seconds measured without and with the waiters |
+//! | `BENCH_LATENCY_CONNS` | `50` | `latency`: connections of the peaks and of the fixed-rate cells |
+//! | `BENCH_LATENCY_SECS` / `BENCH_LATENCY_PEAK_SECS` | `3` / `2` | `latency`: measured seconds of a fixed-rate cell / of a closed-loop peak (each after `BENCH_WARMUP_SECS`) |
+//! | `BENCH_LATENCY_DIRECT_FRACTION` | `0.5` | `latency`: the target's offered rate, as a fraction of the direct peak |
+//! | `BENCH_LATENCY_FRACTIONS` | `0.25,0.5,0.75` | `latency`: more offered rates, as fractions of the proxy-over-5 peak |
 //! | `BENCH_MASTERS_OPS` | `200000` | `masters`: measured lock operations per CPU cell |
 //! | `BENCH_MASTERS_LOCKS` | `100000,200000,400000` | `masters`: held-lock counts of the memory cells |
 //! | `BENCH_MASTERS_PERF` | `1` | `masters`: `0` skips the `perf record` summary of the master |
@@ -36,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Every section, in the order they run.
-pub const SECTIONS: [&str; 11] = [
+pub const SECTIONS: [&str; 12] = [
     "cycles",
     "clientside",
     "node",
@@ -47,6 +56,7 @@ pub const SECTIONS: [&str; 11] = [
     "fencing",
     "metrics",
     "wakeup",
+    "latency",
     "masters",
 ];
 
@@ -95,6 +105,16 @@ pub struct Settings {
     pub depths: Vec<usize>,
     pub clientside_conns: Vec<usize>,
     pub node_workers: Vec<usize>,
+    /// `node`: `own`, `random` or `shared:N` (lockbench.js `--keys`).
+    pub node_keys: String,
+    /// `node`: redlock's `retryCount`.
+    pub node_retries: u32,
+    /// `node`: also node redlock with one ioredis client per worker per master.
+    pub node_direct_per_worker: bool,
+    /// `node`: node processes sharing the workers.
+    pub node_procs: usize,
+    /// `node`: CPU hogs beside the node cells.
+    pub node_hogs: usize,
     pub client_threads: usize,
     /// Repetitions of the two target comparisons (redis-benchmark -P 1, node at most workers).
     pub rounds: usize,
@@ -120,6 +140,13 @@ pub struct Settings {
     pub wakeup_waiters: usize,
     pub wakeup_keys: usize,
     pub wakeup_idle_secs: f64,
+    /// `latency`: connections, measured seconds of a fixed-rate cell and of a peak, the
+    /// target's fraction of the direct peak, fractions of the proxy's peak.
+    pub latency_conns: usize,
+    pub latency_secs: f64,
+    pub latency_peak_secs: f64,
+    pub latency_direct_fraction: f64,
+    pub latency_fractions: Vec<f64>,
     /// `masters`: lock operations per CPU cell, held-lock counts, the perf summary on/off.
     pub masters_ops: u64,
     pub masters_locks: Vec<u64>,
@@ -181,6 +208,7 @@ impl Settings {
                 "hot" => "contention",
                 "rust-redlock" | "client" => "clientside",
                 "wake" | "wakeups" => "wakeup",
+                "lat" | "open-loop" => "latency",
                 other => other,
             };
             if name == "all" {
@@ -215,6 +243,22 @@ impl Settings {
             depths: env_list("BENCH_DEPTHS", "1,16", positive),
             clientside_conns: env_list("BENCH_CLIENTSIDE_CONNS", "1,50,500", positive),
             node_workers: env_list("BENCH_NODE_WORKERS", "1,50", positive),
+            node_keys: {
+                let keys = env_or("BENCH_NODE_KEYS", "own");
+                let shared = keys
+                    .strip_prefix("shared:")
+                    .is_some_and(|n| positive(n).is_some());
+                if keys != "own" && keys != "random" && !shared {
+                    fail(&format!(
+                        "BENCH_NODE_KEYS={keys:?}: use own, random or shared:N"
+                    ));
+                }
+                keys
+            },
+            node_retries: env_num("BENCH_NODE_RETRIES", "0"),
+            node_direct_per_worker: env_num::<u8>("BENCH_NODE_DIRECT_PER_WORKER", "0") != 0,
+            node_procs: env_num::<usize>("BENCH_NODE_PROCS", "1").max(1),
+            node_hogs: env_num("BENCH_NODE_HOGS", "0"),
             client_threads: env_num("BENCH_CLIENT_THREADS", "1"),
             rounds: env_num::<usize>("BENCH_ROUNDS", "3").max(1),
             release: match env_or("BENCH_RELEASE", "evalsha").as_str() {
@@ -243,6 +287,13 @@ impl Settings {
             wakeup_waiters: env_num("BENCH_WAKEUP_WAITERS", "1000"),
             wakeup_keys: env_num::<usize>("BENCH_WAKEUP_KEYS", "100").max(1),
             wakeup_idle_secs: env_num("BENCH_WAKEUP_IDLE_SECS", "5"),
+            latency_conns: env_num::<usize>("BENCH_LATENCY_CONNS", "50").max(1),
+            latency_secs: env_num::<f64>("BENCH_LATENCY_SECS", "3").max(0.1),
+            latency_peak_secs: env_num::<f64>("BENCH_LATENCY_PEAK_SECS", "2").max(0.1),
+            latency_direct_fraction: env_num("BENCH_LATENCY_DIRECT_FRACTION", "0.5"),
+            latency_fractions: env_list("BENCH_LATENCY_FRACTIONS", "0.25,0.5,0.75", |f| {
+                f.parse().ok().filter(|f: &f64| *f > 0.0)
+            }),
             masters_ops: env_num::<u64>("BENCH_MASTERS_OPS", "200000").max(16),
             masters_locks: env_list("BENCH_MASTERS_LOCKS", "100000,200000,400000", |s| {
                 s.parse().ok().filter(|n: &u64| *n > 0)

@@ -5,10 +5,12 @@
 //   node benches/node/lockbench.js --ports 7379 --workers 50 --secs 4     # through the proxy
 //
 // --conns C (default 1) ioredis clients per port and C Redlocks, Redlock i over the i-th client
-// of every port (retryCount 0, so a refused acquire is counted, not retried); worker w uses
-// Redlock w % C. W async workers each loop acquire([key], ttl) -> release() for --warmup +
-// --secs seconds, the key their own (--keys own, the default) or a fresh random one per cycle
-// (--keys random); only cycles that complete inside the measured window count (refused
+// of every port (--retries R sets redlock's retryCount, default 0, so a refused acquire is
+// counted, not retried; redlock's own retryDelay 200 ms and retryJitter 200 ms otherwise);
+// worker w uses Redlock w % C. W async workers each loop acquire([key], ttl) -> release() for
+// --warmup + --secs seconds, the key their own (--keys own, the default), a fresh random one per
+// cycle (--keys random), or one of N keys shared by all workers, drawn at random per cycle
+// (--keys shared:N); only cycles that complete inside the measured window count (refused
 // acquires are counted apart, as fails; attempts = cycles + fails). The last stdout line is one
 // JSON object:
 //   {cycles, secs, cycles_per_sec, attempts_per_sec, p50_us, p99_us, p999_us, fails,
@@ -30,6 +32,7 @@ function parseArgs(argv) {
     secs: 4,
     warmup: 0.5,
     ttl: 30000,
+    retries: 0,
     tag: String(process.pid),
   };
   for (let i = 2; i < argv.length; i += 2) {
@@ -40,7 +43,12 @@ function parseArgs(argv) {
   out.ports = out.ports.split(",").filter(Boolean).map(Number);
   if (out.ports.length === 0) throw new Error("--ports P1[,P2...] is required");
   if (!(out.conns >= 1)) throw new Error("--conns must be at least 1");
-  if (out.keys !== "own" && out.keys !== "random") throw new Error("--keys is own or random");
+  const shared = /^shared:([1-9][0-9]*)$/.exec(out.keys);
+  out.sharedKeys = shared ? Number(shared[1]) : 0;
+  if (out.keys !== "own" && out.keys !== "random" && !shared) {
+    throw new Error("--keys is own, random or shared:N");
+  }
+  if (!(out.retries >= 0)) throw new Error("--retries must be 0 or more");
   return out;
 }
 
@@ -71,7 +79,7 @@ async function main() {
   const clients = sets.flat();
   await Promise.all(clients.map((c) => c.ping()));
   const redlocks = sets.map((set) => {
-    const redlock = new Redlock(set, { retryCount: 0 });
+    const redlock = new Redlock(set, { retryCount: opt.retries });
     // Redlock emits "error" for every vote against; without a listener EventEmitter throws.
     redlock.on("error", () => {});
     return redlock;
@@ -108,7 +116,9 @@ async function main() {
     while (performance.now() < end) {
       const begin = performance.now();
       n += 1;
-      const key = opt.keys === "own" ? own : `${own}:${n}:${Math.random().toString(36).slice(2)}`;
+      let key = own;
+      if (opt.keys === "random") key = `${own}:${n}:${Math.random().toString(36).slice(2)}`;
+      else if (opt.sharedKeys > 0) key = `nb:${opt.tag}:shared:${Math.floor(Math.random() * opt.sharedKeys)}`;
       try {
         const lock = await redlock.acquire([key], opt.ttl);
         await lock.release();
@@ -137,6 +147,7 @@ async function main() {
     conns_per_port: opt.conns,
     workers: opt.workers,
     keys: opt.keys,
+    retries: opt.retries,
     cycles,
     secs: opt.secs,
     cycles_per_sec: cycles / opt.secs,
