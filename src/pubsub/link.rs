@@ -173,7 +173,7 @@ impl SubscriberLink {
             Err(()) => return End::Lost,
         }
         while commands.try_recv().is_ok() {}
-        let Some(topics) = self.hub.upgrade().map(|hub| hub.topics()) else {
+        let Some(topics) = self.hub.upgrade().map(|hub| hub.topics(self.master)) else {
             return End::Stopped;
         };
         let mut state = Connection::default();
@@ -361,6 +361,7 @@ impl Connection {
             hub.confirm(master, key.0, key.1);
         } else {
             self.latest.remove(&key);
+            hub.left(master, key.0, key.1);
         }
         Ok(())
     }

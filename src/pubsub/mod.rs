@@ -288,6 +288,11 @@ struct Topic {
 /// The topics and the copies counted (one lock: every change is a few map operations).
 struct Table {
     topics: HashMap<(Kind, Bytes), Topic>,
+    /// Topics this proxy left, per master (one bit each) until that master confirms the
+    /// unsubscribe or its connection ends: a `PUBLISH` reaching the master first (it goes on
+    /// another connection) still counts this proxy's subscription there, so
+    /// [`Hub::receivers`] counts it as this proxy's own.
+    leaving: HashMap<(Kind, Bytes), u64>,
     dedup: Dedup,
 }
 
@@ -330,6 +335,7 @@ impl Hub {
         let hub = Arc::new(Hub {
             table: Mutex::new(Table {
                 topics: HashMap::new(),
+                leaving: HashMap::new(),
                 // A master answering later than the node timeout is missing from votes; its
                 // late copies are delivered again (duplicates), and a short window keeps two
                 // publishes of the same bytes apart (see `dedup`).
@@ -412,6 +418,9 @@ impl Hub {
         topic.subscribers.remove(&id);
         if topic.subscribers.is_empty() {
             table.topics.remove(&key);
+            // One bit per master (below 64, as everywhere in the hub).
+            let every_master = u64::MAX >> (64 - self.links.len().clamp(1, 64));
+            *table.leaving.entry(key).or_default() |= every_master;
             for link in &self.links {
                 let _ = link.send(LinkCommand::unsubscribe(kind, name.clone()));
             }
@@ -425,26 +434,33 @@ impl Hub {
     /// subscriptions.
     pub fn receivers(&self, kind: Kind, channel: &[u8], patterns: bool) -> (usize, Vec<i64>) {
         let table = self.table();
-        let mut local = 0;
-        let mut own = vec![0; self.links.len()];
-        let mut count = |topic: &Topic| {
-            // Clients only: a blocked pop's registration receives nothing a client sees.
-            local += topic.subscribers.values().filter(|s| s.is_client()).count();
-            let bits = *topic.confirmed.borrow();
-            for (master, own) in own.iter_mut().enumerate() {
-                *own += i64::from(bits & (1 << master) != 0);
-            }
+        let channel = (kind, Bytes::copy_from_slice(channel));
+        let counted = |key: &(Kind, Bytes)| {
+            *key == channel
+                || (patterns
+                    && kind == Kind::Channel
+                    && key.0 == Kind::Pattern
+                    && glob_match(&key.1, &channel.1))
         };
-        if let Some(topic) = table.topics.get(&(kind, Bytes::copy_from_slice(channel))) {
-            count(topic);
+        // Clients only: a blocked pop's registration receives nothing a client sees.
+        let local = (table.topics.iter().filter(|(key, _)| counted(key)))
+            .map(|(_, topic)| topic.subscribers.values().filter(|s| s.is_client()).count())
+            .sum();
+        // Per topic, the masters where this proxy's subscription may be counted: confirmed,
+        // or left but not yet confirmed gone.
+        let mut masters: HashMap<&(Kind, Bytes), u64> = HashMap::new();
+        for (key, topic) in table.topics.iter().filter(|(key, _)| counted(key)) {
+            *masters.entry(key).or_default() |= *topic.confirmed.borrow();
         }
-        if kind == Kind::Channel && patterns {
-            for ((_, pattern), topic) in table.topics.iter().filter(|(k, _)| k.0 == Kind::Pattern) {
-                if glob_match(pattern, channel) {
-                    count(topic);
-                }
-            }
+        for (key, bits) in table.leaving.iter().filter(|(key, _)| counted(key)) {
+            *masters.entry(key).or_default() |= bits;
         }
+        let own = (0..self.links.len())
+            .map(|master| {
+                let on = |bits: &u64| bits & (1 << master) != 0;
+                masters.values().filter(|bits| on(bits)).count() as i64
+            })
+            .collect();
         (local, own)
     }
 
@@ -463,9 +479,23 @@ impl Hub {
         })
     }
 
-    /// The topics with subscribers, for a link that (re)connects.
-    fn topics(&self) -> Vec<(Kind, Bytes)> {
-        self.table().topics.keys().cloned().collect()
+    /// The topics with subscribers, for master `master`'s link that (re)connects: a new
+    /// connection holds none of the subscriptions this proxy left.
+    fn topics(&self, master: usize) -> Vec<(Kind, Bytes)> {
+        let mut table = self.table();
+        forget_leaving(&mut table.leaving, master);
+        table.topics.keys().cloned().collect()
+    }
+
+    /// Master `master` confirmed it left `(kind, name)` (the last command sent for it there).
+    fn left(&self, master: usize, kind: Kind, name: Bytes) {
+        let mut table = self.table();
+        if let Some(bits) = table.leaving.get_mut(&(kind, name.clone())) {
+            *bits &= !(1 << master);
+            if *bits == 0 {
+                table.leaving.remove(&(kind, name));
+            }
+        }
     }
 
     /// Master `master` confirmed its subscription to `(kind, name)`; the waiters on it are
@@ -492,16 +522,18 @@ impl Hub {
 
     /// Master `master`'s subscriber connection ended: none of its subscriptions is active.
     fn lost(&self, master: usize) {
-        for topic in self.table().topics.values() {
+        let mut table = self.table();
+        for topic in table.topics.values() {
             topic.confirmed.send_modify(|bits| *bits &= !(1 << master));
         }
+        forget_leaving(&mut table.leaving, master);
     }
 
     /// Master `master` delivered `message`: the first copy of a publish goes to every
     /// subscriber of its topic.
     fn deliver(&self, master: usize, message: Message) {
         let mut table = self.table();
-        let Table { topics, dedup } = &mut *table;
+        let Table { topics, dedup, .. } = &mut *table;
         let Some(topic) = topics.get_mut(&message.topic()) else {
             return;
         };
@@ -516,6 +548,14 @@ impl Hub {
     }
 }
 
+/// Master `master` holds none of the subscriptions in `leaving` any more.
+fn forget_leaving(leaving: &mut HashMap<(Kind, Bytes), u64>, master: usize) {
+    leaving.retain(|_, bits| {
+        *bits &= !(1 << master);
+        *bits != 0
+    });
+}
+
 impl Drop for Hub {
     fn drop(&mut self) {
         self.stop();
@@ -524,7 +564,52 @@ impl Drop for Hub {
 
 #[cfg(test)]
 mod tests {
-    use super::adds_elements;
+    use super::*;
+    use crate::transport::{Connect, ReadHalf, WriteHalf};
+    use futures::future::BoxFuture;
+    use std::time::Duration;
+
+    /// A master that is never reached: the links stay down, the test drives the hub.
+    struct Unreachable;
+
+    impl Connect for Unreachable {
+        fn connect(&self) -> BoxFuture<'static, std::io::Result<(ReadHalf, WriteHalf)>> {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_left_subscription_counts_as_own_until_its_master_confirms_it_gone() {
+        let connects: Vec<Box<dyn Connect>> = (0..3).map(|_| Box::new(Unreachable) as _).collect();
+        let hub = Hub::start(connects, LiveDuration::new(Duration::from_millis(50)));
+        let (a, p) = (Bytes::from_static(b"a"), Bytes::from_static(b"[ab]"));
+        let inbox = Inbox::new(7);
+        drop(hub.subscribe(Kind::Channel, a.clone(), &inbox.subscriber));
+        drop(hub.subscribe(Kind::Pattern, p.clone(), &inbox.subscriber));
+        for master in 0..3 {
+            hub.confirm(master, Kind::Channel, a.clone());
+        }
+        hub.confirm(0, Kind::Pattern, p.clone());
+        // The channel and the pattern: two receivers here; master 0 counts both of ours.
+        assert_eq!(hub.receivers(Kind::Channel, b"a", true), (2, vec![2, 1, 1]));
+        hub.unsubscribe(Kind::Channel, &a, 7);
+        // Left, but no master confirmed it: a publish reaching them first still counts it.
+        assert_eq!(hub.receivers(Kind::Channel, b"a", true), (1, vec![2, 1, 1]));
+        hub.left(0, Kind::Channel, a.clone());
+        hub.lost(1);
+        assert_eq!(hub.receivers(Kind::Channel, b"a", true), (1, vec![1, 0, 1]));
+        // A new connection to master 2 holds nothing this proxy left.
+        assert_eq!(hub.topics(2), vec![(Kind::Pattern, p.clone())]);
+        assert_eq!(hub.receivers(Kind::Channel, b"a", true), (1, vec![1, 0, 0]));
+        // A left pattern counts the same way, for every channel it matches.
+        hub.unsubscribe(Kind::Pattern, &p, 7);
+        assert_eq!(hub.receivers(Kind::Channel, b"b", true), (0, vec![1, 1, 1]));
+        assert_eq!(
+            hub.receivers(Kind::Channel, b"b", false),
+            (0, vec![0, 0, 0])
+        );
+        hub.stop();
+    }
 
     #[test]
     fn only_events_that_may_add_elements_wake_a_blocked_pop() {
