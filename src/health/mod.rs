@@ -501,22 +501,16 @@ impl Monitor {
             Markers::Armed { stamp, .. } => Some(stamp.clone()),
             _ => None,
         };
-        let (run_id, judged) = (obs.run_id.clone(), obs.clone());
+        let judged = obs.clone();
         let mut lost = health.observe(&link.addr, obs, twin);
         if armed {
             self.view.decide(Deployment::Live, "a master is armed");
         }
         if let Some(stamp) = stamp {
-            let bound = policy.lease_bound;
-            match check_stamp(
-                stamp.as_deref(),
-                &judged,
-                watched.as_deref(),
-                lost.is_some(),
-                bound,
-            ) {
+            let (stamp, watched) = (stamp.as_deref(), watched.as_deref());
+            match check_stamp(stamp, &judged, watched, lost.is_some(), policy.lease_bound) {
                 StampCheck::Own => {}
-                StampCheck::Restamp => self.restamp(stamp.as_deref(), &run_id).await,
+                StampCheck::Restamp => self.restamp(stamp, &judged.run_id).await,
                 StampCheck::Foreign(reason) => {
                     lost.get_or_insert(reason);
                 }
