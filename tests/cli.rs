@@ -110,3 +110,23 @@ fn example_config_with_flag_overrides() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("drift factor"), "{err}");
 }
+
+/// The example configurations that need no file besides themselves pass `--check-config`
+/// (`configs/secure.toml` names certificate files that exist only on a deployed host).
+#[test]
+fn example_configs_pass_the_check() {
+    for config in [
+        "configs/five-masters.toml",
+        "configs/local.toml",
+        "configs/tenants.toml",
+        "configs/sentinel.toml",
+        "deploy/redlock-proxy.toml",
+    ] {
+        let out = Command::new(BIN)
+            .args(["--check-config", config])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{config}: {err}");
+    }
+}
