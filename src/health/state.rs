@@ -69,12 +69,13 @@ impl HealthState {
 
 /// The causes a quarantine is counted under: few and fixed, so a metric label never carries
 /// free text.
-pub const QUARANTINE_CAUSES: [&str; 6] = [
+pub const QUARANTINE_CAUSES: [&str; 7] = [
     "restarted",
     "data_wiped",
     "marker_gone",
     "shared_marker",
     "loaded_from_disk",
+    "failover",
     "other",
 ];
 
@@ -91,6 +92,10 @@ pub fn quarantine_cause(reason: &str) -> &'static str {
         "shared_marker"
     } else if starts("loaded its data") {
         "loaded_from_disk"
+    } else if starts("promoted") || starts("armed by another") {
+        // A replica promoted in place, or data armed by another process (a promoted replica
+        // or a restart nobody watched: docs/SAFETY.md "Failovers").
+        "failover"
     } else {
         "other"
     }
@@ -303,6 +308,24 @@ impl MasterHealth {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_quarantine_reason_is_counted_under_its_cause() {
+        let reasons = [
+            ("restarted (run_id 1a2b3c4d -> 5e6f7a8b)", "restarted"),
+            ("data wiped (FLUSHALL/DEBUG)", "data_wiped"),
+            ("lock marker gone (data wiped or restarted empty)", "marker_gone"),
+            (super::super::SHARED_MARKER, "shared_marker"),
+            ("loaded its data from disk recently (may have lost its last writes)", "loaded_from_disk"),
+            ("promoted from slave to master", "failover"),
+            ("armed by another redis-server process (run_id 1a2b3c4d, now 5e6f7a8b): a promoted replica or a restart no proxy watched", "failover"),
+            ("3 keys evicted", "other"),
+        ];
+        for (reason, cause) in reasons {
+            assert_eq!(quarantine_cause(reason), cause, "{reason}");
+            assert!(QUARANTINE_CAUSES.contains(&cause));
+        }
+    }
 
     #[test]
     fn a_shorter_quarantine_never_overwrites_a_longer_one() {
