@@ -22,8 +22,8 @@
 //!    reconnect, watchdog, clean-ups that survive reconnects). Knows nothing of votes.
 //!    [`dial`] opens its streams: TCP or TLS, `AUTH`. Beside it [`pubsub`]: the clients'
 //!    subscriptions and one subscriber connection per master for them all. [`tls`] loads the
-//!    TLS material of both sides (rustls). Beside them [`config`]: the defaults, a TOML file and flags on top,
-//!    whose checks build the users and load the masters' TLS files.
+//!    TLS material of both sides (rustls). Beside them [`config`]: the defaults, a TOML file
+//!    and flags on top, whose checks build the users and load the masters' TLS files.
 //! 3. [`health`]: whether each master may vote (the monitor, quarantine of masters that lost
 //!    data, clock readings), behind [`health::MasterHealth`].
 //! 4. [`masters`]: the voting set, one voter (link + health) per master, and the fan-out into

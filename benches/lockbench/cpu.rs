@@ -4,9 +4,9 @@
 //! 5 masters with `--threads 1` (the current-thread runtime) and with `--threads 2`
 //! (multi-thread), and the peer proxies twemproxy and haproxy (TCP mode) over 1 master and
 //! twemproxy sharding over 5 (`peers.rs`); at `-P 16`, redis-server, the proxy over 1 and over 5
-//! (`--threads 1`) and the same peers. A peer whose binary is missing is left out with a note. Every round (`BENCH_ROUNDS`) runs the
-//! cells in that order, so that whatever else the machine does falls on all of them alike, and
-//! the ratios are taken within a round.
+//! (`--threads 1`) and the same peers. A peer whose binary is missing is left out with a note.
+//! Every round (`BENCH_ROUNDS`) runs the cells in that order, so that whatever else the machine
+//! does falls on all of them alike, and the ratios are taken within a round.
 //!
 //! Each cell starts fresh masters (no keys left by an earlier cell, no FLUSHALL under a proxy,
 //! which would quarantine the master) and a fresh proxy, runs `BENCH_CPU_WARMUP_REQUESTS`
@@ -15,8 +15,8 @@
 //! after the measured run, and divides by the requests. redis-benchmark does not check replies,
 //! so the cell counts the SETs granted itself: through the proxy, the growth of its `INFO stats`
 //! `acquires_granted` (and the other `acquires_*` outcomes); direct and through a peer, the growth
-//! of `DBSIZE`
-//! (through the proxy each grant also writes a fencing token counter key on the masters).
+//! of `DBSIZE` summed over the masters (through the proxy each grant also writes a fencing token
+//! counter key on the masters).
 
 use crate::external::{acquire_counters, dbsize, redis_benchmark, GRANTED};
 use crate::peers::{Peer, PeerProcess};

@@ -660,23 +660,26 @@ fn finish_verdicts(mut out: Vec<Verdict>, results: &Results) -> Vec<Verdict> {
         },
         met: per.map(|p| p <= 1.5),
     });
-    // 5. Proxy CPU per request ≤ 1.0× redis-server's own (issue 14), the default --threads 1.
-    let ratio = |target: Target| {
-        let variant = crate::cpu::Variant {
-            target,
-            threads: 1,
-            depth: 1,
-            peer: None,
+    // The median per-round ratio `pick` of the proxy over `target` (`--threads 1`) at `depth`.
+    let median_ratio =
+        |target: Target, depth: usize, pick: fn(crate::cpu::Ratios) -> Option<f64>| {
+            let variant = crate::cpu::Variant {
+                target,
+                threads: 1,
+                depth,
+                peer: None,
+            };
+            median(
+                results
+                    .cpu
+                    .iter()
+                    .filter(|c| c.variant == variant)
+                    .filter_map(|c| pick(crate::cpu::ratios(&results.cpu, c)))
+                    .collect(),
+            )
         };
-        median(
-            results
-                .cpu
-                .iter()
-                .filter(|c| c.variant == variant)
-                .filter_map(|c| crate::cpu::ratios(&results.cpu, c).proxy_vs_direct)
-                .collect(),
-        )
-    };
+    // 5. Proxy CPU per request ≤ 1.0× redis-server's own (issue 14), the default --threads 1.
+    let ratio = |target: Target| median_ratio(target, 1, |r| r.proxy_vs_direct);
     let (one, five) = (ratio(Target::Proxy(1)), ratio(Target::Proxy(5)));
     out.push(Verdict {
         target: "proxy CPU per SET NX PX ≤ 1.0× redis-server's own CPU per SET NX PX (redis-benchmark -c 50 -P 1)",
@@ -693,20 +696,7 @@ fn finish_verdicts(mut out: Vec<Verdict>, results: &Results) -> Vec<Verdict> {
     });
     // Issue 27, target 1: proxy CPU per request against twemproxy's over as many masters.
     let vs_twemproxy = |masters: usize, depth: usize| {
-        let variant = crate::cpu::Variant {
-            target: Target::Proxy(masters),
-            threads: 1,
-            depth,
-            peer: None,
-        };
-        median(
-            results
-                .cpu
-                .iter()
-                .filter(|c| c.variant == variant)
-                .filter_map(|c| crate::cpu::ratios(&results.cpu, c).vs_twemproxy)
-                .collect(),
-        )
+        median_ratio(Target::Proxy(masters), depth, |r| r.vs_twemproxy)
     };
     let shown = |r: f64| {
         if r.is_finite() {

@@ -486,7 +486,12 @@ impl Monitor {
         let now = Instant::now();
         let first = health.first_sight();
         let watched = health.last_run_id();
-        let armed = matches!(markers, Markers::Armed { .. });
+        // The armed marker's stamp when armed outside a claim (`Some(None)`: unstamped).
+        let stamp = match &markers {
+            Markers::Armed { stamp, .. } => Some(stamp.clone()),
+            _ => None,
+        };
+        let armed = stamp.is_some();
         let waited = first_sight_wait(&obs, policy.lease_bound).filter(|_| first && armed);
         let twin = self
             .view
@@ -497,10 +502,6 @@ impl Monitor {
                     &obs.run_id[..obs.run_id.len().min(8)]
                 )
             });
-        let stamp = match &markers {
-            Markers::Armed { stamp, .. } => Some(stamp.clone()),
-            _ => None,
-        };
         let judged = obs.clone();
         let mut lost = health.observe(&link.addr, obs, twin);
         if armed {

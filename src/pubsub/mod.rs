@@ -490,11 +490,13 @@ impl Hub {
     /// Master `master` confirmed it left `(kind, name)` (the last command sent for it there).
     fn left(&self, master: usize, kind: Kind, name: Bytes) {
         let mut table = self.table();
-        if let Some(bits) = table.leaving.get_mut(&(kind, name.clone())) {
+        let key = (kind, name);
+        let gone = table.leaving.get_mut(&key).is_some_and(|bits| {
             *bits &= !(1 << master);
-            if *bits == 0 {
-                table.leaving.remove(&(kind, name));
-            }
+            *bits == 0
+        });
+        if gone {
+            table.leaving.remove(&key);
         }
     }
 
