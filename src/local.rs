@@ -1,10 +1,14 @@
 //! Local `redis-server` masters started as child processes (`--local N`, and the test
-//! harness): each on a free loopback port, no persistence, stopped when dropped. The binary's
+//! harness): each on a free loopback port, no persistence, stopped when dropped, with an RDB
+//! file name of its own ([`rdb_file`]): a replica's full sync writes the RDB it receives to its
+//! directory, and a server started later in the same directory would load that file (a shared
+//! `/tmp/dump.rdb` once gave fresh masters another server's data). The binary's
 //! masters are also tied to its life by the kernel ([`LocalCluster::start_tied`]): they die
 //! with it even when it is killed with SIGKILL, which no `Drop` can cover.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,6 +28,8 @@ pub enum LocalError {
 pub struct LocalMaster {
     pub port: u16,
     child: Option<Child>,
+    /// Its RDB file in the default directory, removed when it stops.
+    rdb: PathBuf,
 }
 
 impl LocalMaster {
@@ -43,10 +49,12 @@ impl LocalMaster {
                 Some(p) => p,
                 None => free_port().map_err(LocalError::Spawn)?,
             };
-            let child = spawn_server(port, extra_args, lifetime)?;
+            let rdb = rdb_file(port);
+            let child = spawn_server(port, &rdb, extra_args, lifetime)?;
             let mut master = LocalMaster {
                 port,
                 child: Some(child),
+                rdb,
             };
             match master.wait_ready() {
                 Ok(()) => return Ok(master),
@@ -89,6 +97,7 @@ impl LocalMaster {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+            let _ = std::fs::remove_file(&self.rdb);
         }
     }
 
@@ -156,8 +165,29 @@ enum Lifetime {
     TiedToThisThread,
 }
 
-fn spawn_server(port: u16, extra_args: &[&str], lifetime: Lifetime) -> Result<Child, LocalError> {
+/// Where the RDB file of a server started now on `port` goes (in `/tmp`, its directory unless
+/// the caller gives another): a name no other server uses, however ports are reused.
+fn rdb_file(port: u16) -> PathBuf {
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    PathBuf::from(format!(
+        "/tmp/redlock-local-{}-{port}-{started:x}.rdb",
+        std::process::id()
+    ))
+}
+
+fn spawn_server(
+    port: u16,
+    rdb: &std::path::Path,
+    extra_args: &[&str],
+    lifetime: Lifetime,
+) -> Result<Child, LocalError> {
     let port_text = port.to_string();
+    let rdb_name = rdb
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("dump.rdb");
     let mut args = vec![
         "--port",
         &port_text,
@@ -173,6 +203,8 @@ fn spawn_server(port: u16, extra_args: &[&str], lifetime: Lifetime) -> Result<Ch
         "noeviction",
         "--dir",
         "/tmp",
+        "--dbfilename",
+        rdb_name,
         "--loglevel",
         "warning",
     ];
