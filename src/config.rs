@@ -88,6 +88,11 @@ pub struct Config {
     /// data is quarantined for this long plus drift, so every proxy in front of the same
     /// masters must use the same value (the default does).
     pub max_lock_ttl_ms: u64,
+    /// A master's vote counts only once `WAIT` confirms this many of its replicas have the
+    /// write (0: off). A failover to a replica that had every confirmed write is then no
+    /// loss (no quarantine). Set it to the number of replicas of each primary, the same on
+    /// every proxy (docs/SAFETY.md, "Confirmed writes").
+    pub wait_replicas: u32,
     /// Shards, one thread each, each serving its share of the clients with its own
     /// connections to the masters (0 and 1: everything on one thread).
     pub threads: usize,
@@ -138,6 +143,7 @@ impl Default for Config {
             quarantine: true,
             token_clock: true,
             max_lock_ttl_ms: 60_000,
+            wait_replicas: 0,
             threads: 1,
             client_output_buffer_limit: 64 * 1024 * 1024,
             client_query_buffer_limit: 1024 * 1024 * 1024,

@@ -453,6 +453,7 @@ pub fn masters(fakes: &[Arc<FakeMaster>], node_timeout: Duration) -> Arc<Masters
                 quarantine: true,
                 lease_bound: LEASE_BOUND,
                 preload: vec![LOCK_SCRIPT.text()],
+                wait_replicas: 0,
             },
         },
         fakes.iter().map(|_| Arc::default()).collect(),

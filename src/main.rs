@@ -80,6 +80,11 @@ struct Cli {
     /// quarantined this long plus drift. Use the same value on every proxy [default: 60000].
     #[arg(long, value_name = "MS")]
     max_lock_ttl_ms: Option<u64>,
+    /// A master's vote counts once WAIT confirms this many replicas have the write; a
+    /// failover to a replica that had it is then no loss. Use the number of replicas of each
+    /// primary, the same on every proxy; 0 is off [default: 0].
+    #[arg(long, value_name = "R")]
+    wait_replicas: Option<u32>,
     /// What an acquire answers when fewer than a quorum of masters answer: null (as for a
     /// held lock; lock libraries' wait loops ride it out) or the error `NOQUORUM <n> of <N>
     /// masters usable, quorum <Q>` [default: null].
@@ -176,6 +181,9 @@ impl Cli {
         }
         if let Some(v) = self.max_lock_ttl_ms {
             config.max_lock_ttl_ms = v;
+        }
+        if let Some(v) = self.wait_replicas {
+            config.wait_replicas = v;
         }
         if let Some(v) = self.no_quorum_reply {
             config.no_quorum_reply = v;

@@ -184,6 +184,9 @@ pub enum MissingReason {
     Timeout,
     /// Its connection ended before the answer came.
     Closed,
+    /// It answered, but `WAIT` did not confirm that `wait_replicas` replicas have the write
+    /// (docs/SAFETY.md, "Confirmed writes").
+    Unconfirmed,
 }
 
 /// State of an acquire (`SET key value NX PX ttl` on every master).

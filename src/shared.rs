@@ -81,6 +81,7 @@ impl Shared {
                 quarantine: config.quarantine,
                 lease_bound: policy.lease_bound(),
                 preload: Acquirer::preload(),
+                wait_replicas: config.wait_replicas,
             },
         );
         let acquire_stats: Arc<LockStats> = Arc::default();

@@ -5,11 +5,17 @@
 //! quarantine it does not, also when no proxy ran during the failover (the armed marker names
 //! the process that armed it); the negative controls (quarantine off; an unstamped marker) show
 //! the scenarios bite. And a workload under repeated failovers keeps mutual exclusion.
+//!
+//! With `wait_replicas` (docs/SAFETY.md, "Confirmed writes") a vote counts only once `WAIT`
+//! confirms the write on the replica: a paused replica makes its primary's vote missing (the
+//! negative control, `wait_replicas` 0, counts it), and a failover to a replica that
+//! confirmed every counted write needs no quarantine (with 0 it is quarantined), while one to
+//! a replica that missed writes still is.
 
 use redlock_proxy::Config;
 use redlock_testkit::checker::drift_ns;
 use redlock_testkit::key;
-use redlock_testkit::launcher::Proxy;
+use redlock_testkit::launcher::{master_state, Proxy};
 use redlock_testkit::masters::{master_cmd, master_get, signal};
 use redlock_testkit::resp::Client;
 use redlock_testkit::rig::run;
@@ -211,4 +217,206 @@ fn failovers_under_load_keep_mutual_exclusion() {
             report.grants
         );
     });
+}
+
+/// Node timeout of the `wait_replicas` scenarios: `WAIT` gets half of it, far more than a
+/// replica's acknowledgement takes on a loaded machine (these tests are about behaviour).
+const CONFIRM_NODE_TIMEOUT_MS: u64 = 1000;
+
+/// The proxy's `INFO masters` state of master `i`, once `done` holds for it (at most `limit`).
+async fn state_when(port: u16, i: usize, limit: Duration, done: impl Fn(&str) -> bool) -> String {
+    let mut client = Client::connect(port).await;
+    let started = Instant::now();
+    loop {
+        let info = client.cmd(&["INFO", "masters"]).await;
+        let state = master_state(&info, i).unwrap_or_default().to_string();
+        if done(&state) {
+            return state;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "master{i} still {state} after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// When master 0's clock was first read after `after` (the proxy reads it at the start of
+/// every poll), waiting at most [`FAILOVER_LIMIT`].
+async fn clock_read_after(client: &mut Client, after: Instant) -> Instant {
+    let started = Instant::now();
+    loop {
+        let asked = Instant::now();
+        let info = client.cmd(&["INFO", "masters"]).await;
+        let age = info
+            .lines()
+            .find(|l| l.starts_with("master0:"))
+            .and_then(|l| l.split("clock_age_ms=").nth(1))
+            .and_then(|v| v.split(',').next()?.trim().parse::<u64>().ok())
+            .expect("clock_age_ms in INFO");
+        // The earliest the reading can have been: INFO was made after it was asked for, and
+        // the age is in whole ms.
+        let read_at = asked - Duration::from_millis(age + 1);
+        if read_at > after {
+            return read_at;
+        }
+        assert!(
+            started.elapsed() < FAILOVER_LIMIT,
+            "master0's clock is not read"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `wait_replicas` 1 (or 0, the negative control): group 2 holds a foreign value and group
+/// 0's replica is paused (its primary still lists it online, so `WAIT` waits for it). Returns
+/// A's reply to an acquire then, and whether A gets the lock once the replica resumes.
+async fn acquire_with_a_paused_replica(wait_replicas: u32) -> (String, bool) {
+    let groups = tokio::task::block_in_place(|| SentinelGroups::start(3, 3));
+    let proxy = Proxy::start(groups.backends(), |c| {
+        c.wait_replicas = wait_replicas;
+        c.node_timeout_ms = CONFIRM_NODE_TIMEOUT_MS;
+    })
+    .await;
+    let k = key(&format!("paused-replica-{wait_replicas}"));
+    let ready = wait_grantable(proxy.port, &format!("{k}:probe"), 1000, READY_LIMIT).await;
+    assert!(ready.is_some(), "proxy never ready");
+    let primaries: Vec<u16> = (0..3).map(|g| groups.primary(g)).collect();
+    assert_eq!(
+        master_cmd(primaries[2], &["SET", &k, "foreign", "PX", "60000"]).await,
+        "+OK"
+    );
+    let replica_pid = groups.servers[0][1].pid().expect("running");
+    signal(replica_pid, "STOP");
+    let mut a = Client::connect(proxy.port).await;
+    let reply = a.cmd(&["SET", &k, "tok-a", "NX", "PX", "30000"]).await;
+    signal(replica_pid, "CONT");
+    if reply == "+OK" {
+        return (reply, true);
+    }
+    let later = wait_grantable(proxy.port, &k, 30_000, READY_LIMIT).await;
+    let info = a.cmd(&["INFO", "masters"]).await;
+    let master0 = info.lines().find(|l| l.starts_with("master0:"));
+    assert!(
+        master0.is_some_and(|l| !l.contains(",missing_unconfirmed=0,")),
+        "master0's unconfirmed vote is counted in INFO: {info}"
+    );
+    (reply, later.is_some())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vote_counts_only_once_the_replica_confirms_it() {
+    let (reply, later) = acquire_with_a_paused_replica(1).await;
+    assert_eq!(
+        reply, "$nil",
+        "group 0's vote was not confirmed (its replica is paused) and group 2 holds the key"
+    );
+    assert!(later, "granted once the replica confirms again");
+    let (reply, _) = acquire_with_a_paused_replica(0).await;
+    assert_eq!(
+        reply, "+OK",
+        "negative control: without wait_replicas group 0's vote counts unconfirmed"
+    );
+}
+
+/// A holds `k` on every group with `wait_replicas` (1, or 0: the negative control); group 0
+/// then fails over to its replica (`SENTINEL FAILOVER`), which had A's write. Returns master
+/// 0's state once the proxy has judged the new primary, and the `PTTL` of the quarantine
+/// marker on it.
+async fn failover_after_confirmed_writes(wait_replicas: u32) -> (String, String) {
+    let groups = tokio::task::block_in_place(|| SentinelGroups::start(3, 3));
+    let proxy = Proxy::start(groups.backends(), |c| {
+        c.wait_replicas = wait_replicas;
+        c.node_timeout_ms = CONFIRM_NODE_TIMEOUT_MS;
+        c.max_lock_ttl_ms = 20_000;
+    })
+    .await;
+    let k = key(&format!("confirmed-failover-{wait_replicas}"));
+    let ready = wait_grantable(proxy.port, &format!("{k}:probe"), 1000, READY_LIMIT).await;
+    assert!(ready.is_some(), "proxy never ready");
+    let mut a = Client::connect(proxy.port).await;
+    assert_eq!(
+        a.cmd(&["SET", &k, "tok-a", "NX", "PX", "20000"]).await,
+        "+OK"
+    );
+    let promoted = tokio::task::block_in_place(|| groups.failover(0, FAILOVER_LIMIT));
+    assert_eq!(promoted, groups.servers[0][1].port);
+    assert_eq!(
+        master_get(promoted, &k).await.as_deref(),
+        Some("tok-a"),
+        "the replica had A's lock"
+    );
+    let judged = |state: &str| state == "up" || state.starts_with("quarantined");
+    let state = state_when(proxy.port, 0, FAILOVER_LIMIT, judged).await;
+    let quarantine = redlock_proxy::on_master::QUARANTINE_KEY;
+    let pttl = master_cmd(promoted, &["PTTL", quarantine]).await;
+    // Safety either way: A's lock is held on every group.
+    let b = a.cmd(&["SET", &k, "tok-b", "NX", "PX", "1000"]).await;
+    assert_eq!(b, "$nil", "B must not get the lock A holds");
+    (state, pttl)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_to_a_replica_that_confirmed_every_vote_needs_no_quarantine() {
+    let (state, pttl) = failover_after_confirmed_writes(1).await;
+    assert_eq!(state, "up", "the new primary votes at once");
+    assert_eq!(pttl, ":-2", "no quarantine marker on the new primary");
+    let (state, pttl) = failover_after_confirmed_writes(0).await;
+    assert!(
+        state.starts_with("quarantined"),
+        "negative control: without wait_replicas a failover is amnesia: {state}"
+    );
+    assert_ne!(pttl, ":-2", "negative control: quarantined for every proxy");
+}
+
+/// `wait_replicas` 1: group 0's replica stops and its link is cut, so the primary's writes
+/// after that (a plain `SET` here) reach no replica and it may not vote; the proxy looks at
+/// it once more, then the primary dies and the replica is promoted without those writes: it
+/// is quarantined, as without `wait_replicas` (its history ends before the proxy's last look).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_to_a_replica_that_missed_writes_is_still_quarantined() {
+    let mut groups = tokio::task::block_in_place(|| SentinelGroups::start(3, 3));
+    let proxy = Proxy::start(groups.backends(), |c| {
+        c.wait_replicas = 1;
+        c.node_timeout_ms = CONFIRM_NODE_TIMEOUT_MS;
+        c.max_lock_ttl_ms = 20_000;
+    })
+    .await;
+    let ready = wait_grantable(proxy.port, &key("missed:probe"), 1000, READY_LIMIT).await;
+    assert!(ready.is_some(), "proxy never ready");
+    let primary = groups.primary(0);
+    let replica_pid = groups.servers[0][1].pid().expect("running");
+    signal(replica_pid, "STOP");
+    let killed = master_cmd(primary, &["CLIENT", "KILL", "TYPE", "replica"]).await;
+    assert_eq!(killed, ":1", "the replication link was cut");
+    let alone = |state: &str| state.starts_with("unsafe (0 of the 1 replicas");
+    state_when(proxy.port, 0, FAILOVER_LIMIT, alone).await;
+    assert_eq!(
+        master_cmd(primary, &["SET", &key("missed"), "x"]).await,
+        "+OK"
+    );
+    // A whole look at the primary after that write: a poll reads the clock first and INFO
+    // last, and the next poll starts only after it, so a clock read after one that was read
+    // after the write means that poll's INFO came after the write.
+    let mut client = Client::connect(proxy.port).await;
+    let first = clock_read_after(&mut client, Instant::now()).await;
+    clock_read_after(&mut client, first).await;
+    groups.servers[0][0].kill();
+    signal(replica_pid, "CONT");
+    let promoted =
+        tokio::task::block_in_place(|| groups.wait_new_primary(0, primary, FAILOVER_LIMIT));
+    assert_eq!(promoted, groups.servers[0][1].port);
+    let quarantine = redlock_proxy::on_master::QUARANTINE_KEY;
+    let started = Instant::now();
+    loop {
+        let pttl = master_cmd(promoted, &["PTTL", quarantine]).await;
+        if pttl != ":-2" {
+            break;
+        }
+        assert!(
+            started.elapsed() < FAILOVER_LIMIT,
+            "the promoted replica was never quarantined"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -146,7 +146,7 @@ fn master_line(out: &mut String, i: usize, voter: &Voter) {
     let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let _ = write!(
         out,
-        "master{i}:addr={},state={},replies={},missing={},missing_not_eligible={},missing_no_link={},missing_timeout={},missing_closed={},connects={},retired_connections={},pending_cleanups={},clock_age_ms={},clock_error_ms={}\r\n",
+        "master{i}:addr={},state={},replies={},missing={},missing_not_eligible={},missing_no_link={},missing_timeout={},missing_closed={},missing_unconfirmed={},connects={},retired_connections={},pending_cleanups={},clock_age_ms={},clock_error_ms={}\r\n",
         link.addr,
         voter.state(),
         count(&stats.replies),
@@ -155,6 +155,7 @@ fn master_line(out: &mut String, i: usize, voter: &Voter) {
         count(&stats.no_link),
         count(&stats.timeout),
         count(&stats.closed),
+        count(&stats.unconfirmed),
         link.connect_count(),
         link.retired_count(),
         link.pending_cleanups(),

@@ -29,6 +29,16 @@ pub struct Observation {
     /// It was promoted from replica to master at some time since it started
     /// (`master_replid2` is not all zeros: the replication id it had as a replica).
     pub promoted: bool,
+    /// Its replication history (`master_replid`), and the history it continued when promoted
+    /// (`master_replid2`, all zeros if never).
+    pub master_replid: String,
+    pub master_replid2: String,
+    /// How far its replication stream goes (`master_repl_offset`), and, when promoted, the
+    /// first offset that is not its old primary's (`second_repl_offset`; `None`: -1).
+    pub master_repl_offset: u64,
+    pub second_repl_offset: Option<u64>,
+    /// Replicas connected to it and in sync (`slave<n>:…,state=online,…`).
+    pub online_replicas: u32,
 }
 
 impl Observation {
@@ -61,7 +71,16 @@ pub fn parse_info(text: &str) -> Observation {
             }
             "rdb_last_load_keys_loaded" => obs.loaded_from_disk |= number() > 0,
             "aof_last_write_status" => obs.aof_write_ok = value == "ok",
-            "master_replid2" => obs.promoted = value.bytes().any(|b| b != b'0'),
+            "master_replid" => obs.master_replid = value.to_string(),
+            "master_replid2" => {
+                obs.promoted = value.bytes().any(|b| b != b'0');
+                obs.master_replid2 = value.to_string();
+            }
+            "master_repl_offset" => obs.master_repl_offset = number(),
+            "second_repl_offset" => obs.second_repl_offset = value.parse::<u64>().ok(),
+            _ if field.starts_with("slave") && value.contains("state=online") => {
+                obs.online_replicas = obs.online_replicas.saturating_add(1);
+            }
             "cmdstat_flushall" | "cmdstat_debug" => {
                 let calls = value
                     .split(',')
@@ -85,19 +104,22 @@ pub struct Judgement {
     pub unsafe_config: Option<String>,
 }
 
-/// Compares two observations of one master.
-pub fn judge(prev: Option<&Observation>, now: &Observation) -> Judgement {
+/// Compares two observations of one master; `wait_replicas`: how many replicas confirm every
+/// vote (`WAIT`, 0: off).
+pub fn judge(prev: Option<&Observation>, now: &Observation, wait_replicas: u32) -> Judgement {
     let lost = prev.and_then(|p| {
         // A restart loses nothing when every write was on disk before its reply, before the
-        // restart and after it.
+        // restart and after it; a failover nothing when the new primary had every write whose
+        // vote counted.
         let restart_loses = !(p.durable() && now.durable());
-        if p.run_id != now.run_id && restart_loses {
+        let failover_loses = !kept_every_confirmed_write(p, now, wait_replicas);
+        if p.run_id != now.run_id && restart_loses && failover_loses {
             Some(format!(
                 "restarted (run_id {} -> {})",
                 short(&p.run_id),
                 short(&now.run_id)
             ))
-        } else if now.uptime_secs < p.uptime_secs && restart_loses {
+        } else if now.uptime_secs < p.uptime_secs && restart_loses && failover_loses {
             Some("restarted (uptime went backwards)".to_string())
         } else if p.role != "master" && now.role == "master" {
             // A replica promoted in place (same run_id): replication is asynchronous, so it
@@ -123,6 +145,11 @@ pub fn judge(prev: Option<&Observation>, now: &Observation) -> Judgement {
         ))
     } else if now.loading {
         Some("loading its dataset".to_string())
+    } else if now.online_replicas < wait_replicas {
+        Some(format!(
+            "{} of the {wait_replicas} replicas wait_replicas needs are online: its writes cannot be confirmed",
+            now.online_replicas
+        ))
     } else {
         None
     };
@@ -130,6 +157,27 @@ pub fn judge(prev: Option<&Observation>, now: &Observation) -> Judgement {
         lost,
         unsafe_config,
     }
+}
+
+/// Whether `now`, a new primary, holds every write whose vote counted on the primary seen in
+/// `prev`, when every counted vote waited for `wait_replicas` replicas (docs/SAFETY.md,
+/// "Confirmed writes"): `now` continues `prev`'s replication history (a replica of it, promoted),
+/// with all of it up to `prev` (so every write before that look), and `prev` had no more
+/// replicas online than confirm each vote (so a vote after that look was confirmed by every
+/// replica, `now` included, unless the replicas changed since: the assumption).
+pub fn kept_every_confirmed_write(
+    prev: &Observation,
+    now: &Observation,
+    wait_replicas: u32,
+) -> bool {
+    wait_replicas > 0
+        && prev.role == "master"
+        && prev.online_replicas <= wait_replicas
+        && !prev.master_replid.is_empty()
+        && now.master_replid2 == prev.master_replid
+        && now
+            .second_repl_offset
+            .is_some_and(|first_new| first_new > prev.master_repl_offset)
 }
 
 fn short(run_id: &str) -> &str {
@@ -402,7 +450,10 @@ mod tests {
             ..obs(run_id, uptime)
         };
         let before = durable("aaaaaaaaaa", 100);
-        assert_eq!(judge(Some(&before), &durable("bbbbbbbbbb", 1)).lost, None);
+        assert_eq!(
+            judge(Some(&before), &durable("bbbbbbbbbb", 1), 0).lost,
+            None
+        );
         // Anything less than fsync-always AOF, before or after, may have lost the last writes.
         let weaker = [
             Observation {
@@ -419,9 +470,11 @@ mod tests {
             },
         ];
         for after in &weaker {
-            assert!(judge(Some(&before), after).lost.is_some(), "{after:?}");
+            assert!(judge(Some(&before), after, 0).lost.is_some(), "{after:?}");
             assert!(
-                judge(Some(after), &durable("cccccccccc", 1)).lost.is_some(),
+                judge(Some(after), &durable("cccccccccc", 1), 0)
+                    .lost
+                    .is_some(),
                 "{after:?}"
             );
         }
@@ -435,40 +488,40 @@ mod tests {
     fn judgements() {
         let base = obs("aaaaaaaaaa", 100);
         let lost = |j: Judgement| j.lost.is_some();
-        assert_eq!(judge(None, &base), Judgement::default());
+        assert_eq!(judge(None, &base, 0), Judgement::default());
         assert_eq!(
-            judge(Some(&base), &obs("aaaaaaaaaa", 101)),
+            judge(Some(&base), &obs("aaaaaaaaaa", 101), 0),
             Judgement::default()
         );
-        assert!(lost(judge(Some(&base), &obs("bbbbbbbbbb", 1))));
-        assert!(lost(judge(Some(&base), &obs("aaaaaaaaaa", 5))));
+        assert!(lost(judge(Some(&base), &obs("bbbbbbbbbb", 1), 0)));
+        assert!(lost(judge(Some(&base), &obs("aaaaaaaaaa", 5), 0)));
         let wiped = Observation {
             data_wipes: 1,
             ..base.clone()
         };
-        assert!(lost(judge(Some(&base), &wiped)));
+        assert!(lost(judge(Some(&base), &wiped, 0)));
         let evicted = Observation {
             evicted_keys: 2,
             ..base.clone()
         };
         assert_eq!(
-            judge(Some(&base), &evicted).lost.as_deref(),
+            judge(Some(&base), &evicted, 0).lost.as_deref(),
             Some("2 keys evicted")
         );
         let replica = Observation {
             role: "slave".into(),
             ..base.clone()
         };
-        assert!(judge(Some(&base), &replica).unsafe_config.is_some());
+        assert!(judge(Some(&base), &replica, 0).unsafe_config.is_some());
         assert_eq!(
-            judge(Some(&replica), &base).lost.as_deref(),
+            judge(Some(&replica), &base, 0).lost.as_deref(),
             Some("promoted from slave to master")
         );
         let lru = Observation {
             maxmemory_policy: "allkeys-lru".into(),
             ..base.clone()
         };
-        assert!(judge(None, &lru)
+        assert!(judge(None, &lru, 0)
             .unsafe_config
             .unwrap()
             .contains("allkeys-lru"));
@@ -476,7 +529,118 @@ mod tests {
             loading: true,
             ..base.clone()
         };
-        assert!(judge(None, &loading).unsafe_config.is_some());
+        assert!(judge(None, &loading, 0).unsafe_config.is_some());
+    }
+
+    /// docs/SAFETY.md, "Confirmed writes": with every vote confirmed by `wait_replicas`
+    /// replicas, a failover to a replica that had its primary's whole history up to the last
+    /// look is no loss; anything less is.
+    #[test]
+    fn a_failover_keeps_the_confirmed_writes_only_to_a_replica_that_had_them() {
+        let primary = Observation {
+            master_replid: "1111".into(),
+            master_replid2: "0000".into(),
+            master_repl_offset: 5000,
+            online_replicas: 1,
+            ..obs("aaaaaaaaaa", 100)
+        };
+        let promoted = Observation {
+            master_replid: "2222".into(),
+            master_replid2: "1111".into(),
+            promoted: true,
+            second_repl_offset: Some(5001),
+            online_replicas: 1,
+            ..obs("bbbbbbbbbb", 90)
+        };
+        assert!(kept_every_confirmed_write(&primary, &promoted, 1));
+        assert_eq!(judge(Some(&primary), &promoted, 1).lost, None);
+        let cases: [(&str, Observation, Observation, u32); 6] = [
+            ("wait_replicas off", primary.clone(), promoted.clone(), 0),
+            (
+                "it missed the end of the history the last look saw",
+                primary.clone(),
+                Observation {
+                    second_repl_offset: Some(5000),
+                    ..promoted.clone()
+                },
+                1,
+            ),
+            (
+                "another history",
+                primary.clone(),
+                Observation {
+                    master_replid2: "3333".into(),
+                    ..promoted.clone()
+                },
+                1,
+            ),
+            (
+                "more replicas online than confirm each vote",
+                Observation {
+                    online_replicas: 2,
+                    ..primary.clone()
+                },
+                promoted.clone(),
+                1,
+            ),
+            (
+                "the last look was not at a primary",
+                Observation {
+                    role: "slave".into(),
+                    ..primary.clone()
+                },
+                promoted.clone(),
+                1,
+            ),
+            (
+                "never promoted (a restart)",
+                primary.clone(),
+                Observation {
+                    second_repl_offset: None,
+                    master_replid2: "0000".into(),
+                    promoted: false,
+                    ..promoted.clone()
+                },
+                1,
+            ),
+        ];
+        for (case, before, after, wait_replicas) in cases {
+            assert!(
+                !kept_every_confirmed_write(&before, &after, wait_replicas),
+                "{case}"
+            );
+            assert!(
+                judge(Some(&before), &after, wait_replicas).lost.is_some(),
+                "{case}"
+            );
+        }
+        // Fewer replicas online than must confirm: its votes cannot count.
+        let alone = Observation {
+            online_replicas: 0,
+            ..primary.clone()
+        };
+        assert!(judge(None, &alone, 1)
+            .unsafe_config
+            .unwrap()
+            .contains("0 of the 1"));
+        assert_eq!(judge(None, &alone, 0).unsafe_config, None);
+    }
+
+    #[test]
+    fn parses_the_replication_fields() {
+        let text = "role:master\r\nconnected_slaves:2\r\nslave0:ip=127.0.0.1,port=7001,state=online,offset=90,lag=0\r\nslave1:ip=127.0.0.1,port=7002,state=wait_bgsave,offset=0,lag=0\r\nmaster_failover_state:no-failover\r\nmaster_replid:abcd\r\nmaster_replid2:ef01\r\nmaster_repl_offset:90\r\nsecond_repl_offset:41\r\n";
+        let o = parse_info(text);
+        assert_eq!(o.online_replicas, 1);
+        assert_eq!(
+            (o.master_replid.as_str(), o.master_replid2.as_str()),
+            ("abcd", "ef01")
+        );
+        assert_eq!((o.master_repl_offset, o.second_repl_offset), (90, Some(41)));
+        assert!(o.promoted);
+        assert_eq!(
+            parse_info("second_repl_offset:-1\r\n").second_repl_offset,
+            None
+        );
     }
 
     fn markers(armed: Option<&str>, pttl: i64, value: Option<&str>) -> Reply {

@@ -49,8 +49,12 @@
 //!   disk** (AOF on, or keys loaded from an RDB) less than B ago may have lost its last writes:
 //!   quarantined for the rest of B.
 //! - A master in an **unsafe configuration** (role other than master, `maxmemory-policy` other
-//!   than `noeviction`, still loading) is refused for as long as that lasts, with the reason
-//!   logged and shown in `INFO`.
+//!   than `noeviction`, still loading, fewer replicas online than `wait_replicas`) is refused
+//!   for as long as that lasts, with the reason logged and shown in `INFO`.
+//! - With `wait_replicas`, a **failover to a replica that had every confirmed write** (it
+//!   continues the old primary's replication history past this proxy's last look at it, and
+//!   that look showed no more replicas than confirm each vote) is no loss: re-stamped, not
+//!   quarantined (docs/SAFETY.md "Confirmed writes").
 //! - A master is not trusted on a fresh connection until one poll on it has been judged: a
 //!   restart always breaks the TCP connection, so no vote from a restarted master is counted
 //!   before its new state is seen.
@@ -216,6 +220,9 @@ pub struct MonitorConfig {
     /// Scripts kept loaded on every master: acquires call them by SHA1 (a master that lost
     /// one gets the body from the acquire itself meanwhile).
     pub preload: Vec<&'static str>,
+    /// How many replicas confirm every vote (`WAIT`; 0: off): a primary with fewer online may
+    /// not vote, and a failover to a replica that had every confirmed write is no loss.
+    pub wait_replicas: u32,
 }
 
 /// Watches every master (its link and the health record its voter reads) until `stop`
@@ -503,7 +510,7 @@ impl Monitor {
                 )
             });
         let judged = obs.clone();
-        let mut lost = health.observe(&link.addr, obs, twin);
+        let mut lost = health.observe(&link.addr, obs, twin, policy.wait_replicas);
         if armed {
             self.view.decide(Deployment::Live, "a master is armed");
         }

@@ -243,11 +243,12 @@ impl MasterHealth {
         addr: &str,
         obs: Observation,
         also_unsafe: Option<String>,
+        wait_replicas: u32,
     ) -> Option<String> {
         let Ok(mut h) = self.state.lock() else {
             return None;
         };
-        let mut verdict = judge(h.last.as_ref(), &obs);
+        let mut verdict = judge(h.last.as_ref(), &obs, wait_replicas);
         verdict.unsafe_config = verdict.unsafe_config.or(also_unsafe);
         if verdict.unsafe_config != h.unsafe_reason {
             match &verdict.unsafe_config {

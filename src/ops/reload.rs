@@ -107,7 +107,7 @@ fn changes(old: &Config, new: &Config) -> Changes {
         // The TLS listener and the masters' TLS: the files are re-read from the paths the
         // proxy started with (the certificate hook); other paths, or another mode, need a
         // restart.
-        restart: backends, local, drift_factor, max_lock_ttl_ms, quarantine, token_clock, bind,
+        restart: backends, local, drift_factor, max_lock_ttl_ms, wait_replicas, quarantine, token_clock, bind,
         port, threads, log_format, metrics, tls_port, tls_cert_file, tls_key_file,
         tls_ca_cert_file, tls_auth_clients, backend_tls_ca_cert_file, backend_tls_cert_file,
         backend_tls_key_file, allow_locks_without_expiry, no_quorum_reply;

@@ -250,6 +250,15 @@ impl Pending {
         result
     }
 
+    /// Whether `other` went on the same connection as this request (so a `WAIT` in `other`
+    /// covers this request's writes).
+    pub fn on_same_connection(&self, other: &Pending) -> bool {
+        match (&self.sent, &other.sent) {
+            (Some((_, mine)), Some((_, theirs))) => Arc::ptr_eq(mine, theirs),
+            _ => false,
+        }
+    }
+
     /// When its node timeout runs out.
     pub fn timeout_at(&self) -> Instant {
         self.queued_at + self.node_timeout
