@@ -41,6 +41,8 @@ pub struct FakeMaster {
     stalled: watch::Sender<bool>,
     /// `true` while down: connects are refused and open connections end.
     down: watch::Sender<bool>,
+    /// How many replicas acknowledge every write (what `WAIT` answers, at once).
+    replicas: AtomicU64,
 }
 
 #[derive(Default)]
@@ -62,6 +64,7 @@ impl FakeMaster {
             connections: AtomicU64::new(0),
             stalled: watch::Sender::new(false),
             down: watch::Sender::new(false),
+            replicas: AtomicU64::new(0),
         })
     }
 
@@ -88,6 +91,11 @@ impl FakeMaster {
     /// markers).
     pub fn wipe(&self) {
         self.state.lock().unwrap().keys.clear();
+    }
+
+    /// Has `n` replicas that acknowledge every write at once (`WAIT` answers `n`).
+    pub fn set_replicas(&self, n: u64) {
+        self.replicas.store(n, Ordering::Relaxed);
     }
 
     /// Forgets its scripts (a `SCRIPT FLUSH`).
@@ -174,6 +182,7 @@ impl FakeMaster {
                 self.born.elapsed().as_secs()
             )),
             "CONFIG" => Reply::Array(vec![Reply::bulk("appendfsync"), Reply::bulk("everysec")]),
+            "WAIT" => Reply::Integer(self.replicas.load(Ordering::Relaxed) as i64),
             "GET" => live(&state.keys, &arg(1)).cloned().map_or(Reply::Null, Reply::Bulk),
             "SET" => {
                 let nx = args[3..].iter().any(|a| a.eq_ignore_ascii_case(b"NX"));

@@ -12,8 +12,8 @@
 //!   connection ([`Voter::eligible`]). An ineligible master still gets the request (a release
 //!   must reach it too), but its vote is missing at once, or [`Vote::Fenced`] while it is
 //!   quarantined.
-//! - With `wait_replicas` = R, an eligible master's answer counts only once the `WAIT R` sent
-//!   after it on the same connection counted R replicas ([`Confirm`], [`Asked`];
+//! - With `wait_replicas` = R, an eligible master's answer counts only once a `WAIT R` written
+//!   after it on the same connection counted R replicas ([`Link::send_commands`];
 //!   docs/SAFETY.md "Confirmed writes"); otherwise it is missing (unconfirmed).
 //! - Every missing vote carries its reason, counted per master ([`VoteStats`], `INFO`).
 
@@ -21,7 +21,7 @@ use crate::config::Config;
 use crate::dial::{Dial, PASSWORD_ENV};
 use crate::health::{self, MasterHealth};
 use crate::live::LiveDuration;
-use crate::protocol::{encode_command, Reply, ScriptCall};
+use crate::protocol::{Reply, ScriptCall};
 use crate::redlock::{merge, merged, quorum, MergeRule, MissingReason, Vote};
 use crate::secret::Secret;
 use crate::tls::master_client_config;
@@ -228,45 +228,44 @@ impl Voter {
         self.health.state(self.link.connect_count())
     }
 
-    /// Hands `request` to the link, followed by `confirm`'s `WAIT` if given; `Err` is the vote
-    /// at once when this master's answer cannot count (it is asked anyway:
-    /// [`Voter::absent_vote`]).
-    fn send(&self, request: Ask, replies: usize, confirm: Option<&Confirm>) -> Result<Asked, Vote> {
+    /// Hands `request` to the link; `Err` is the vote at once when this master's answer
+    /// cannot count (it is asked anyway: [`Voter::absent_vote`]). With `wait_replicas` (> 0)
+    /// a vote counts only once a `WAIT` after it counted that many replicas
+    /// ([`Link::send_commands`]).
+    fn send(&self, request: Ask, replies: usize, wait_replicas: u32) -> Result<Pending, Vote> {
         let eligible = self.eligible();
+        let confirm = (eligible && wait_replicas > 0).then_some(wait_replicas);
         // A script call whose script the master lost is sent again with the body by the link
         // itself ([`Link::send_script`]).
         let pending = match request {
-            Ask::Commands(payload) => self.link.send(payload, replies),
-            Ask::Script(script, call) => self.link.send_script(script, call),
-            Ask::BySha { by_sha, by_body } => self.link.send_by_sha(by_sha, by_body, replies),
+            Ask::Commands(payload) => self.link.send_commands(payload, replies, confirm),
+            Ask::Script(script, call) => self.link.send_script(script, call, confirm),
+            Ask::BySha { by_sha, by_body } => {
+                self.link.send_by_sha(by_sha, by_body, replies, confirm)
+            }
         };
-        if !eligible {
+        if eligible {
+            Ok(pending)
+        } else {
             drop(pending);
-            return Err(self.absent_vote());
+            Err(self.absent_vote())
         }
-        let Some(confirm) = confirm else {
-            return Ok(Asked::new(pending, None));
-        };
-        // `WAIT` covers the writes sent before it on its own connection only.
-        let wait = self.link.send(confirm.command.clone(), 1);
-        if !pending.on_same_connection(&wait) {
-            drop((pending, wait));
-            let vote = Vote::Missing(MissingReason::Unconfirmed);
-            self.stats.count(&vote);
-            return Err(vote);
-        }
-        Ok(Asked::new(pending, Some((wait, confirm.replicas))))
     }
 
     /// The vote of an answer (or its absence) to a request sent at `asked`.
-    fn vote_on(&self, answer: Result<Reply, MissingReason>, asked: Instant) -> Vote {
+    fn vote_on(&self, answer: Result<Reply, NoReply>, asked: Instant) -> Vote {
         let vote = match answer {
             Ok(reply) => {
                 let took = asked.elapsed().as_secs_f64();
                 self.stats.reply_duration.observe(took);
                 Vote::Replied(reply)
             }
-            Err(why) => Vote::Missing(why),
+            Err(why) => Vote::Missing(match why {
+                NoReply::NoLink => MissingReason::NoLink,
+                NoReply::Timeout => MissingReason::Timeout,
+                NoReply::Closed => MissingReason::Closed,
+                NoReply::Unconfirmed => MissingReason::Unconfirmed,
+            }),
         };
         self.stats.count(&vote);
         vote
@@ -285,105 +284,13 @@ impl Voter {
     }
 }
 
-/// The `WAIT` that follows every request to an eligible master when votes need replicas'
-/// confirmation (`wait_replicas`, docs/SAFETY.md "Confirmed writes").
-pub struct Confirm {
-    /// `WAIT <replicas> <ms>`, the ms well within the node timeout.
-    command: Bytes,
-    replicas: u32,
-}
-
-impl Confirm {
-    /// The confirmation by `replicas` replicas (`None`: off), waited for at most half the
-    /// node timeout (at least 1 ms: `WAIT … 0` would block for ever).
-    pub fn new(replicas: u32, node_timeout: Duration) -> Option<Confirm> {
-        let ms = (node_timeout.as_millis() / 2).max(1).to_string();
-        (replicas > 0).then(|| Confirm {
-            command: encode_command(&["WAIT", &replicas.to_string(), &ms]),
-            replicas,
-        })
-    }
-}
-
-/// A request to one master and, with [`Confirm`], the `WAIT` after it: its answer counts once
-/// both have come and `WAIT` counted enough replicas.
-pub struct Asked {
-    reply: Pending,
-    /// The request's answer, once come, while the `WAIT`'s is awaited.
-    answer: Option<Result<Reply, NoReply>>,
-    confirm: Option<(Pending, u32)>,
-}
-
-impl Asked {
-    fn new(reply: Pending, confirm: Option<(Pending, u32)>) -> Asked {
-        Asked {
-            reply,
-            answer: None,
-            confirm,
-        }
-    }
-
-    fn queued_at(&self) -> Instant {
-        self.reply.queued_at
-    }
-
-    /// When the last of its node timeouts runs out.
-    fn timeout_at(&self) -> Instant {
-        let reply = self.reply.timeout_at();
-        self.confirm
-            .as_ref()
-            .map_or(reply, |(wait, _)| wait.timeout_at().max(reply))
-    }
-
-    fn poll_answer(&mut self, cx: &mut Context<'_>) -> Poll<Result<Reply, MissingReason>> {
-        if self.answer.is_none() {
-            match self.reply.poll_answer(cx) {
-                Poll::Ready(answer) => self.answer = Some(answer),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-        let confirmed = match &mut self.confirm {
-            None => None,
-            Some((wait, replicas)) => match wait.poll_answer(cx) {
-                Poll::Ready(answer) => Some((answer, *replicas)),
-                Poll::Pending => return Poll::Pending,
-            },
-        };
-        let answer = self.answer.take().unwrap_or(Err(NoReply::Closed));
-        Poll::Ready(match (answer, confirmed) {
-            (Err(why), _) | (Ok(_), Some((Err(why), _))) => Err(missing(why)),
-            (Ok(reply), None) => Ok(reply),
-            (Ok(reply), Some((Ok(Reply::Integer(acks)), replicas))) if acks >= replicas as i64 => {
-                Ok(reply)
-            }
-            (Ok(_), Some((Ok(_), _))) => Err(MissingReason::Unconfirmed),
-        })
-    }
-
-    /// Gives up at its node timeout, aborting the connection ([`Pending::time_out`]).
-    fn time_out(self) -> MissingReason {
-        if let Some((wait, _)) = self.confirm {
-            let _ = wait.time_out();
-        }
-        missing(self.reply.time_out())
-    }
-}
-
-fn missing(why: NoReply) -> MissingReason {
-    match why {
-        NoReply::NoLink => MissingReason::NoLink,
-        NoReply::Timeout => MissingReason::Timeout,
-        NoReply::Closed => MissingReason::Closed,
-    }
-}
-
 /// The votes of a fan-out still to come, each within its node timeout, in the order they
 /// come. One timer for all of them and no task or allocation per master: a fan-out's requests
 /// all leave within microseconds of each other.
 #[derive(Default)]
 pub struct LateVotes {
     /// (master index, voter, its request's answer to come).
-    waiting: Vec<(usize, Arc<Voter>, Asked)>,
+    waiting: Vec<(usize, Arc<Voter>, Pending)>,
     /// Wakes the fan-out at the earliest node timeout among `waiting`.
     timer: Option<Pin<Box<Sleep>>>,
 }
@@ -407,8 +314,8 @@ impl LateVotes {
                         Poll::Pending => None,
                     });
             if let Some((at, answer)) = came {
-                let (i, voter, asked) = self.waiting.swap_remove(at);
-                return Poll::Ready(Some((i, voter.vote_on(answer, asked.queued_at()))));
+                let (i, voter, pending) = self.waiting.swap_remove(at);
+                return Poll::Ready(Some((i, voter.vote_on(answer, pending.queued_at))));
             }
             let Some((at, earliest)) = (self.waiting.iter().map(|w| w.2.timeout_at()))
                 .enumerate()
@@ -417,9 +324,9 @@ impl LateVotes {
                 return Poll::Ready(None);
             };
             if Instant::now() >= earliest {
-                let (i, voter, asked) = self.waiting.swap_remove(at);
-                let queued_at = asked.queued_at();
-                let vote = voter.vote_on(Err(asked.time_out()), queued_at);
+                let (i, voter, pending) = self.waiting.swap_remove(at);
+                let asked = pending.queued_at;
+                let vote = voter.vote_on(Err(pending.time_out()), asked);
                 return Poll::Ready(Some((i, vote)));
             }
             let timer = self
@@ -641,9 +548,9 @@ impl Masters {
         };
         let mut votes = vec![Vote::Pending; self.voters.len()];
         let mut late = LateVotes::default();
-        let confirm = Confirm::new(self.settings.health.wait_replicas, self.node_timeout());
+        let wait_replicas = self.settings.health.wait_replicas;
         for (i, voter) in self.voters.iter().enumerate() {
-            match ask(i).map(|request| voter.send(request, replies, confirm.as_ref())) {
+            match ask(i).map(|request| voter.send(request, replies, wait_replicas)) {
                 None => votes[i] = voter.absent_vote(),
                 Some(Err(vote)) => votes[i] = vote,
                 Some(Ok(pending)) => late.waiting.push((i, voter.clone(), pending)),

@@ -44,11 +44,14 @@
 //!   token counter, the proxy's `lock.lua`); its memory per held lock beyond the lock key at
 //!   several lock counts (through the proxy, and with shorter counter keys and records); a
 //!   `perf` summary of where its time goes (see `masters_cost.rs`).
+//! - `confirm`: lock cycles through the proxy over 3 fresh masters with a replica each, without
+//!   and with `--wait-replicas 1`, at depth 1 and 16, interleaved rounds (issue 26).
 //!
 //! Every proxy is the release binary run as a separate process (the test kit's
 //! `launcher::ProxyProcess`), started fresh for each cell. Knobs (`BENCH_*` environment
 //! variables): settings.rs and BENCHMARKS.md.
 
+mod confirm;
 mod contention;
 mod cpu;
 mod cycles;
@@ -496,6 +499,21 @@ impl Bench {
         }
     }
 
+    /// `wait_replicas` 0 vs 1 over masters with replicas (see [`confirm`]).
+    fn confirm(&mut self) {
+        let s = self.settings.clone();
+        match self.block_on(confirm::run(&s, self.hz, arm)) {
+            Ok(run) => {
+                for round in &run.rounds {
+                    progress(&cycle_line(&round.off));
+                    progress(&cycle_line(&round.on));
+                }
+                self.results.confirm = Some(run);
+            }
+            Err(err) => self.skip(format!("confirm: {err}")),
+        }
+    }
+
     /// Wake-ups of blocked waiters (see [`wakeup`]): the latency rounds against the first
     /// master directly and fresh proxies over 3 and 5 masters, then the idle waiters through a
     /// fresh proxy over 5 masters and on a fresh redis-server.
@@ -885,6 +903,7 @@ fn main() {
             "wakeup" => bench.wakeup(),
             "latency" => bench.latency(),
             "masters" => bench.masters(),
+            "confirm" => bench.confirm(),
             _ => unreachable!("every section is handled"),
         }
     }

@@ -26,6 +26,7 @@ pub struct Results {
     pub idle: Vec<crate::wakeup::IdleResult>,
     pub latency: Option<crate::latency::LatencyRun>,
     pub masters: Option<crate::masters_cost::MastersRun>,
+    pub confirm: Option<crate::confirm::ConfirmRun>,
     pub skipped: Vec<String>,
 }
 
@@ -478,6 +479,10 @@ pub fn render(settings: &Settings, env: &str, results: &Results, elapsed: Durati
 
     if let Some(run) = &results.masters {
         crate::masters_cost::render(&mut md, settings, run);
+    }
+
+    if let Some(run) = &results.confirm {
+        crate::confirm::render(&mut md, settings, run);
     }
 
     if !results.skipped.is_empty() {

@@ -14,7 +14,7 @@
 //! | `BENCH_NODE_DIRECT_PER_WORKER` | `0` | `node`: `1` adds, at the largest worker count, node redlock with one ioredis client per worker per master (5 × W connections) |
 //! | `BENCH_NODE_PROCS` | `1` | `node`: node processes sharing the workers (each with its own ioredis clients): the load generator is no longer one thread |
 //! | `BENCH_NODE_HOGS` | `0` | `node`: busy processes (`yes > /dev/null`) running beside every node cell, a loaded machine |
-//! | `BENCH_ROUNDS` | `3` | repetitions (interleaved) of redis-benchmark `-P 1`, of node at the most workers, of `cpu`'s cells and of `metrics` |
+//! | `BENCH_ROUNDS` | `3` | repetitions (interleaved) of redis-benchmark `-P 1`, of node at the most workers, of `cpu`'s cells, of `metrics` and of `confirm` |
 //! | `BENCH_CLIENT_THREADS` | `1` | tokio worker threads of the load generator |
 //! | `BENCH_RELEASE` | `evalsha` | release command of `cycles`: `evalsha` or `eval` |
 //! | `BENCH_TTL_MS` | `30000` | lock TTL |
@@ -45,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Every section, in the order they run.
-pub const SECTIONS: [&str; 12] = [
+pub const SECTIONS: [&str; 13] = [
     "cycles",
     "clientside",
     "node",
@@ -58,6 +58,7 @@ pub const SECTIONS: [&str; 12] = [
     "wakeup",
     "latency",
     "masters",
+    "confirm",
 ];
 
 /// Which server a load runs against.

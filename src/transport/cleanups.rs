@@ -75,6 +75,7 @@ impl Cleanups {
                 reply: None,
                 cleanup_expires: Some(p.expires),
                 queued_at: now,
+                confirm: None,
             })
             .collect()
     }

@@ -53,6 +53,9 @@ pub(super) struct Outgoing {
     pub(super) cleanup_expires: Option<Instant>,
     /// When the caller handed it over (and started its own node timeout).
     pub(super) queued_at: Instant,
+    /// Answer only once a `WAIT` for this many replicas, written after it, has answered
+    /// ([`super::Link::send_commands`]).
+    pub(super) confirm: Option<u32>,
 }
 
 /// Where a written request's replies go.
@@ -61,6 +64,19 @@ pub(super) enum Recipients {
     One(Option<ReplyTo>),
     /// Merged script calls: element `i` of the reply array goes to caller `i`.
     Merged(MergedCalls),
+    /// A `WAIT` for `replicas` replicas, and the requests written before it that wait for it:
+    /// where each one's answer was delivered, and its caller.
+    Confirm {
+        replicas: u32,
+        requests: Vec<Unconfirmed>,
+    },
+}
+
+/// A request written with a confirmation: its answer is delivered to `answered` (by the reader,
+/// as any answer), and handed to `caller` once the `WAIT` after it has answered.
+pub(super) struct Unconfirmed {
+    pub(super) answered: oneshot::Receiver<Answer>,
+    pub(super) caller: ReplyTo,
 }
 
 /// A written request waiting for its replies.

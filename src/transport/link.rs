@@ -133,28 +133,48 @@ impl Link {
 
     /// Queues `payload` (which produces `replies` replies) on the current connection, now.
     pub fn send(&self, payload: Bytes, replies: usize) -> Pending {
-        self.send_payload(Payload::Commands(payload), replies)
+        self.send_commands(payload, replies, None)
+    }
+
+    /// [`Link::send`], confirmed by `confirm` replicas if given: the answer comes once a
+    /// `WAIT <confirm>` the writer puts after it on the same connection has answered, and is
+    /// [`NoReply::Unconfirmed`] unless that `WAIT` counted as many replicas (one `WAIT` after
+    /// each write burst serves every request in it: [`super::writer`]). So does the `confirm`
+    /// of [`Link::send_by_sha`] and [`Link::send_script`].
+    pub fn send_commands(&self, payload: Bytes, replies: usize, confirm: Option<u32>) -> Pending {
+        self.send_payload(Payload::Commands(payload), replies, confirm)
     }
 
     /// Queues commands led by an `EVALSHA` (`by_sha`); if the master answers it `NOSCRIPT`,
     /// the same commands with the body (`by_body`) go out at once in their place.
-    pub fn send_by_sha(&self, by_sha: Bytes, by_body: Bytes, replies: usize) -> Pending {
-        self.send_payload(Payload::BySha { by_sha, by_body }, replies)
+    pub fn send_by_sha(
+        &self,
+        by_sha: Bytes,
+        by_body: Bytes,
+        replies: usize,
+        confirm: Option<u32>,
+    ) -> Pending {
+        self.send_payload(Payload::BySha { by_sha, by_body }, replies, confirm)
     }
 
     /// Queues a call of `script` by SHA1 with this request's keys and arguments; the writer
     /// merges it with the calls of `script` queued right after it (module header). The reply is
     /// what the script's reply array holds for this call.
-    pub fn send_script(&self, script: Arc<SharedScript>, call: ScriptCall) -> Pending {
+    pub fn send_script(
+        &self,
+        script: Arc<SharedScript>,
+        call: ScriptCall,
+        confirm: Option<u32>,
+    ) -> Pending {
         let payload = Payload::Script {
             script,
             call,
             invoke_by_body: false,
         };
-        self.send_payload(payload, 1)
+        self.send_payload(payload, 1, confirm)
     }
 
-    fn send_payload(&self, payload: Payload, replies: usize) -> Pending {
+    fn send_payload(&self, payload: Payload, replies: usize, confirm: Option<u32>) -> Pending {
         let (tx, rx) = oneshot::channel();
         let queued_at = Instant::now();
         let out = Outgoing {
@@ -163,6 +183,7 @@ impl Link {
             reply: Some(tx),
             cleanup_expires: None,
             queued_at,
+            confirm,
         };
         let sent = self
             .usable_connection()
@@ -185,6 +206,7 @@ impl Link {
             reply: Some(tx),
             cleanup_expires: Some(now + lives),
             queued_at: now,
+            confirm: None,
         };
         let conn = self.current.lock().ok().and_then(|c| c.clone());
         let sent = match conn {
@@ -248,15 +270,6 @@ impl Pending {
             conn.abort();
         }
         result
-    }
-
-    /// Whether `other` went on the same connection as this request (so a `WAIT` in `other`
-    /// covers this request's writes).
-    pub fn on_same_connection(&self, other: &Pending) -> bool {
-        match (&self.sent, &other.sent) {
-            (Some((_, mine)), Some((_, theirs))) => Arc::ptr_eq(mine, theirs),
-            _ => false,
-        }
     }
 
     /// When its node timeout runs out.

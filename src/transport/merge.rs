@@ -130,6 +130,8 @@ impl MergedCalls {
                     reply,
                     cleanup_expires: None,
                     queued_at,
+                    // As for any resend with the body: see `reader::answer_one`.
+                    confirm: None,
                 };
                 // A closed queue drops the request: its caller sees the channel close.
                 let _ = resend.send(again);

@@ -33,6 +33,10 @@
 //!   callers still wait (a release whose quorum was reached without this master must still
 //!   delete the key there).
 //! - A caller never waits longer than the node timeout for one reply ([`Pending::wait`]).
+//! - A request sent with a confirmation ([`Link::send_commands`]) is answered only once a
+//!   `WAIT` written after it on the same connection has answered: its reply if the `WAIT`
+//!   counted the replicas asked for, else [`NoReply::Unconfirmed`]. The writer puts one `WAIT`
+//!   after each write burst that holds such requests, for all of them.
 //!
 //! The byte stream comes from a [`Connect`]: TCP or TLS with its `AUTH` done in production
 //! ([`crate::dial`]); the deterministic tests use in-memory pipes to a scripted master and
@@ -99,6 +103,9 @@ pub enum NoReply {
     Timeout,
     /// The connection ended before the reply came.
     Closed,
+    /// The reply came, but the `WAIT` after it did not count the replicas asked for
+    /// ([`Link::send_commands`]).
+    Unconfirmed,
 }
 
 /// A script that many requests call (see the module header): its SHA1 for the call, its body

@@ -16,7 +16,7 @@
 //!   the same connection, whether or not its caller still waits.
 
 use super::connection::{
-    Answer, AwaitingReply, Connection, Outgoing, Payload, Pipe, Recipients, ReplyTo,
+    Answer, AwaitingReply, Connection, Outgoing, Payload, Pipe, Recipients, ReplyTo, Unconfirmed,
 };
 use super::{Link, NoReply, ReadHalf};
 use crate::protocol::{decode_reply, Reply};
@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
+use tokio::sync::oneshot::error::TryRecvError;
 use tokio::time::{sleep_until, Instant};
 
 pub(super) async fn read_loop(
@@ -157,7 +158,29 @@ impl AwaitingReply {
             ),
             Recipients::One(None) => {}
             Recipients::Merged(merged) => merged.answer(answer, self.queued_at, resend),
+            Recipients::Confirm { replicas, requests } => confirm(&answer, replicas, requests),
         }
+    }
+}
+
+/// Hands each request written before a `WAIT` (answered `wait`) its answer, if the `WAIT`
+/// counted `replicas` replicas; else [`NoReply::Unconfirmed`]. An answer not delivered yet is
+/// one that was sent again with the script's body after `NOSCRIPT`, after this `WAIT`: its
+/// write is not covered, so it is unconfirmed too.
+fn confirm(wait: &Answer, replicas: u32, requests: Vec<Unconfirmed>) {
+    let confirmed = matches!(wait, Ok(Reply::Integer(acks)) if *acks >= i64::from(replicas));
+    for Unconfirmed {
+        mut answered,
+        caller,
+    } in requests
+    {
+        let answer = match answered.try_recv() {
+            Ok(Ok(reply)) if confirmed => Ok(reply),
+            Ok(Ok(_)) | Err(TryRecvError::Empty) => Err(NoReply::Unconfirmed),
+            Ok(Err(why)) => Err(why),
+            Err(TryRecvError::Closed) => Err(NoReply::Closed),
+        };
+        let _ = caller.send(answer);
     }
 }
 
@@ -184,6 +207,9 @@ fn answer_one(
                 reply: Some(tx),
                 cleanup_expires: None,
                 queued_at,
+                // The caller's confirmation, if it asked for one, was for the first write:
+                // the `WAIT` after it finds no answer and says unconfirmed (writer.rs).
+                confirm: None,
             };
             // A closed queue drops the request: its caller sees the channel close.
             let _ = resend.send(again);

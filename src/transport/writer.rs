@@ -12,15 +12,21 @@
 //! - Once the connection is aborted nothing more is written; requests queued but never written
 //!   are dropped (their callers see their channel close), except clean-ups, which are kept for
 //!   the next connection.
+//! - Every write that holds requests asking for a confirmation ends with one `WAIT` for all of
+//!   them (`WAIT` covers every write its connection sent before it): none is held back, since
+//!   a write always flushes the held lock operations first.
 
-use super::connection::{AwaitingReply, Outgoing, Payload, Pipe};
+use super::connection::{AwaitingReply, Outgoing, Payload, Pipe, Recipients, Unconfirmed};
 use super::merge::Merging;
 use super::{Link, WriteHalf};
+use crate::live::LiveDuration;
+use crate::protocol::encode_command;
 use bytes::BytesMut;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use tokio::io::AsyncWriteExt;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
 
 /// Largest batch the writer gathers before writing.
 const WRITE_BATCH: usize = 256 * 1024;
@@ -52,6 +58,9 @@ pub(super) async fn write_loop(
     let mut batch = Batch {
         buf: BytesMut::with_capacity(16 * 1024),
         merging: Merging::default(),
+        unconfirmed: Vec::new(),
+        confirm_replicas: 0,
+        node_timeout: link.node_timeout.clone(),
     };
     loop {
         // Something to write, or (while calls are held) an answer that may release them.
@@ -88,10 +97,16 @@ pub(super) async fn write_loop(
     }
 }
 
-/// The next write: its bytes, and the script calls gathered to merge.
+/// The next write: its bytes, the script calls gathered to merge, and the requests in either
+/// that wait for a confirmation.
 struct Batch {
     buf: BytesMut,
     merging: Merging,
+    unconfirmed: Vec<Unconfirmed>,
+    /// The most replicas any of them asks for.
+    confirm_replicas: u32,
+    /// Its `WAIT` waits at most half of it, so that the requests it confirms still have time.
+    node_timeout: LiveDuration,
 }
 
 impl Batch {
@@ -121,13 +136,45 @@ impl Batch {
             && !self.merging.is_full();
         if !hold {
             self.merging.flush(&mut self.buf, &mut queue);
+            if !self.unconfirmed.is_empty() {
+                self.confirm(&mut queue);
+            }
         }
         true
     }
 
+    /// Ends the write with a `WAIT` for the requests in it that ask for a confirmation.
+    fn confirm(&mut self, queue: &mut VecDeque<AwaitingReply>) {
+        let replicas = std::mem::take(&mut self.confirm_replicas);
+        // `WAIT … 0` would block for ever.
+        let ms = (self.node_timeout.get().as_millis() / 2).max(1);
+        let wait = encode_command(&["WAIT", &replicas.to_string(), &ms.to_string()]);
+        let awaiting = AwaitingReply {
+            replies: 1,
+            got: Vec::with_capacity(1),
+            to: Recipients::Confirm {
+                replicas,
+                requests: std::mem::take(&mut self.unconfirmed),
+            },
+            cleanup: None,
+            by_body: None,
+            queued_at: Instant::now(),
+        };
+        self.write_alone(&wait, awaiting, queue);
+    }
+
     /// Adds one request: a script call to the gathered ones (flushing those first if it cannot
     /// join them), anything else to the buffer after them.
-    fn put(&mut self, out: Outgoing, queue: &mut VecDeque<AwaitingReply>) {
+    fn put(&mut self, mut out: Outgoing, queue: &mut VecDeque<AwaitingReply>) {
+        if let Some(replicas) = out.confirm {
+            if let Some(caller) = out.reply.take() {
+                // The reader delivers the answer here; the `WAIT` hands it to the caller.
+                let (answer_to, answered) = oneshot::channel();
+                out.reply = Some(answer_to);
+                self.unconfirmed.push(Unconfirmed { answered, caller });
+                self.confirm_replicas = self.confirm_replicas.max(replicas);
+            }
+        }
         match out.payload {
             Payload::Script {
                 script,
@@ -202,7 +249,7 @@ mod tests {
             .map(|i| {
                 let key = format!("k{i}");
                 let call = ScriptCall::new(&[&[key.as_bytes()]], &[b"r", b"v"]);
-                link.send_script(script.clone(), call)
+                link.send_script(script.clone(), call, None)
             })
             .collect()
     }
@@ -240,6 +287,71 @@ mod tests {
             assert_eq!(pending.wait().await, Ok(Reply::Integer(0)));
         }
         assert_eq!(fake.acquires(), 2, "{:?}", fake.log());
+    }
+
+    /// The `WAIT`s the master ran.
+    fn waits(fake: &FakeMaster) -> usize {
+        fake.log()
+            .iter()
+            .filter(|(_, c)| c.starts_with("WAIT"))
+            .count()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_asking_for_a_confirmation_share_one_wait_after_their_write() {
+        let fake = FakeMaster::new();
+        let (link, _stop) = loaded(&fake).await;
+        fake.set_replicas(1);
+        // Queued together: one write, ended by one `WAIT` for the three that ask for it.
+        let confirmed: Vec<Pending> = (0..3)
+            .map(|_| link.send_commands(ping(), 1, Some(1)))
+            .collect();
+        let plain = link.send(ping(), 1);
+        for pending in confirmed {
+            assert_eq!(pending.wait().await, Ok(Reply::simple("PONG")));
+        }
+        assert_eq!(plain.wait().await, Ok(Reply::simple("PONG")));
+        assert_eq!(waits(&fake), 1, "{:?}", fake.log());
+        let log = fake.log();
+        assert!(
+            log.last().is_some_and(|(_, c)| c.starts_with("WAIT 1")),
+            "{log:?}"
+        );
+        // Fewer replicas than asked for: the answer does not count; a request that asked for
+        // no confirmation is answered as ever.
+        fake.set_replicas(0);
+        let confirmed = link.send_commands(ping(), 1, Some(1));
+        let plain = link.send(ping(), 1);
+        assert_eq!(confirmed.wait().await, Err(NoReply::Unconfirmed));
+        assert_eq!(plain.wait().await, Ok(Reply::simple("PONG")));
+        // Nothing asks: no `WAIT`.
+        let before = waits(&fake);
+        assert_eq!(link.send(ping(), 1).wait().await, Ok(Reply::simple("PONG")));
+        assert_eq!(waits(&fake), before);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lock_operation_sent_again_with_the_body_after_its_wait_is_unconfirmed() {
+        static SCRIPT: std::sync::LazyLock<Arc<SharedScript>> =
+            std::sync::LazyLock::new(lock_script);
+        let fake = FakeMaster::new();
+        let (link, _stop) = loaded(&fake).await;
+        fake.set_replicas(1);
+        let release = || ScriptCall::new(&[&[b"k".as_slice()]], &[b"r", b"v"]);
+        let confirmed = link.send_script(SCRIPT.clone(), release(), Some(1));
+        assert_eq!(confirmed.wait().await, Ok(Reply::Integer(0)));
+        // `NOSCRIPT`: the call goes again with the body, after the `WAIT` that followed it,
+        // which therefore cannot vouch for it.
+        fake.forget_scripts();
+        let resent = link.send_script(SCRIPT.clone(), release(), Some(1));
+        assert_eq!(resent.wait().await, Err(NoReply::Unconfirmed));
+        let log: Vec<String> = fake.log().into_iter().map(|(_, c)| c).collect();
+        let last_wait = log.iter().rposition(|c| c.starts_with("WAIT"));
+        let by_body = log.iter().rposition(|c| c.starts_with("EVAL "));
+        assert!(
+            by_body > last_wait,
+            "the body went after the last WAIT: {log:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]
