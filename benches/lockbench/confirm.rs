@@ -9,9 +9,8 @@ use crate::report::{fmt_rate, fmt_us};
 use crate::settings::{Settings, Target};
 use crate::stats::{median, CycleResult};
 use redlock_proxy::{LocalCluster, LocalError, LocalMaster};
-use redlock_testkit::resp::{blocking_cmd, Reply};
+use redlock_testkit::masters::start_replicas;
 use std::fmt::Write;
-use std::time::{Duration, Instant};
 
 /// Connections of each cell.
 pub const CONNS: usize = 50;
@@ -32,29 +31,8 @@ pub struct ConfirmRun {
 /// Three masters with a replica each, the replicas in sync.
 fn masters_with_replicas() -> Result<(LocalCluster, Vec<LocalMaster>), LocalError> {
     let masters = LocalCluster::start(3)?;
-    let replicas = masters
-        .masters
-        .iter()
-        .map(|m| LocalMaster::start(None, &["--replicaof", "127.0.0.1", &m.port.to_string()]))
-        .collect::<Result<Vec<_>, _>>()?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    for replica in &replicas {
-        while !in_sync(replica.port) {
-            if Instant::now() > deadline {
-                return Err(LocalError::NotReady(replica.port));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
+    let replicas = start_replicas(&masters.masters)?;
     Ok((masters, replicas))
-}
-
-/// Whether the replica on `port` has its link to its primary up.
-fn in_sync(port: u16) -> bool {
-    matches!(
-        blocking_cmd(port, &[b"INFO", b"replication"], Duration::from_secs(2)),
-        Ok(Reply::Bulk(info)) if String::from_utf8_lossy(&info).contains("master_link_status:up")
-    )
 }
 
 pub async fn run(settings: &Settings, hz: f64, arm: fn(u16)) -> Result<ConfirmRun, LocalError> {

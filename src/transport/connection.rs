@@ -87,8 +87,9 @@ pub(super) struct AwaitingReply {
     /// A clean-up's payload and expiry, kept for the next connection if no reply confirms it.
     pub(super) cleanup: Option<(Bytes, Instant)>,
     /// The commands to send again, with the script's body, if the first reply is `NOSCRIPT`
-    /// ([`Payload::BySha`]).
+    /// ([`Payload::BySha`]), and the confirmation they ask for again.
     pub(super) by_body: Option<Bytes>,
+    pub(super) confirm: Option<u32>,
     /// When its oldest caller handed it over.
     pub(super) queued_at: Instant,
 }
@@ -101,6 +102,7 @@ impl AwaitingReply {
         queued_at: Instant,
         cleanup: Option<(Bytes, Instant)>,
         by_body: Option<Bytes>,
+        confirm: Option<u32>,
     ) -> AwaitingReply {
         AwaitingReply {
             replies,
@@ -108,6 +110,7 @@ impl AwaitingReply {
             to: Recipients::One(reply),
             cleanup,
             by_body,
+            confirm,
             queued_at,
         }
     }

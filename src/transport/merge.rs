@@ -30,8 +30,15 @@ pub(super) const MAX_MERGED_CALLS: usize = 64;
 pub(super) struct Merging {
     script: Option<(Arc<SharedScript>, bool)>,
     calls: Vec<ScriptCall>,
-    replies: Vec<Option<ReplyTo>>,
+    callers: Vec<Caller>,
     queued_at: Option<Instant>,
+}
+
+/// Who waits for one call of a merged script call: where its answer goes, and the
+/// confirmation it asked for (asked again if the call is sent again with the body).
+pub(super) struct Caller {
+    pub(super) reply: Option<ReplyTo>,
+    pub(super) confirm: Option<u32>,
 }
 
 impl Merging {
@@ -62,13 +69,13 @@ impl Merging {
         script: Arc<SharedScript>,
         call: ScriptCall,
         by_body: bool,
-        reply: Option<ReplyTo>,
+        caller: Caller,
         queued_at: Instant,
     ) {
         self.script.get_or_insert((script, by_body));
         self.queued_at.get_or_insert(queued_at);
         self.calls.push(call);
-        self.replies.push(reply);
+        self.callers.push(caller);
     }
 
     /// Encodes the gathered calls as one call, in flight from now on.
@@ -87,7 +94,7 @@ impl Merging {
             script,
             by_body,
             calls: std::mem::take(&mut self.calls),
-            replies: std::mem::take(&mut self.replies),
+            callers: std::mem::take(&mut self.callers),
         };
         queue.push_back(AwaitingReply {
             replies: 1,
@@ -95,6 +102,7 @@ impl Merging {
             to: Recipients::Merged(merged),
             cleanup: None,
             by_body: None,
+            confirm: None,
             queued_at,
         });
     }
@@ -105,7 +113,7 @@ pub(super) struct MergedCalls {
     script: Arc<SharedScript>,
     by_body: bool,
     calls: Vec<ScriptCall>,
-    replies: Vec<Option<ReplyTo>>,
+    callers: Vec<Caller>,
 }
 
 impl MergedCalls {
@@ -119,7 +127,7 @@ impl MergedCalls {
         resend: &mpsc::UnboundedSender<Outgoing>,
     ) {
         if !self.by_body && matches!(&answer, Ok(r) if r.is_error_code("NOSCRIPT")) {
-            for (call, reply) in self.calls.into_iter().zip(self.replies) {
+            for (call, caller) in self.calls.into_iter().zip(self.callers) {
                 let again = Outgoing {
                     payload: Payload::Script {
                         script: self.script.clone(),
@@ -127,18 +135,17 @@ impl MergedCalls {
                         invoke_by_body: true,
                     },
                     replies: 1,
-                    reply,
+                    reply: caller.reply,
                     cleanup_expires: None,
                     queued_at,
-                    // As for any resend with the body: see `reader::answer_one`.
-                    confirm: None,
+                    confirm: caller.confirm,
                 };
                 // A closed queue drops the request: its caller sees the channel close.
                 let _ = resend.send(again);
             }
             return;
         }
-        let txs = self.replies;
+        let txs: Vec<Option<ReplyTo>> = self.callers.into_iter().map(|c| c.reply).collect();
         match answer {
             Ok(Reply::Array(items)) if items.len() == txs.len() => {
                 for (tx, item) in txs.into_iter().zip(items) {

@@ -36,7 +36,8 @@
 //! - A request sent with a confirmation ([`Link::send_commands`]) is answered only once a
 //!   `WAIT` written after it on the same connection has answered: its reply if the `WAIT`
 //!   counted the replicas asked for, else [`NoReply::Unconfirmed`]. The writer puts one `WAIT`
-//!   after each write burst that holds such requests, for all of them.
+//!   after each write burst that holds such requests, for all of them; a request sent again
+//!   with the script's body after `NOSCRIPT` waits for the `WAIT` after its own write.
 //!
 //! The byte stream comes from a [`Connect`]: TCP or TLS with its `AUTH` done in production
 //! ([`crate::dial`]); the deterministic tests use in-memory pipes to a scripted master and

@@ -153,6 +153,7 @@ impl AwaitingReply {
                 answer,
                 self.replies,
                 self.by_body,
+                self.confirm,
                 self.queued_at,
                 resend,
             ),
@@ -164,9 +165,9 @@ impl AwaitingReply {
 }
 
 /// Hands each request written before a `WAIT` (answered `wait`) its answer, if the `WAIT`
-/// counted `replicas` replicas; else [`NoReply::Unconfirmed`]. An answer not delivered yet is
-/// one that was sent again with the script's body after `NOSCRIPT`, after this `WAIT`: its
-/// write is not covered, so it is unconfirmed too.
+/// counted `replicas` replicas; else [`NoReply::Unconfirmed`]. An answer not delivered yet
+/// belongs to a request sent again with the script's body after `NOSCRIPT`, after this `WAIT`,
+/// with a confirmation of its own: its answer is passed on as that one settles it.
 fn confirm(wait: &Answer, replicas: u32, requests: Vec<Unconfirmed>) {
     let confirmed = matches!(wait, Ok(Reply::Integer(acks)) if *acks >= i64::from(replicas));
     for Unconfirmed {
@@ -176,9 +177,15 @@ fn confirm(wait: &Answer, replicas: u32, requests: Vec<Unconfirmed>) {
     {
         let answer = match answered.try_recv() {
             Ok(Ok(reply)) if confirmed => Ok(reply),
-            Ok(Ok(_)) | Err(TryRecvError::Empty) => Err(NoReply::Unconfirmed),
+            Ok(Ok(_)) => Err(NoReply::Unconfirmed),
             Ok(Err(why)) => Err(why),
             Err(TryRecvError::Closed) => Err(NoReply::Closed),
+            Err(TryRecvError::Empty) => {
+                tokio::spawn(async move {
+                    let _ = caller.send(answered.await.unwrap_or(Err(NoReply::Closed)));
+                });
+                continue;
+            }
         };
         let _ = caller.send(answer);
     }
@@ -191,6 +198,7 @@ fn answer_one(
     answer: Answer,
     replies: usize,
     by_body: Option<Bytes>,
+    confirm: Option<u32>,
     queued_at: Instant,
     resend: &mpsc::UnboundedSender<Outgoing>,
 ) {
@@ -207,9 +215,8 @@ fn answer_one(
                 reply: Some(tx),
                 cleanup_expires: None,
                 queued_at,
-                // The caller's confirmation, if it asked for one, was for the first write:
-                // the `WAIT` after it finds no answer and says unconfirmed (writer.rs).
-                confirm: None,
+                // Its own `WAIT` follows it: the one after the first write cannot vouch for it.
+                confirm,
             };
             // A closed queue drops the request: its caller sees the channel close.
             let _ = resend.send(again);

@@ -17,7 +17,7 @@
 //!   a write always flushes the held lock operations first.
 
 use super::connection::{AwaitingReply, Outgoing, Payload, Pipe, Recipients, Unconfirmed};
-use super::merge::Merging;
+use super::merge::{Caller, Merging};
 use super::{Link, WriteHalf};
 use crate::live::LiveDuration;
 use crate::protocol::encode_command;
@@ -158,6 +158,7 @@ impl Batch {
             },
             cleanup: None,
             by_body: None,
+            confirm: None,
             queued_at: Instant::now(),
         };
         self.write_alone(&wait, awaiting, queue);
@@ -184,19 +185,29 @@ impl Batch {
                 if !self.merging.takes(&script, invoke_by_body) {
                     self.merging.flush(&mut self.buf, queue);
                 }
+                let caller = Caller {
+                    reply: out.reply,
+                    confirm: out.confirm,
+                };
                 self.merging
-                    .push(script, call, invoke_by_body, out.reply, out.queued_at);
+                    .push(script, call, invoke_by_body, caller, out.queued_at);
             }
             Payload::Commands(payload) => {
                 let cleanup = out.cleanup_expires.map(|at| (payload.clone(), at));
                 let awaiting =
-                    AwaitingReply::one(out.replies, out.reply, out.queued_at, cleanup, None);
+                    AwaitingReply::one(out.replies, out.reply, out.queued_at, cleanup, None, None);
                 self.write_alone(&payload, awaiting, queue);
             }
             Payload::BySha { by_sha, by_body } => {
                 let by_body = Some(by_body);
-                let awaiting =
-                    AwaitingReply::one(out.replies, out.reply, out.queued_at, None, by_body);
+                let awaiting = AwaitingReply::one(
+                    out.replies,
+                    out.reply,
+                    out.queued_at,
+                    None,
+                    by_body,
+                    out.confirm,
+                );
                 self.write_alone(&by_sha, awaiting, queue);
             }
         }
@@ -331,27 +342,30 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_lock_operation_sent_again_with_the_body_after_its_wait_is_unconfirmed() {
+    async fn a_lock_operation_sent_again_with_the_body_waits_for_a_wait_of_its_own() {
         static SCRIPT: std::sync::LazyLock<Arc<SharedScript>> =
             std::sync::LazyLock::new(lock_script);
         let fake = FakeMaster::new();
         let (link, _stop) = loaded(&fake).await;
         fake.set_replicas(1);
         let release = || ScriptCall::new(&[&[b"k".as_slice()]], &[b"r", b"v"]);
-        let confirmed = link.send_script(SCRIPT.clone(), release(), Some(1));
-        assert_eq!(confirmed.wait().await, Ok(Reply::Integer(0)));
         // `NOSCRIPT`: the call goes again with the body, after the `WAIT` that followed it,
-        // which therefore cannot vouch for it.
+        // which cannot vouch for it; a `WAIT` after the body's call does.
         fake.forget_scripts();
         let resent = link.send_script(SCRIPT.clone(), release(), Some(1));
-        assert_eq!(resent.wait().await, Err(NoReply::Unconfirmed));
+        assert_eq!(resent.wait().await, Ok(Reply::Integer(0)));
         let log: Vec<String> = fake.log().into_iter().map(|(_, c)| c).collect();
-        let last_wait = log.iter().rposition(|c| c.starts_with("WAIT"));
-        let by_body = log.iter().rposition(|c| c.starts_with("EVAL "));
-        assert!(
-            by_body > last_wait,
-            "the body went after the last WAIT: {log:?}"
-        );
+        let commands: Vec<&str> = log
+            .iter()
+            .skip(1)
+            .map(|c| c.split(' ').next().unwrap_or(""))
+            .collect();
+        assert_eq!(commands, ["EVALSHA", "WAIT", "EVAL", "WAIT"], "{log:?}");
+        // Its confirmation is its own: without the replica, the body's call is unconfirmed.
+        fake.forget_scripts();
+        fake.set_replicas(0);
+        let resent = link.send_script(SCRIPT.clone(), release(), Some(1));
+        assert_eq!(resent.wait().await, Err(NoReply::Unconfirmed));
     }
 
     #[tokio::test(start_paused = true)]

@@ -7,11 +7,11 @@
 //!   them, optionally behind fault relays, with checks on the masters directly;
 //! - [`ready_for_load`]: waits until a fresh proxy has every master up.
 
-use crate::masters::{master_cmd, master_get};
+use crate::masters::{master_cmd, master_get, start_replicas};
 use crate::relay::Relay;
 use crate::resp::{Client, Reply};
 use redlock_proxy::on_master::COMPARE_AND_DELETE;
-use redlock_proxy::{Config, Listeners, LocalCluster, TlsAcceptorHandle};
+use redlock_proxy::{Config, Listeners, LocalCluster, LocalMaster, TlsAcceptorHandle};
 use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::Path;
@@ -154,10 +154,11 @@ impl Drop for Proxy {
     }
 }
 
-/// N masters and a proxy over them.
+/// N masters and a proxy over them (and a replica of each master, if asked for).
 pub struct Env {
     pub masters: LocalCluster,
     pub proxy: Proxy,
+    pub replicas: Vec<LocalMaster>,
 }
 
 impl Env {
@@ -173,7 +174,26 @@ impl Env {
         let masters = LocalCluster::start(n).expect("redis-server must be installed");
         let proxy = Proxy::launch(Proxy::config_for(masters.addrs(), tweak)).await;
         proxy.wait_connected(Some(n)).await;
-        Env { masters, proxy }
+        Env {
+            masters,
+            proxy,
+            replicas: Vec::new(),
+        }
+    }
+
+    /// [`Env::start_with`] over masters that each have a replica, in sync before the proxy
+    /// starts (for `wait_replicas`).
+    pub async fn start_with_replicas(n: usize, tweak: impl FnOnce(&mut Config)) -> Env {
+        let masters = LocalCluster::start(n).expect("redis-server must be installed");
+        let replicas = tokio::task::block_in_place(|| start_replicas(&masters.masters))
+            .expect("replicas in sync");
+        let proxy = Proxy::launch(Proxy::config_for(masters.addrs(), tweak)).await;
+        proxy.wait_connected(Some(n)).await;
+        Env {
+            masters,
+            proxy,
+            replicas,
+        }
     }
 
     /// N masters, each behind a fault relay, and a proxy over the relays.
@@ -186,7 +206,12 @@ impl Env {
         let config = Proxy::config_for(relays.iter().map(Relay::addr).collect(), tweak);
         let proxy = Proxy::launch(config).await;
         proxy.wait_connected(Some(n)).await;
-        (Env { masters, proxy }, relays)
+        let env = Env {
+            masters,
+            proxy,
+            replicas: Vec::new(),
+        };
+        (env, relays)
     }
 
     pub fn ports(&self) -> Vec<u16> {

@@ -1,11 +1,40 @@
 //! Direct access to one master, bypassing the proxy: a command and its reply as text, `GET`,
-//! the command statistics of `INFO commandstats`, and Unix signals to its process (pause,
-//! resume). The masters themselves are `redlock_proxy::{LocalCluster, LocalMaster}`.
+//! the command statistics of `INFO commandstats`, Unix signals to its process (pause,
+//! resume), and a replica for each ([`start_replicas`]). The masters themselves are
+//! `redlock_proxy::{LocalCluster, LocalMaster}`.
 
-use crate::resp::{Client, Reply};
-use redlock_proxy::LocalMaster;
+use crate::resp::{blocking_cmd, Client, Reply};
+use redlock_proxy::{LocalError, LocalMaster};
 use std::collections::BTreeMap;
 use std::io;
+use std::time::{Duration, Instant};
+
+/// A replica of each of `primaries` (`--replicaof`), returned once every one is in sync
+/// (`master_link_status:up`), at most 10 s.
+pub fn start_replicas(primaries: &[LocalMaster]) -> Result<Vec<LocalMaster>, LocalError> {
+    let replicas = primaries
+        .iter()
+        .map(|p| LocalMaster::start(None, &["--replicaof", "127.0.0.1", &p.port.to_string()]))
+        .collect::<Result<Vec<_>, _>>()?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for replica in &replicas {
+        while !in_sync(replica.port) {
+            if Instant::now() > deadline {
+                return Err(LocalError::NotReady(replica.port));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(replicas)
+}
+
+/// Whether the replica on `port` has its link to its primary up.
+fn in_sync(port: u16) -> bool {
+    matches!(
+        blocking_cmd(port, &[b"INFO", b"replication"], Duration::from_secs(2)),
+        Ok(Reply::Bulk(info)) if String::from_utf8_lossy(&info).contains("master_link_status:up")
+    )
+}
 
 /// `GET key` directly on a master (`None` where absent or unreachable); panics if a master that
 /// accepted the connection does not answer within 10 s.

@@ -3,6 +3,7 @@
 //! watch every group, each sentinel with its own configuration file in a temporary directory.
 //! Everything is stopped when dropped.
 
+use crate::masters::start_replicas;
 use crate::resp::{blocking_cmd, Reply};
 use redlock_proxy::LocalMaster;
 use std::net::TcpListener;
@@ -60,21 +61,15 @@ impl SentinelGroups {
             crate::workload::now_ns()
         ));
         std::fs::create_dir_all(&dir).expect("a temporary directory");
-        let servers: Vec<[LocalMaster; 2]> = (0..groups)
-            .map(|_| {
-                let primary = LocalMaster::start(None, &[]).expect("redis-server");
-                let port = primary.port.to_string();
-                let replica = LocalMaster::start(None, &["--replicaof", "127.0.0.1", &port])
-                    .expect("replica");
-                [primary, replica]
-            })
+        let primaries: Vec<LocalMaster> = (0..groups)
+            .map(|_| LocalMaster::start(None, &[]).expect("redis-server"))
             .collect();
-        for [_, replica] in &servers {
-            until(Duration::from_secs(10), "replica in sync", || {
-                matches!(cmd(replica.port, &["INFO", "replication"]), Reply::Bulk(info)
-                    if String::from_utf8_lossy(&info).contains("master_link_status:up"))
-            });
-        }
+        let replicas = start_replicas(&primaries).expect("replicas in sync");
+        let servers: Vec<[LocalMaster; 2]> = primaries
+            .into_iter()
+            .zip(replicas)
+            .map(Into::into)
+            .collect();
         let mut config = String::new();
         for (g, [primary, _]) in servers.iter().enumerate() {
             let quorum = sentinels / 2 + 1;
