@@ -494,6 +494,11 @@ impl Masters {
         &self.settings.health.interval
     }
 
+    /// How many replicas confirm every vote (0: off; docs/SAFETY.md "Confirmed writes").
+    pub fn wait_replicas(&self) -> u32 {
+        self.settings.health.wait_replicas
+    }
+
     /// Whether masters that lost data are quarantined (and acquires check the markers).
     pub fn quarantine(&self) -> bool {
         self.settings.health.quarantine
@@ -548,7 +553,7 @@ impl Masters {
         };
         let mut votes = vec![Vote::Pending; self.voters.len()];
         let mut late = LateVotes::default();
-        let wait_replicas = self.settings.health.wait_replicas;
+        let wait_replicas = self.wait_replicas();
         for (i, voter) in self.voters.iter().enumerate() {
             match ask(i).map(|request| voter.send(request, replies, wait_replicas)) {
                 None => votes[i] = voter.absent_vote(),

@@ -1,9 +1,12 @@
-//! Master health: quarantine after data loss, refusal of unsafe configurations.
+//! Master health: quarantine after data loss, refusal of unsafe configurations, votes that
+//! need a replica's confirmation (`wait_replicas`).
 
 use redlock_proxy::{LocalCluster, LocalMaster};
 use redlock_testkit::key;
-use redlock_testkit::launcher::{wait_for_info, Proxy};
-use redlock_testkit::masters::{master_cmd, master_get};
+use redlock_testkit::launcher::{wait_for_info, Env, Proxy};
+use redlock_testkit::masters::{master_cmd, master_get, signal};
+use redlock_testkit::resp::Client;
+use redlock_testkit::workload::wait_grantable;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,4 +206,58 @@ async fn one_redis_server_behind_two_addresses_does_not_vote() {
     // One real master of two can vote: no quorum of 3 listed, no grant.
     let k = key("twin");
     assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "10000"]).await, "$nil");
+}
+
+/// `wait_replicas` 1 (or 0, the negative control) over 3 masters with a replica each: master 2
+/// holds a foreign value and master 0's replica is paused (its primary still lists it online,
+/// so `WAIT` waits for it, half a node timeout). Returns A's reply to an acquire then, and
+/// whether A gets the lock once the replica resumes.
+async fn acquire_with_a_paused_replica(wait_replicas: u32) -> (String, bool) {
+    let env = Env::start_with_replicas(3, |c| {
+        c.wait_replicas = wait_replicas;
+        // WAIT gets half of it: far more than an acknowledgement takes on a loaded machine.
+        c.node_timeout_ms = 1000;
+    })
+    .await;
+    let k = key(&format!("paused-replica-{wait_replicas}"));
+    let limit = Duration::from_secs(30);
+    let ready = wait_grantable(env.proxy.port, &format!("{k}:probe"), 1000, limit).await;
+    assert!(ready.is_some(), "proxy never ready");
+    let ports = env.ports();
+    assert_eq!(
+        master_cmd(ports[2], &["SET", &k, "foreign", "PX", "60000"]).await,
+        "+OK"
+    );
+    let replica_pid = env.replicas[0].pid().expect("running");
+    signal(replica_pid, "STOP");
+    let mut a = Client::connect(env.proxy.port).await;
+    let reply = a.cmd(&["SET", &k, "tok-a", "NX", "PX", "30000"]).await;
+    signal(replica_pid, "CONT");
+    if reply == "+OK" {
+        return (reply, true);
+    }
+    let later = wait_grantable(env.proxy.port, &k, 30_000, limit).await;
+    let info = a.cmd(&["INFO", "masters"]).await;
+    let master0 = info.lines().find(|l| l.starts_with("master0:"));
+    assert!(
+        master0.is_some_and(|l| !l.contains(",missing_unconfirmed=0,")),
+        "master0's unconfirmed vote is counted in INFO: {info}"
+    );
+    (reply, later.is_some())
+}
+
+/// docs/SAFETY.md, "Confirmed writes": a vote counts only once `WAIT` confirms it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vote_counts_only_once_the_replica_confirms_it() {
+    let (reply, later) = acquire_with_a_paused_replica(1).await;
+    assert_eq!(
+        reply, "$nil",
+        "master 0's vote was not confirmed (its replica is paused) and master 2 holds the key"
+    );
+    assert!(later, "granted once the replica confirms again");
+    let (reply, _) = acquire_with_a_paused_replica(0).await;
+    assert_eq!(
+        reply, "+OK",
+        "negative control: without wait_replicas master 0's vote counts unconfirmed"
+    );
 }

@@ -120,13 +120,14 @@ fn masters_section(out: &mut String, shared: &Shared) {
     let policy = &shared.policy;
     let _ = write!(
         out,
-        "# Masters\r\nmasters:{}\r\nquorum:{}\r\nnode_timeout_ms:{}\r\ndrift_factor:{}\r\nmax_lock_ttl_ms:{}\r\nquarantine_ms:{}\r\ndeployment:{}\r\n",
+        "# Masters\r\nmasters:{}\r\nquorum:{}\r\nnode_timeout_ms:{}\r\ndrift_factor:{}\r\nmax_lock_ttl_ms:{}\r\nquarantine_ms:{}\r\nwait_replicas:{}\r\ndeployment:{}\r\n",
         masters.voters().len(),
         masters.quorum(),
         masters.node_timeout().as_millis(),
         policy.drift_factor,
         policy.max_lock_ttl_ms,
         policy.lease_bound().as_millis(),
+        masters.wait_replicas(),
         match masters.deployment() {
             None => "undecided",
             Some(Deployment::Fresh) => "founded_by_this_proxy",
