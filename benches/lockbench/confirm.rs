@@ -80,15 +80,6 @@ pub fn render(md: &mut String, settings: &Settings, run: &ConfirmRun) {
         })
     };
     for round in &run.rounds {
-        let notes: Vec<&str> = [
-            &round.off.note,
-            &round.on.note,
-            &round.off.first_error,
-            &round.on.first_error,
-        ]
-        .into_iter()
-        .filter_map(|n| n.as_deref())
-        .collect();
         let _ = writeln!(
             md,
             "| {} | {} | {} | {:.3} | {} | {} | {} |",
@@ -98,7 +89,7 @@ pub fn render(md: &mut String, settings: &Settings, run: &ConfirmRun) {
             round.on.cycles_per_sec / round.off.cycles_per_sec.max(f64::EPSILON),
             latency(&round.off),
             latency(&round.on),
-            notes.join("; ")
+            CycleResult::pair_notes(&round.off, &round.on)
         );
     }
     let _ = writeln!(md);

@@ -1303,15 +1303,6 @@ fn render_metrics_cost(
     };
     let show = |x: Option<f64>| x.map_or("–".into(), |us| format!("{us:.1}"));
     for (i, round) in cost.rounds.iter().enumerate() {
-        let notes: Vec<&str> = [
-            &round.off.note,
-            &round.on.note,
-            &round.off.first_error,
-            &round.on.first_error,
-        ]
-        .into_iter()
-        .filter_map(|n| n.as_deref())
-        .collect();
         let _ = writeln!(
             md,
             "| {} | {} | {} | {:.3} | {} | {} | {} | {} |",
@@ -1322,7 +1313,7 @@ fn render_metrics_cost(
             show(cpu_per_cycle(&round.off)),
             show(cpu_per_cycle(&round.on)),
             round.scrapes,
-            notes.join("; ")
+            CycleResult::pair_notes(&round.off, &round.on)
         );
     }
     let rate = |pick: fn(&crate::metrics_cost::Round) -> &CycleResult| {

@@ -119,6 +119,16 @@ pub struct CycleResult {
 }
 
 impl CycleResult {
+    /// The notes and first errors of two cells run as a pair (a round of an off/on
+    /// comparison), joined for one table cell.
+    pub fn pair_notes(off: &CycleResult, on: &CycleResult) -> String {
+        [&off.note, &on.note, &off.first_error, &on.first_error]
+            .into_iter()
+            .filter_map(|n| n.as_deref())
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
     pub fn from_tally(
         scenario: String,
         target: Target,
