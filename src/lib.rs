@@ -44,6 +44,7 @@ mod auth;
 mod backend;
 mod client_registry;
 mod client_stream;
+pub mod cluster;
 mod commands;
 mod config;
 mod connection;

@@ -23,6 +23,7 @@
 //! and `redlock_proxy::on_master`).
 
 pub mod checker;
+pub mod cluster;
 pub mod differential;
 pub mod http;
 pub mod launcher;

@@ -1,0 +1,132 @@
+//! Redis Clusters on loopback ([`RedisCluster`]): `redis-server --cluster-enabled yes` nodes
+//! (no persistence, each with its own node file), joined by `redis-cli --cluster create` into
+//! primaries with replicas. Stopped, and their files removed, when dropped.
+
+use crate::resp::{blocking_cmd, Reply};
+use redlock_proxy::LocalMaster;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a node waits before it calls an unanswering peer failing: failovers in tests take
+/// a few times this.
+pub const NODE_TIMEOUT_MS: u64 = 2000;
+
+/// One Redis Cluster.
+pub struct RedisCluster {
+    /// Every node, primaries first as created (roles change with failovers).
+    pub nodes: Vec<LocalMaster>,
+    files: Vec<PathBuf>,
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            node.kill();
+        }
+        for file in &self.files {
+            let _ = std::fs::remove_file(file);
+        }
+    }
+}
+
+/// A node's reply, waiting at most 2 s.
+fn cmd(port: u16, args: &[&str]) -> Option<Reply> {
+    let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+    blocking_cmd(port, &args, Duration::from_secs(2)).ok()
+}
+
+impl RedisCluster {
+    /// A cluster of `primaries` primaries with `replicas` replicas each, every slot covered
+    /// and every node agreeing (`cluster_state:ok` everywhere), within 60 s.
+    pub fn start(primaries: usize, replicas: usize) -> RedisCluster {
+        let count = primaries * (1 + replicas);
+        let mut cluster = RedisCluster {
+            nodes: Vec::with_capacity(count),
+            files: Vec::with_capacity(count),
+        };
+        for i in 0..count {
+            let file = std::env::temp_dir().join(format!(
+                "redlock-cluster-{}-{}-{i}.conf",
+                std::process::id(),
+                crate::workload::now_ns()
+            ));
+            let file_arg = file.display().to_string();
+            let timeout = NODE_TIMEOUT_MS.to_string();
+            let node = LocalMaster::start(
+                None,
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    &file_arg,
+                    "--cluster-node-timeout",
+                    &timeout,
+                ],
+            )
+            .expect("redis-server with --cluster-enabled");
+            cluster.files.push(file);
+            cluster.nodes.push(node);
+        }
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for node in &cluster.nodes {
+            create.arg(node.addr());
+        }
+        let status = create
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli");
+        assert!(status.success(), "redis-cli --cluster create: {status}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !cluster.settled() {
+            assert!(Instant::now() < deadline, "the cluster settles within 60 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        cluster
+    }
+
+    /// Every node says `cluster_state:ok` and knows every other node.
+    fn settled(&self) -> bool {
+        self.nodes.iter().all(|n| {
+            let Some(Reply::Bulk(info)) = cmd(n.port, &["CLUSTER", "INFO"]) else {
+                return false;
+            };
+            let info = String::from_utf8_lossy(&info);
+            info.contains("cluster_state:ok")
+                && info.contains(&format!("cluster_known_nodes:{}\r", self.nodes.len()))
+        })
+    }
+
+    /// `host:port` of every node: the seeds a proxy is given.
+    pub fn seeds(&self) -> Vec<String> {
+        self.nodes.iter().map(LocalMaster::addr).collect()
+    }
+
+    /// The port of the primary that serves `slot` now, as the first node answering sees it.
+    pub fn primary_of(&self, slot: u16) -> Option<u16> {
+        let Reply::Array(ranges) = self
+            .nodes
+            .iter()
+            .find_map(|n| cmd(n.port, &["CLUSTER", "SLOTS"]))?
+        else {
+            return None;
+        };
+        ranges.iter().find_map(|range| match range {
+            Reply::Array(items) => match (&items[0], &items[1], &items[2]) {
+                (Reply::Int(first), Reply::Int(last), Reply::Array(node))
+                    if (*first..=*last).contains(&i64::from(slot)) =>
+                {
+                    match node.get(1) {
+                        Some(Reply::Int(port)) => u16::try_from(*port).ok(),
+                        _ => None,
+                    }
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+    }
+}
