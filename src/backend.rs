@@ -1,7 +1,9 @@
 //! A master as configured ([`Backend`]): `host:port`, `redis://[user:password@]host:port`,
-//! `rediss://…` (TLS), or `sentinel://[user:password@]host:port[,host:port…]/name` (the primary
-//! of a Sentinel-managed group, found by asking the sentinels), from the configuration file or
-//! the `--backend` flags. Pure: no I/O; [`crate::dial`] connects to it.
+//! `rediss://…` (TLS), `sentinel://[user:password@]host:port[,host:port…]/name` (the primary
+//! of a Sentinel-managed group, found by asking the sentinels), or
+//! `cluster://[user:password@]host:port[,host:port…]` (`clusters://` with TLS: a Redis Cluster
+//! found from these seed nodes, issue 26), from the configuration file or the `--backend`
+//! flags. Pure: no I/O; [`crate::dial`] connects to it.
 //!
 //! Invariant: a password never leaves this module in text: [`Backend`]'s `Display` and `Debug`
 //! show `***` in its place ([`Secret`] itself prints as `<redacted>`), and so do the config's
@@ -27,6 +29,9 @@ pub struct Backend {
     pub password: Option<Secret>,
     /// `sentinel://`: the master is whichever server these sentinels name the primary of.
     pub sentinel: Option<SentinelGroup>,
+    /// `cluster://`: the master is the Redis Cluster these seed nodes belong to (the first is
+    /// also `host`/`port`).
+    pub cluster: Option<Vec<(String, u16)>>,
 }
 
 /// A master group watched by Redis Sentinel: the sentinels to ask, in order, and the group's
@@ -54,15 +59,17 @@ impl FromStr for Backend {
             shown: blank_password(text),
             reason,
         };
-        let (tls, sentinel, rest) = match text.split_once("://") {
-            None => (false, false, text),
+        let (tls, sentinel, cluster, rest) = match text.split_once("://") {
+            None => (false, false, false, text),
             Some((scheme, rest)) => match scheme.to_ascii_lowercase().as_str() {
-                "redis" => (false, false, rest),
-                "rediss" => (true, false, rest),
-                "sentinel" => (false, true, rest),
+                "redis" => (false, false, false, rest),
+                "rediss" => (true, false, false, rest),
+                "sentinel" => (false, true, false, rest),
+                "cluster" => (false, false, true, rest),
+                "clusters" => (true, false, true, rest),
                 _ => {
                     return Err(fail(
-                        "the scheme must be redis://, rediss:// or sentinel://",
+                        "the scheme must be redis://, rediss://, sentinel://, cluster:// or clusters://",
                     ))
                 }
             },
@@ -109,9 +116,9 @@ impl FromStr for Backend {
             let port: u16 = port.parse().map_err(|_| fail("the port is not a number"))?;
             Ok((host.to_string(), port))
         };
-        let addresses = match group {
-            Some(_) => hostport.split(',').map(parse_address).collect(),
-            None => parse_address(hostport).map(|address| vec![address]),
+        let addresses = match group.is_some() || cluster {
+            true => hostport.split(',').map(parse_address).collect(),
+            false => parse_address(hostport).map(|address| vec![address]),
         }?;
         let (host, port) = addresses[0].clone();
         Ok(Backend {
@@ -121,9 +128,10 @@ impl FromStr for Backend {
             user,
             password,
             sentinel: group.map(|name| SentinelGroup {
-                sentinels: addresses,
+                sentinels: addresses.clone(),
                 name: name.to_string(),
             }),
+            cluster: cluster.then_some(addresses),
         })
     }
 }
@@ -138,6 +146,7 @@ impl Backend {
             user: None,
             password: None,
             sentinel: None,
+            cluster: None,
         }
     }
 }
@@ -171,13 +180,16 @@ impl fmt::Display for Backend {
             true => format!("[{host}]:{port}"),
             false => format!("{host}:{port}"),
         };
-        if !self.tls && self.sentinel.is_none() && self.user.is_none() && self.password.is_none() {
+        let plain = !self.tls && self.sentinel.is_none() && self.cluster.is_none();
+        if plain && self.user.is_none() && self.password.is_none() {
             return f.write_str(&address(&self.host, self.port));
         }
-        let scheme = match (&self.sentinel, self.tls) {
-            (Some(_), _) => "sentinel",
-            (None, true) => "rediss",
-            (None, false) => "redis",
+        let scheme = match (&self.sentinel, &self.cluster, self.tls) {
+            (Some(_), _, _) => "sentinel",
+            (None, Some(_), true) => "clusters",
+            (None, Some(_), false) => "cluster",
+            (None, None, true) => "rediss",
+            (None, None, false) => "redis",
         };
         write!(f, "{scheme}://")?;
         match (&self.user, &self.password) {
@@ -186,16 +198,14 @@ impl fmt::Display for Backend {
             (None, Some(_)) => write!(f, ":***@")?,
             (None, None) => {}
         }
-        match &self.sentinel {
-            None => f.write_str(&address(&self.host, self.port)),
-            Some(group) => {
-                let sentinels: Vec<String> = group
-                    .sentinels
-                    .iter()
-                    .map(|(h, p)| address(h, *p))
-                    .collect();
-                write!(f, "{}/{}", sentinels.join(","), group.name)
-            }
+        let list = |addresses: &[(String, u16)]| {
+            let shown: Vec<String> = addresses.iter().map(|(h, p)| address(h, *p)).collect();
+            shown.join(",")
+        };
+        match (&self.sentinel, &self.cluster) {
+            (Some(group), _) => write!(f, "{}/{}", list(&group.sentinels), group.name),
+            (None, Some(seeds)) => f.write_str(&list(seeds)),
+            (None, None) => f.write_str(&address(&self.host, self.port)),
         }
     }
 }
@@ -244,7 +254,24 @@ mod tests {
             group.to_string(),
             "sentinel://:***@s1:26379,[::1]:26380/locks"
         );
+        let cluster = parse("cluster://locker:pw@10.0.0.1:7000,10.0.0.2:7000");
+        let seeds = vec![
+            ("10.0.0.1".to_string(), 7000),
+            ("10.0.0.2".to_string(), 7000),
+        ];
+        assert_eq!(cluster.cluster.as_ref(), Some(&seeds));
+        assert_eq!((cluster.host.as_str(), cluster.port), ("10.0.0.1", 7000));
+        assert_eq!(
+            cluster.to_string(),
+            "cluster://locker:***@10.0.0.1:7000,10.0.0.2:7000"
+        );
+        let tls = parse("clusters://h:7000");
+        assert!(tls.tls && tls.cluster.is_some());
+        assert_eq!(tls.to_string(), "clusters://h:7000");
         for bad in [
+            "cluster://h",
+            "cluster://h:1,",
+            "cluster://h:1/2",
             "localhost",
             "http://h:1",
             "redis://h:port",

@@ -196,6 +196,13 @@ impl Config {
         if self.local == Some(0) {
             return invalid("--local needs at least 1 master");
         }
+        // The cluster backend is being built (docs/design/cluster-masters.md, "Implementation
+        // plan"): until it is, a cluster's seed must not be taken for a single master.
+        if let Some(backend) = self.backends.iter().find(|b| b.cluster.is_some()) {
+            return Err(ConfigError::Invalid(format!(
+                "master {backend}: Redis Cluster masters are not supported yet"
+            )));
+        }
         // A master listed twice would vote twice: a "majority" could then be a minority of
         // the real masters, and the quorum intersection every argument rests on is gone.
         for (i, backend) in self.backends.iter().enumerate() {
