@@ -167,8 +167,14 @@ pub fn publish(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Actio
     let masters = ctx.masters();
     let payload = super::keys::payload(request);
     Action::Defer(Box::pin(async move {
+        // A master counts this proxy's subscriptions as they stood when it ran the publish,
+        // somewhere between these two looks: a leave (or a join) that master confirms in
+        // between is still (already) counted there. Per master, the larger of the two is
+        // taken as this proxy's own (a CI run under load answered 2 where Redis answers 1).
+        let (_, before) = hub.receivers(kind, &channel, true);
         let votes = replies_of_quorum(&masters, payload).await;
-        let (local, own) = hub.receivers(kind, &channel, true);
+        let (local, after) = hub.receivers(kind, &channel, true);
+        let own: Vec<i64> = before.iter().zip(&after).map(|(b, a)| *b.max(a)).collect();
         let reply = match remote_receivers(&votes, |i, n| n - own[i]) {
             Some(remote) => Reply::Integer(local as i64 + remote),
             None => merged(&votes, MergeRule::Known),

@@ -104,15 +104,22 @@ pub struct Judgement {
     pub unsafe_config: Option<String>,
 }
 
-/// Compares two observations of one master; `wait_replicas`: how many replicas confirm every
-/// vote (`WAIT`, 0: off).
-pub fn judge(prev: Option<&Observation>, now: &Observation, wait_replicas: u32) -> Judgement {
+/// Compares two observations of one master. `last_primary`: its last observation while a
+/// primary (a planned failover demotes the old primary before the proxy follows the switch);
+/// `wait_replicas`: how many replicas confirm every vote (`WAIT`, 0: off).
+pub fn judge(
+    prev: Option<&Observation>,
+    now: &Observation,
+    last_primary: Option<&Observation>,
+    wait_replicas: u32,
+) -> Judgement {
     let lost = prev.and_then(|p| {
         // A restart loses nothing when every write was on disk before its reply, before the
         // restart and after it; a failover nothing when the new primary had every write whose
         // vote counted.
         let restart_loses = !(p.durable() && now.durable());
-        let failover_loses = !kept_every_confirmed_write(p, now, wait_replicas);
+        let failover_loses = !last_primary
+            .is_some_and(|primary| kept_every_confirmed_write(primary, now, wait_replicas));
         if p.run_id != now.run_id && restart_loses && failover_loses {
             Some(format!(
                 "restarted (run_id {} -> {})",
@@ -121,7 +128,7 @@ pub fn judge(prev: Option<&Observation>, now: &Observation, wait_replicas: u32) 
             ))
         } else if now.uptime_secs < p.uptime_secs && restart_loses && failover_loses {
             Some("restarted (uptime went backwards)".to_string())
-        } else if p.role != "master" && now.role == "master" {
+        } else if p.role != "master" && now.role == "master" && failover_loses {
             // A replica promoted in place (same run_id): replication is asynchronous, so it
             // may lack the last locks its old primary granted (a failover is amnesia).
             Some(format!("promoted from {} to master", p.role))
@@ -451,7 +458,7 @@ mod tests {
         };
         let before = durable("aaaaaaaaaa", 100);
         assert_eq!(
-            judge(Some(&before), &durable("bbbbbbbbbb", 1), 0).lost,
+            judge(Some(&before), &durable("bbbbbbbbbb", 1), None, 0).lost,
             None
         );
         // Anything less than fsync-always AOF, before or after, may have lost the last writes.
@@ -470,9 +477,12 @@ mod tests {
             },
         ];
         for after in &weaker {
-            assert!(judge(Some(&before), after, 0).lost.is_some(), "{after:?}");
             assert!(
-                judge(Some(after), &durable("cccccccccc", 1), 0)
+                judge(Some(&before), after, None, 0).lost.is_some(),
+                "{after:?}"
+            );
+            assert!(
+                judge(Some(after), &durable("cccccccccc", 1), None, 0)
                     .lost
                     .is_some(),
                 "{after:?}"
@@ -488,40 +498,42 @@ mod tests {
     fn judgements() {
         let base = obs("aaaaaaaaaa", 100);
         let lost = |j: Judgement| j.lost.is_some();
-        assert_eq!(judge(None, &base, 0), Judgement::default());
+        assert_eq!(judge(None, &base, None, 0), Judgement::default());
         assert_eq!(
-            judge(Some(&base), &obs("aaaaaaaaaa", 101), 0),
+            judge(Some(&base), &obs("aaaaaaaaaa", 101), None, 0),
             Judgement::default()
         );
-        assert!(lost(judge(Some(&base), &obs("bbbbbbbbbb", 1), 0)));
-        assert!(lost(judge(Some(&base), &obs("aaaaaaaaaa", 5), 0)));
+        assert!(lost(judge(Some(&base), &obs("bbbbbbbbbb", 1), None, 0)));
+        assert!(lost(judge(Some(&base), &obs("aaaaaaaaaa", 5), None, 0)));
         let wiped = Observation {
             data_wipes: 1,
             ..base.clone()
         };
-        assert!(lost(judge(Some(&base), &wiped, 0)));
+        assert!(lost(judge(Some(&base), &wiped, None, 0)));
         let evicted = Observation {
             evicted_keys: 2,
             ..base.clone()
         };
         assert_eq!(
-            judge(Some(&base), &evicted, 0).lost.as_deref(),
+            judge(Some(&base), &evicted, None, 0).lost.as_deref(),
             Some("2 keys evicted")
         );
         let replica = Observation {
             role: "slave".into(),
             ..base.clone()
         };
-        assert!(judge(Some(&base), &replica, 0).unsafe_config.is_some());
+        assert!(judge(Some(&base), &replica, None, 0)
+            .unsafe_config
+            .is_some());
         assert_eq!(
-            judge(Some(&replica), &base, 0).lost.as_deref(),
+            judge(Some(&replica), &base, None, 0).lost.as_deref(),
             Some("promoted from slave to master")
         );
         let lru = Observation {
             maxmemory_policy: "allkeys-lru".into(),
             ..base.clone()
         };
-        assert!(judge(None, &lru, 0)
+        assert!(judge(None, &lru, None, 0)
             .unsafe_config
             .unwrap()
             .contains("allkeys-lru"));
@@ -529,7 +541,7 @@ mod tests {
             loading: true,
             ..base.clone()
         };
-        assert!(judge(None, &loading, 0).unsafe_config.is_some());
+        assert!(judge(None, &loading, None, 0).unsafe_config.is_some());
     }
 
     /// docs/SAFETY.md, "Confirmed writes": with every vote confirmed by `wait_replicas`
@@ -553,7 +565,21 @@ mod tests {
             ..obs("bbbbbbbbbb", 90)
         };
         assert!(kept_every_confirmed_write(&primary, &promoted, 1));
-        assert_eq!(judge(Some(&primary), &promoted, 1).lost, None);
+        assert_eq!(
+            judge(Some(&primary), &promoted, Some(&primary), 1).lost,
+            None
+        );
+        // A planned failover: the proxy's last look found the old primary already demoted;
+        // its last look at it as a primary decides.
+        let demoted = Observation {
+            role: "slave".into(),
+            ..primary.clone()
+        };
+        assert_eq!(
+            judge(Some(&demoted), &promoted, Some(&primary), 1).lost,
+            None
+        );
+        assert!(judge(Some(&demoted), &promoted, None, 1).lost.is_some());
         let cases: [(&str, Observation, Observation, u32); 6] = [
             ("wait_replicas off", primary.clone(), promoted.clone(), 0),
             (
@@ -610,7 +636,9 @@ mod tests {
                 "{case}"
             );
             assert!(
-                judge(Some(&before), &after, wait_replicas).lost.is_some(),
+                judge(Some(&before), &after, Some(&before), wait_replicas)
+                    .lost
+                    .is_some(),
                 "{case}"
             );
         }
@@ -619,11 +647,11 @@ mod tests {
             online_replicas: 0,
             ..primary.clone()
         };
-        assert!(judge(None, &alone, 1)
+        assert!(judge(None, &alone, None, 1)
             .unsafe_config
             .unwrap()
             .contains("0 of the 1"));
-        assert_eq!(judge(None, &alone, 0).unsafe_config, None);
+        assert_eq!(judge(None, &alone, None, 0).unsafe_config, None);
     }
 
     #[test]

@@ -41,6 +41,9 @@ impl ClockReading {
 struct HealthState {
     clock: Option<ClockReading>,
     last: Option<Observation>,
+    /// The last observation of this master while a primary (a planned failover demotes the
+    /// old primary before the proxy follows the switch: its last look may show a replica).
+    last_primary: Option<Observation>,
     /// Connection number (see [`crate::transport::Link::connect_count`]) on which the last
     /// poll found the master ready; 0 = not ready.
     ready_connect: u64,
@@ -248,7 +251,12 @@ impl MasterHealth {
         let Ok(mut h) = self.state.lock() else {
             return None;
         };
-        let mut verdict = judge(h.last.as_ref(), &obs, wait_replicas);
+        let mut verdict = judge(
+            h.last.as_ref(),
+            &obs,
+            h.last_primary.as_ref(),
+            wait_replicas,
+        );
         verdict.unsafe_config = verdict.unsafe_config.or(also_unsafe);
         if verdict.unsafe_config != h.unsafe_reason {
             match &verdict.unsafe_config {
@@ -258,6 +266,9 @@ impl MasterHealth {
                 None => tracing::info!(master = %addr, "master configuration safe again"),
             }
             h.unsafe_reason = verdict.unsafe_config;
+        }
+        if obs.role == "master" {
+            h.last_primary = Some(obs.clone());
         }
         h.last = Some(obs);
         verdict.lost
