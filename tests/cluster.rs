@@ -119,3 +119,104 @@ fn slots_tags_and_maps_agree_with_a_real_cluster() {
     };
     assert_eq!(String::from_utf8_lossy(&id), owner.id);
 }
+
+/// `lock.lua` as a cluster node runs it, for the slot of its key (every key it declares is in
+/// that slot): an acquire when the slot's armed marker holds this node's id; `-1` when it holds
+/// another node's (the data came from elsewhere: a promotion, a migration). Negative control:
+/// the single-master form takes any stamp for armed and grants.
+#[test]
+fn the_cluster_lock_script_grants_only_on_a_slot_this_node_armed() {
+    use redlock_proxy::on_master::{CLUSTER_LOCK_SCRIPT, CLUSTER_QUARANTINE_SCRIPT, LOCK_SCRIPT};
+    let cluster = RedisCluster::start(3, 0);
+    let key = "cluster-lock-script";
+    let slot = key_slot(key.as_bytes());
+    let tag = slot_tag(slot);
+    let owner = cluster.primary_of(slot).expect("an owner");
+    let armed = format!("redlock-proxy:armed:{{{tag}}}");
+    let quarantine = format!("redlock-proxy:quarantine:{{{tag}}}");
+    let counter = format!("redlock-proxy:token:{{{tag}}}:{key}");
+    let ProxyReply::Array(time) = proxy_reply(owner, &["TIME"]) else {
+        panic!("TIME");
+    };
+    let secs = match &time[0] {
+        ProxyReply::Bulk(b) => String::from_utf8_lossy(b).parse::<u64>().expect("seconds"),
+        other => panic!("TIME: {other:?}"),
+    };
+    let deadline = ((secs + 60) * 1000).to_string();
+    let acquire = |script: &str, value: &str| {
+        proxy_reply(
+            owner,
+            &[
+                "EVAL",
+                script,
+                "4",
+                &armed,
+                &quarantine,
+                key,
+                &counter,
+                "a",
+                value,
+                "30000",
+                "0000000000000001:test",
+                &deadline,
+                "0000000000000001",
+                "0",
+                "60000",
+            ],
+        )
+    };
+    let element = |reply: ProxyReply| match reply {
+        ProxyReply::Array(mut items) if items.len() == 1 => items.remove(0),
+        other => panic!("one element: {other:?}"),
+    };
+    // Armed by another node: refused, and nothing written.
+    assert_eq!(
+        proxy_reply(owner, &["SET", &armed, "another-node-id"]),
+        ProxyReply::ok()
+    );
+    assert_eq!(
+        element(acquire(CLUSTER_LOCK_SCRIPT.text(), "v1")),
+        ProxyReply::Integer(-1)
+    );
+    assert_eq!(proxy_reply(owner, &["EXISTS", key]), ProxyReply::Integer(0));
+    // Negative control: the single-master form grants on the foreign stamp.
+    assert_eq!(element(acquire(LOCK_SCRIPT.text(), "v2")), ProxyReply::ok());
+    assert_eq!(
+        proxy_reply(owner, &["DEL", key, &counter]),
+        ProxyReply::Integer(2)
+    );
+    // Re-armed by this node, in the script that quarantines the slot: refused while the
+    // quarantine runs, granted once it is lifted.
+    let left = proxy_reply(
+        owner,
+        &[
+            "EVAL",
+            CLUSTER_QUARANTINE_SCRIPT.text(),
+            "2",
+            &armed,
+            &quarantine,
+            "60000",
+        ],
+    );
+    assert!(matches!(left, ProxyReply::Integer(1..)), "{left:?}");
+    let ProxyReply::Bulk(id) = proxy_reply(owner, &["CLUSTER", "MYID"]) else {
+        panic!("CLUSTER MYID");
+    };
+    assert_eq!(proxy_reply(owner, &["GET", &armed]), ProxyReply::Bulk(id));
+    assert_eq!(
+        element(acquire(CLUSTER_LOCK_SCRIPT.text(), "v3")),
+        ProxyReply::Integer(-1)
+    );
+    assert_eq!(
+        proxy_reply(owner, &["DEL", &quarantine]),
+        ProxyReply::Integer(1)
+    );
+    assert_eq!(
+        element(acquire(CLUSTER_LOCK_SCRIPT.text(), "v4")),
+        ProxyReply::ok()
+    );
+    assert_eq!(
+        proxy_reply(owner, &["GET", key]),
+        ProxyReply::bulk("v4".to_string())
+    );
+}

@@ -105,6 +105,80 @@ on_master! {
     GUARD_SCRIPT = "guard.lua";
 }
 
+/// How a script names the redis-server it runs on, as a single master: its `run_id`.
+const OWN_RUN_ID: &str = "string.match(redis.call('info', 'server'), 'run_id:(%w+)')";
+/// The same on a Redis Cluster node: its node id, which names the node that armed a slot
+/// (docs/design/cluster-masters.md, "Keys"; a promoted replica is another node).
+const OWN_NODE_ID: &str = "redis.call('cluster', 'myid')";
+
+/// The form of a script a Redis Cluster master runs, for one slot (docs/design/cluster-masters.md,
+/// "Scripts"): the armed marker holds the node id of the node that armed the slot, and every
+/// check of it compares it with the node the script runs on, so a slot whose data came from
+/// another node (a promotion, a migration) or is gone votes for nobody.
+pub struct ClusterScript {
+    base: &'static Script,
+    /// The text of the base script to replace, and its replacement: each occurs exactly once.
+    replace: &'static [(&'static str, &'static str)],
+    text: LazyLock<String>,
+}
+
+impl ClusterScript {
+    /// The text a cluster node runs.
+    pub fn text(&'static self) -> &'static str {
+        self.text.as_str()
+    }
+
+    fn build(&'static self) -> String {
+        let mut text = self.base.text().to_string();
+        for (from, to) in self.replace {
+            assert_eq!(
+                text.matches(from).count(),
+                1,
+                "{from:?} once in the base script"
+            );
+            text = text.replacen(from, to, 1);
+        }
+        text
+    }
+}
+
+macro_rules! on_cluster {
+    ($($(#[$doc:meta])* $name:ident = $base:ident, [$(($from:expr, $to:expr $(,)?)),* $(,)?];)*) => {
+        $($(#[$doc])* pub static $name: ClusterScript = ClusterScript {
+            base: &$base,
+            replace: &[$(($from, $to)),*],
+            text: LazyLock::new(|| $name.build()),
+        };)*
+        /// Every cluster form above, for the table test.
+        #[cfg(test)]
+        static ALL_CLUSTER: &[(&str, &ClusterScript)] = &[$((stringify!($name), &$name)),*];
+    };
+}
+
+on_cluster! {
+    /// [`LOCK_SCRIPT`] for a slot: armed means stamped by this node.
+    CLUSTER_LOCK_SCRIPT = LOCK_SCRIPT, [(
+        "local armed = m[1] and not m[2]",
+        "local armed = m[1] == redis.call('cluster', 'myid') and not m[2]",
+    )];
+    /// [`EXTEND_SCRIPT`] for a slot.
+    CLUSTER_EXTEND_SCRIPT = EXTEND_SCRIPT, [(
+        "redis.call('exists', KEYS[3]) == 0",
+        "redis.call('get', KEYS[3]) ~= redis.call('cluster', 'myid')",
+    )];
+    /// [`GUARD_SCRIPT`] for a slot.
+    CLUSTER_GUARD_SCRIPT = GUARD_SCRIPT, [(
+        "redis.call('exists', KEYS[1]) == 0",
+        "redis.call('get', KEYS[1]) ~= redis.call('cluster', 'myid')",
+    )];
+    /// [`QUARANTINE_SCRIPT`] for a slot: stamps the node id.
+    CLUSTER_QUARANTINE_SCRIPT = QUARANTINE_SCRIPT, [(OWN_RUN_ID, OWN_NODE_ID)];
+    /// [`CLAIM_SCRIPT`] for a slot: stamps the node id.
+    CLUSTER_CLAIM_SCRIPT = CLAIM_SCRIPT, [(OWN_RUN_ID, OWN_NODE_ID)];
+    /// [`RESTAMP_SCRIPT`] for a slot: compares and stamps the node id.
+    CLUSTER_RESTAMP_SCRIPT = RESTAMP_SCRIPT, [(OWN_RUN_ID, OWN_NODE_ID)];
+}
+
 /// The prelude of client scripts, with its placeholders (filled by [`crate::script_keys`]).
 pub const PRELUDE_SOURCE: &str = include_str!("prelude.lua");
 
@@ -122,6 +196,55 @@ mod tests {
             })
             .max()
             .unwrap_or(0)
+    }
+
+    /// Each cluster form differs from its base script only where it names the node, and is
+    /// pinned like the base scripts.
+    #[test]
+    fn every_cluster_form_is_pinned() {
+        let pinned: &[(&str, &str)] = &[
+            (
+                "CLUSTER_LOCK_SCRIPT",
+                "a99cc48008bb57ddc735a8bfe23be178aed3a900",
+            ),
+            (
+                "CLUSTER_EXTEND_SCRIPT",
+                "a5b58e3b307e9eca5835b9ba2a512fc033935bd7",
+            ),
+            (
+                "CLUSTER_GUARD_SCRIPT",
+                "1965545e86d996decc410f60d67c3aa555146d44",
+            ),
+            (
+                "CLUSTER_QUARANTINE_SCRIPT",
+                "5fc60386fecbc467c158c38caf4b8a0f3dce1c54",
+            ),
+            (
+                "CLUSTER_CLAIM_SCRIPT",
+                "5ee9d1228479f10d33caaa4b3303c9ee4730bd03",
+            ),
+            (
+                "CLUSTER_RESTAMP_SCRIPT",
+                "cb4a17f646904352f690c9c5d7e6cbd776c9c81a",
+            ),
+        ];
+        let shas: Vec<(&str, String)> = ALL_CLUSTER
+            .iter()
+            .map(|(name, script)| (*name, script_sha(script.text().as_bytes())))
+            .collect();
+        for ((name, sha), (pinned_name, pinned_sha)) in shas.iter().zip(pinned) {
+            assert_eq!(
+                (*name, sha.as_str()),
+                (*pinned_name, *pinned_sha),
+                "{shas:?}"
+            );
+        }
+        assert_eq!(shas.len(), pinned.len());
+        for (_, script) in ALL_CLUSTER {
+            assert_ne!(script.text(), script.base.text());
+            assert!(!script.text().contains("run_id"), "{}", script.text());
+            assert!(script.text().contains(OWN_NODE_ID), "{}", script.text());
+        }
     }
 
     /// Each script's SHA1 (a change to what a master runs must be made here on purpose: a
