@@ -1,0 +1,64 @@
+//! The names of the proxy's own keys on a Redis Cluster master (docs/design/cluster-masters.md,
+//! "Keys"): every key the proxy reads or writes for a lock key lives in that key's slot, so a
+//! script's declared keys are always one slot. Single masters keep their names
+//! ([`crate::on_master`]): renaming them would split the counters of two proxy versions.
+//!
+//! Invariant (tested): for every slot s and every key k of slot s, the names below hash to s.
+
+use super::slots::{key_slot, slot_tag};
+use crate::on_master::{ARMED_KEY, QUARANTINE_KEY, TOKEN_KEY_PREFIX};
+use bytes::{Bytes, BytesMut};
+
+/// The markers of slot `slot`: `redlock-proxy:armed:{T}` (the node id of the node that armed
+/// it) and `redlock-proxy:quarantine:{T}`.
+pub fn markers(slot: u16) -> [Bytes; 2] {
+    let tag = slot_tag(slot);
+    [ARMED_KEY, QUARANTINE_KEY].map(|name| Bytes::from(format!("{name}:{{{tag}}}")))
+}
+
+/// Where a cluster master keeps the fencing token counter of `key`:
+/// `redlock-proxy:token:{T}:<key>`, `T` the tag of the key's slot (a `{key}` form would be
+/// wrong for keys holding `}`; the tag is right for every key).
+pub fn token_key(key: &[u8]) -> Bytes {
+    let tag = slot_tag(key_slot(key));
+    let mut name = BytesMut::with_capacity(TOKEN_KEY_PREFIX.len() + tag.len() + 3 + key.len());
+    name.extend_from_slice(TOKEN_KEY_PREFIX.as_bytes());
+    name.extend_from_slice(b"{");
+    name.extend_from_slice(tag.as_bytes());
+    name.extend_from_slice(b"}:");
+    name.extend_from_slice(key);
+    name.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::slots::SLOTS;
+
+    #[test]
+    fn the_proxy_keys_of_a_slot_are_in_that_slot() {
+        for slot in 0..SLOTS as u16 {
+            for marker in markers(slot) {
+                assert_eq!(key_slot(&marker), slot, "{marker:?}");
+            }
+        }
+        let keys: &[&[u8]] = &[
+            b"a",
+            b"{a}x",
+            b"a}b",
+            b"{}",
+            b"}{",
+            b"x{y}z",
+            b"",
+            b"lock:{user:7}",
+        ];
+        for key in keys {
+            let counter = token_key(key);
+            assert_eq!(key_slot(&counter), key_slot(key), "{counter:?}");
+            assert!(counter.starts_with(TOKEN_KEY_PREFIX.as_bytes()));
+            assert!(counter.ends_with(key));
+        }
+        assert_eq!(&token_key(b"b")[..], b"redlock-proxy:token:{b}:b");
+        assert_eq!(&markers(3300)[0][..], b"redlock-proxy:armed:{b}");
+    }
+}
