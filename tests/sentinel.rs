@@ -14,7 +14,7 @@
 use redlock_proxy::Config;
 use redlock_testkit::checker::drift_ns;
 use redlock_testkit::key;
-use redlock_testkit::launcher::{master_state, Proxy};
+use redlock_testkit::launcher::{master_number, master_state, wait_for_info_where, Proxy};
 use redlock_testkit::masters::{master_cmd, master_get, signal};
 use redlock_testkit::resp::Client;
 use redlock_testkit::rig::run;
@@ -225,19 +225,12 @@ const CONFIRM_NODE_TIMEOUT_MS: u64 = 1000;
 /// The proxy's `INFO masters` state of master `i`, once `done` holds for it (at most `limit`).
 async fn state_when(port: u16, i: usize, limit: Duration, done: impl Fn(&str) -> bool) -> String {
     let mut client = Client::connect(port).await;
-    let started = Instant::now();
-    loop {
-        let info = client.cmd(&["INFO", "masters"]).await;
-        let state = master_state(&info, i).unwrap_or_default().to_string();
-        if done(&state) {
-            return state;
-        }
-        assert!(
-            started.elapsed() < limit,
-            "master{i} still {state} after {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!("master{i}'s state to be as asked");
+    let info = wait_for_info_where(&mut client, limit, &what, |info| {
+        done(master_state(info, i).unwrap_or_default())
+    })
+    .await;
+    master_state(&info, i).unwrap_or_default().to_string()
 }
 
 /// When master 0's clock was first read after `after` (the proxy reads it at the start of
@@ -247,11 +240,8 @@ async fn clock_read_after(client: &mut Client, after: Instant) -> Instant {
     loop {
         let asked = Instant::now();
         let info = client.cmd(&["INFO", "masters"]).await;
-        let age = info
-            .lines()
-            .find(|l| l.starts_with("master0:"))
-            .and_then(|l| l.split("clock_age_ms=").nth(1))
-            .and_then(|v| v.split(',').next()?.trim().parse::<u64>().ok())
+        let age = master_number(&info, 0, "clock_age_ms")
+            .and_then(|ms| u64::try_from(ms).ok())
             .expect("clock_age_ms in INFO");
         // The earliest the reading can have been: INFO was made after it was asked for, and
         // the age is in whole ms.

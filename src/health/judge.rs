@@ -26,11 +26,8 @@ pub struct Observation {
     pub aof_enabled: bool,
     pub aof_write_ok: bool,
     pub fsync_always: bool,
-    /// It was promoted from replica to master at some time since it started
-    /// (`master_replid2` is not all zeros: the replication id it had as a replica).
-    pub promoted: bool,
     /// Its replication history (`master_replid`), and the history it continued when promoted
-    /// (`master_replid2`, all zeros if never).
+    /// (`master_replid2`, all zeros if never: [`Observation::promoted`]).
     pub master_replid: String,
     pub master_replid2: String,
     /// How far its replication stream goes (`master_repl_offset`), and, when promoted, the
@@ -47,6 +44,12 @@ impl Observation {
     /// it replies (redis.io, "Redis persistence"; the Redlock page's advice on fsync).
     pub fn durable(&self) -> bool {
         self.aof_enabled && self.aof_write_ok && self.fsync_always
+    }
+
+    /// It was promoted from replica to master at some time since it started
+    /// (`master_replid2` is not all zeros: the replication id it had as a replica).
+    pub fn promoted(&self) -> bool {
+        self.master_replid2.bytes().any(|b| b != b'0')
     }
 }
 
@@ -72,10 +75,7 @@ pub fn parse_info(text: &str) -> Observation {
             "rdb_last_load_keys_loaded" => obs.loaded_from_disk |= number() > 0,
             "aof_last_write_status" => obs.aof_write_ok = value == "ok",
             "master_replid" => obs.master_replid = value.to_string(),
-            "master_replid2" => {
-                obs.promoted = value.bytes().any(|b| b != b'0');
-                obs.master_replid2 = value.to_string();
-            }
+            "master_replid2" => obs.master_replid2 = value.to_string(),
             "master_repl_offset" => obs.master_repl_offset = number(),
             "second_repl_offset" => obs.second_repl_offset = value.parse::<u64>().ok(),
             _ if field.starts_with("slave") && value.contains("state=online") => {
@@ -372,7 +372,7 @@ pub fn check_stamp(
         return StampCheck::Own;
     }
     let watched_intact = watched == Some(stamp) && !lost_since;
-    let aged_own = Duration::from_secs(now.uptime_secs) >= bound && !now.promoted;
+    let aged_own = Duration::from_secs(now.uptime_secs) >= bound && !now.promoted();
     if watched_intact || aged_own {
         return StampCheck::Restamp;
     }
@@ -559,7 +559,6 @@ mod tests {
         let promoted = Observation {
             master_replid: "2222".into(),
             master_replid2: "1111".into(),
-            promoted: true,
             second_repl_offset: Some(5001),
             online_replicas: 1,
             ..obs("bbbbbbbbbb", 90)
@@ -624,7 +623,6 @@ mod tests {
                 Observation {
                     second_repl_offset: None,
                     master_replid2: "0000".into(),
-                    promoted: false,
                     ..promoted.clone()
                 },
                 1,
@@ -664,7 +662,7 @@ mod tests {
             ("abcd", "ef01")
         );
         assert_eq!((o.master_repl_offset, o.second_repl_offset), (90, Some(41)));
-        assert!(o.promoted);
+        assert!(o.promoted());
         assert_eq!(
             parse_info("second_repl_offset:-1\r\n").second_repl_offset,
             None
@@ -716,8 +714,8 @@ mod tests {
     #[test]
     fn a_stamp_of_another_process_is_a_loss_unless_its_data_is_known_to_be_its_own() {
         let bound = Duration::from_secs(60);
-        let server = |run_id: &str, uptime_secs, promoted| Observation {
-            promoted,
+        let server = |run_id: &str, uptime_secs, promoted: bool| Observation {
+            master_replid2: if promoted { "2a0f" } else { "0000" }.into(),
             ..obs(run_id, uptime_secs)
         };
         let foreign = |c: StampCheck| matches!(c, StampCheck::Foreign(_));
@@ -795,8 +793,8 @@ mod tests {
             bound,
         );
         assert!(foreign(check));
-        assert!(parse_info("master_replid2:2a0f\r\n").promoted);
-        assert!(!parse_info("master_replid2:0000000000\r\n").promoted);
+        assert!(parse_info("master_replid2:2a0f\r\n").promoted());
+        assert!(!parse_info("master_replid2:0000000000\r\n").promoted());
     }
 
     #[test]

@@ -172,13 +172,7 @@ impl Env {
     /// takes to answer its first `PING`.
     pub async fn start_with(n: usize, tweak: impl FnOnce(&mut Config)) -> Env {
         let masters = LocalCluster::start(n).expect("redis-server must be installed");
-        let proxy = Proxy::launch(Proxy::config_for(masters.addrs(), tweak)).await;
-        proxy.wait_connected(Some(n)).await;
-        Env {
-            masters,
-            proxy,
-            replicas: Vec::new(),
-        }
+        Env::over(masters, Vec::new(), tweak).await
     }
 
     /// [`Env::start_with`] over masters that each have a replica, in sync before the proxy
@@ -187,8 +181,18 @@ impl Env {
         let masters = LocalCluster::start(n).expect("redis-server must be installed");
         let replicas = tokio::task::block_in_place(|| start_replicas(&masters.masters))
             .expect("replicas in sync");
+        Env::over(masters, replicas, tweak).await
+    }
+
+    /// A proxy over `masters`, returned once every one is `up` on it (see
+    /// [`Env::start_with`]).
+    async fn over(
+        masters: LocalCluster,
+        replicas: Vec<LocalMaster>,
+        tweak: impl FnOnce(&mut Config),
+    ) -> Env {
         let proxy = Proxy::launch(Proxy::config_for(masters.addrs(), tweak)).await;
-        proxy.wait_connected(Some(n)).await;
+        proxy.wait_connected(Some(masters.masters.len())).await;
         Env {
             masters,
             proxy,
@@ -472,27 +476,53 @@ pub async fn wait_for_info_within(
     count: usize,
     limit: Duration,
 ) -> String {
+    let what = format!("{count}× {needle:?}");
+    wait_for_info_where(client, limit, &what, |info| {
+        info.matches(needle).count() == count
+    })
+    .await
+}
+
+/// Waits (at most `limit`) until the proxy's `INFO masters` on `client` satisfies `done`;
+/// returns that INFO. Panics past the limit, naming `what` was expected.
+pub async fn wait_for_info_where(
+    client: &mut Client,
+    limit: Duration,
+    what: &str,
+    done: impl Fn(&str) -> bool,
+) -> String {
     let deadline = Instant::now() + limit;
     loop {
         let info = client.cmd(&["INFO", "masters"]).await;
-        if info.matches(needle).count() == count {
+        if done(&info) {
             return info;
         }
         assert!(
             Instant::now() < deadline,
-            "expected {count}× {needle:?} within {limit:?} in {info}"
+            "expected {what} within {limit:?} in {info}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
+/// The line of master `i` in an `INFO masters` text.
+fn master_line(info: &str, i: usize) -> Option<&str> {
+    info.lines().find(|l| l.starts_with(&format!("master{i}:")))
+}
+
 /// The `state=` of master `i` in an `INFO masters` text (`up`, `quarantined (…)`, …).
 pub fn master_state(info: &str, i: usize) -> Option<&str> {
-    let line = info
-        .lines()
-        .find(|l| l.starts_with(&format!("master{i}:")))?;
+    let line = master_line(info, i)?;
     let state = &line[line.find(",state=")? + ",state=".len()..];
     Some(&state[..state.find(",replies=").unwrap_or(state.len())])
+}
+
+/// A numeric field of master `i` in an `INFO masters` text (`missing_unconfirmed`,
+/// `clock_age_ms`, …).
+pub fn master_number(info: &str, i: usize, field: &str) -> Option<i64> {
+    let line = master_line(info, i)?;
+    let value = line.split(&format!(",{field}=")).nth(1)?;
+    value.split(',').next()?.trim().parse().ok()
 }
 
 /// Waits (at most 10 s) until a server (a redis-server or a fresh proxy) is ready for load:
