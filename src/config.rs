@@ -196,13 +196,6 @@ impl Config {
         if self.local == Some(0) {
             return invalid("--local needs at least 1 master");
         }
-        // The cluster backend is being built (docs/design/cluster-masters.md, "Implementation
-        // plan"): until it is, a cluster's seed must not be taken for a single master.
-        if let Some(backend) = self.backends.iter().find(|b| b.cluster.is_some()) {
-            return Err(ConfigError::Invalid(format!(
-                "master {backend}: Redis Cluster masters are not supported yet"
-            )));
-        }
         // A master listed twice would vote twice: a "majority" could then be a minority of
         // the real masters, and the quorum intersection every argument rests on is gone.
         for (i, backend) in self.backends.iter().enumerate() {
@@ -210,7 +203,13 @@ impl Config {
             // sentinels may be shared with other groups. (One redis-server reached under two
             // names is also refused when it answers: the health monitor compares run ids.)
             let group = |b: &Backend| b.sentinel.as_ref().map(|g| g.name.clone());
+            // Clusters are the same master when they share a seed node.
+            let seeds = |b: &Backend| b.cluster.clone().unwrap_or_default();
             let same = |other: &Backend| {
+                let shared_seed = seeds(other).iter().any(|s| seeds(backend).contains(s));
+                if backend.cluster.is_some() || other.cluster.is_some() {
+                    return shared_seed;
+                }
                 group(other) == group(backend)
                     && (backend.sentinel.is_some()
                         || other.host.eq_ignore_ascii_case(&backend.host)

@@ -17,10 +17,13 @@
 //!   docs/SAFETY.md "Confirmed writes"); otherwise it is missing (unconfirmed).
 //! - Every missing vote carries its reason, counted per master ([`VoteStats`], `INFO`).
 
+use crate::backend::Backend;
+use crate::cluster::{self, master::ClusterMaster, slots::SLOTS};
 use crate::config::Config;
 use crate::dial::{Dial, PASSWORD_ENV};
 use crate::health::{self, MasterHealth};
 use crate::live::LiveDuration;
+use crate::on_master::{self, ARMED_KEY, QUARANTINE_KEY};
 use crate::protocol::{Reply, ScriptCall};
 use crate::redlock::{merge, merged, quorum, MergeRule, MissingReason, Vote};
 use crate::secret::Secret;
@@ -37,6 +40,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
 use tokio::time::{sleep_until, Instant, Sleep};
+use tokio_rustls::TlsConnector;
 
 /// Most fan-outs in progress at once. Enough to keep every master's connection busy (a fan-out
 /// is one pipelined request per master), small enough that a backlog of this many is worked
@@ -179,37 +183,200 @@ impl VoteStats {
     }
 }
 
-/// One master as a voter: its link, and the health record that says whether its answers count.
+/// Where a master is: one server, or a Redis Cluster whose slots are served by its primaries.
 #[derive(Debug)]
-pub struct Voter {
+pub enum Place {
+    /// One redis-server (or a Sentinel group's primary): its link and health record.
+    Single {
+        link: Arc<Link>,
+        health: Arc<MasterHealth>,
+    },
+    /// A Redis Cluster ([`ClusterMaster`]).
+    Cluster(Arc<ClusterMaster>),
+}
+
+/// The server of a master that serves one slot: its link and health record.
+pub struct Server {
     pub link: Arc<Link>,
     pub health: Arc<MasterHealth>,
+}
+
+/// One master as a voter: where it is, and how its votes went.
+#[derive(Debug)]
+pub struct Voter {
+    pub place: Place,
     /// Common to every shard's voter for this master ([`Masters::connect_like`]).
     pub stats: Arc<VoteStats>,
 }
 
 impl Voter {
-    /// May this master's votes count right now? Only on a connection the health monitor has
-    /// judged, outside quarantine, and in a safe configuration.
-    pub fn eligible(&self) -> bool {
-        self.link.is_connected() && self.health.eligible(self.link.connect_count())
+    /// The master's name, for logs, `INFO` and the metrics.
+    pub fn name(&self) -> &str {
+        match &self.place {
+            Place::Single { link, .. } => &link.addr,
+            Place::Cluster(cluster) => &cluster.name,
+        }
     }
 
-    /// The deadline (ms in the master's clock) of a write sent at `sent`: the latest the
-    /// master's clock can show when `node_timeout` runs out, or 1 (already past) before its
-    /// first clock reading; `None` if its vote cannot count (it is then not asked). With one
-    /// look at its health record. Acquires, extends and scripts that may write all carry it.
+    /// Its links: a single master's, or every node's of a cluster (for `INFO`).
+    pub fn links(&self) -> Vec<Arc<Link>> {
+        match &self.place {
+            Place::Single { link, .. } => vec![link.clone()],
+            Place::Cluster(cluster) => cluster
+                .nodes()
+                .into_iter()
+                .map(|n| n.link.clone())
+                .collect(),
+        }
+    }
+
+    /// Quarantines begun, by cause (a cluster's are per slot, logged and shown in `INFO`).
+    pub fn quarantines(&self) -> Vec<(&'static str, u64)> {
+        match &self.place {
+            Place::Single { health, .. } => health.quarantines(),
+            Place::Cluster(_) => Vec::new(),
+        }
+    }
+
+    /// The cluster this master is, if it is one.
+    pub fn cluster(&self) -> Option<&Arc<ClusterMaster>> {
+        match &self.place {
+            Place::Single { .. } => None,
+            Place::Cluster(cluster) => Some(cluster),
+        }
+    }
+
+    /// The server that serves `slot` (a keyless request: slot 0's) now, if any.
+    pub fn server(&self, slot: u16) -> Option<Server> {
+        match &self.place {
+            Place::Single { link, health } => Some(Server {
+                link: link.clone(),
+                health: health.clone(),
+            }),
+            Place::Cluster(cluster) => cluster.owner(slot).map(|node| Server {
+                link: node.link.clone(),
+                health: node.health.clone(),
+            }),
+        }
+    }
+
+    /// May this master's votes for `slot` count right now? Only on a connection the health
+    /// monitor has judged, outside quarantine, and in a safe configuration; on a cluster, only
+    /// through the slot's owner, which the keeper found armed the slot.
+    pub fn eligible(&self, slot: u16) -> bool {
+        match &self.place {
+            Place::Single { link, health } => {
+                link.is_connected() && health.eligible(link.connect_count())
+            }
+            Place::Cluster(cluster) => cluster
+                .owner(slot)
+                .is_some_and(|node| node.eligible() && cluster.slot_ready(slot, &node)),
+        }
+    }
+
+    /// The master's clock at local instant `when` (µs since the epoch; a cluster's: the
+    /// latest of its primaries'), for proposing fencing tokens; `None` before a reading.
+    pub fn clock_estimate_us(&self, when: Instant) -> Option<u64> {
+        match &self.place {
+            Place::Single { health, .. } => health.master_clock_estimate_us(when),
+            Place::Cluster(cluster) => (cluster.nodes().iter())
+                .filter_map(|n| n.health.master_clock_estimate_us(when))
+                .max(),
+        }
+    }
+
+    /// The merged lock script this master runs for `slot`: `single` (a single master's), or
+    /// on a cluster the slot's own ([`ClusterMaster::lock_script`]).
+    pub fn lock_script(&self, slot: u16, single: &Arc<SharedScript>) -> Arc<SharedScript> {
+        match &self.place {
+            Place::Single { .. } => single.clone(),
+            Place::Cluster(cluster) => cluster.lock_script(slot),
+        }
+    }
+
+    /// Whether every slot may vote (a single master: whether it may).
+    pub fn usable(&self) -> bool {
+        match &self.place {
+            Place::Single { .. } => self.eligible(0),
+            Place::Cluster(cluster) => cluster.usable_slots() == SLOTS,
+        }
+    }
+
+    /// Whether some connection to the master is up.
+    pub fn reachable(&self) -> bool {
+        match &self.place {
+            Place::Single { link, .. } => link.is_connected(),
+            Place::Cluster(cluster) => cluster.reachable(),
+        }
+    }
+
+    /// Whether its first connection attempts are over.
+    pub fn attempted(&self) -> bool {
+        match &self.place {
+            Place::Single { link, .. } => link.attempted(),
+            Place::Cluster(cluster) => cluster.attempted(),
+        }
+    }
+
+    /// Whether its health was judged since the deployment verdict.
+    pub fn judged(&self) -> bool {
+        match &self.place {
+            Place::Single { health, .. } => health.judged(),
+            Place::Cluster(cluster) => cluster.judged(),
+        }
+    }
+
+    /// `slot` answered unarmed or quarantined: its monitor (or the cluster's keeper) looks at
+    /// it again at once.
+    pub fn recheck(&self, slot: u16) {
+        match &self.place {
+            Place::Single { health, .. } => health.recheck(),
+            Place::Cluster(cluster) => cluster.recheck(slot),
+        }
+    }
+
+    /// The markers a script checks for `slot`: the master's, or on a cluster the slot's.
+    pub fn markers(&self, slot: u16) -> [Bytes; 2] {
+        match &self.place {
+            Place::Single { .. } => {
+                [ARMED_KEY, QUARANTINE_KEY].map(|k| Bytes::from_static(k.as_bytes()))
+            }
+            Place::Cluster(_) => cluster::keys::markers(slot),
+        }
+    }
+
+    /// Where this master keeps the fencing token counter of `key`.
+    pub fn token_key(&self, key: &[u8]) -> Bytes {
+        match &self.place {
+            Place::Single { .. } => on_master::token_key(key),
+            Place::Cluster(_) => cluster::keys::token_key(key),
+        }
+    }
+
+    /// The deadline (ms in the master's clock) of a write for `slot` sent at `sent`: the latest
+    /// the serving server's clock can show when `node_timeout` runs out, or 1 (already past)
+    /// before its first clock reading; `None` if its vote cannot count (it is then not asked).
+    /// With one look at its health record. Acquires, extends and scripts that may write all
+    /// carry it.
     pub fn write_deadline(
         &self,
+        slot: u16,
         sent: Instant,
         node_timeout: Duration,
         drift_factor: f64,
     ) -> Option<u64> {
-        if !self.link.is_connected() {
+        if let Place::Cluster(cluster) = &self.place {
+            let node = cluster.owner(slot)?;
+            if !cluster.slot_ready(slot, &node) {
+                return None;
+            }
+        }
+        let server = self.server(slot)?;
+        if !server.link.is_connected() {
             return None;
         }
-        let bound = self.health.clock_bound_if_eligible(
-            self.link.connect_count(),
+        let bound = server.health.clock_bound_if_eligible(
+            server.link.connect_count(),
             sent + node_timeout,
             drift_factor,
         )?;
@@ -217,38 +384,50 @@ impl Voter {
     }
 
     /// `up`, `down`, `auth_failed (…)`, `connecting`, `quarantined (…)` or `unsafe (…)`, for
-    /// `INFO`.
+    /// `INFO`; a cluster's slots in brief.
     pub fn state(&self) -> String {
-        if !self.link.is_connected() {
-            return match self.link.auth_refused() {
+        let (link, health) = match &self.place {
+            Place::Single { link, health } => (link, health),
+            Place::Cluster(cluster) => return cluster.state(),
+        };
+        if !link.is_connected() {
+            return match link.auth_refused() {
                 Some(reason) => format!("auth_failed ({reason})"),
                 None => "down".into(),
             };
         }
-        self.health.state(self.link.connect_count())
+        health.state(link.connect_count())
     }
 
-    /// Hands `request` to the link; `Err` is the vote at once when this master's answer
-    /// cannot count (it is asked anyway: [`Voter::absent_vote`]). With `wait_replicas` (> 0)
-    /// a vote counts only once a `WAIT` after it counted that many replicas
-    /// ([`Link::send_commands`]).
-    fn send(&self, request: Ask, replies: usize, wait_replicas: u32) -> Result<Pending, Vote> {
-        let eligible = self.eligible();
+    /// Hands `request` for `slot` to the server that serves it; `Err` is the vote at once when
+    /// this master's answer cannot count (it is asked anyway where a server serves the slot:
+    /// [`Voter::absent_vote`]). With `wait_replicas` (> 0) a vote counts only once a `WAIT`
+    /// after it counted that many replicas ([`Link::send_commands`]).
+    fn send(
+        &self,
+        slot: u16,
+        request: Ask,
+        replies: usize,
+        wait_replicas: u32,
+    ) -> Result<Pending, Vote> {
+        let Some(server) = self.server(slot) else {
+            return Err(self.absent_vote(slot));
+        };
+        let eligible = self.eligible(slot);
         let confirm = (eligible && wait_replicas > 0).then_some(wait_replicas);
+        let link = &server.link;
         // A script call whose script the master lost is sent again with the body by the link
         // itself ([`Link::send_script`]).
         let pending = match request {
-            Ask::Commands(payload) => self.link.send_commands(payload, replies, confirm),
-            Ask::Script(script, call) => self.link.send_script(script, call, confirm),
-            Ask::BySha { by_sha, by_body } => {
-                self.link.send_by_sha(by_sha, by_body, replies, confirm)
-            }
+            Ask::Commands(payload) => link.send_commands(payload, replies, confirm),
+            Ask::Script(script, call) => link.send_script(script, call, confirm),
+            Ask::BySha { by_sha, by_body } => link.send_by_sha(by_sha, by_body, replies, confirm),
         };
         if eligible {
             Ok(pending)
         } else {
             drop(pending);
-            Err(self.absent_vote())
+            Err(self.absent_vote(slot))
         }
     }
 
@@ -258,6 +437,9 @@ impl Voter {
             Ok(reply) => {
                 let took = asked.elapsed().as_secs_f64();
                 self.stats.reply_duration.observe(took);
+                if let Some(cluster) = self.cluster() {
+                    cluster.note_reply(&reply);
+                }
                 Vote::Replied(reply)
             }
             Err(why) => Vote::Missing(match why {
@@ -272,12 +454,15 @@ impl Voter {
     }
 
     /// The vote of a master that is not asked, or whose answer cannot count: [`Vote::Fenced`]
-    /// while quarantined, else missing (not eligible).
-    pub fn absent_vote(&self) -> Vote {
-        let vote = if self.health.fenced() {
-            Vote::Fenced
-        } else {
-            Vote::Missing(MissingReason::NotEligible)
+    /// while quarantined (on a cluster: the slot), else missing (not eligible).
+    pub fn absent_vote(&self, slot: u16) -> Vote {
+        let fenced = match &self.place {
+            Place::Single { health, .. } => health.fenced(),
+            Place::Cluster(cluster) => cluster.slot_fenced(slot),
+        };
+        let vote = match fenced {
+            true => Vote::Fenced,
+            false => Vote::Missing(MissingReason::NotEligible),
         };
         self.stats.count(&vote);
         vote
@@ -391,40 +576,66 @@ impl Masters {
         stats: Vec<Arc<VoteStats>>,
     ) -> Arc<Masters> {
         let node_timeout = settings.node_timeout.clone();
-        let links = dials(config)
-            .into_iter()
-            .zip(&config.backends)
-            .map(|(dial, backend)| {
-                Link::new(backend.to_string(), Box::new(dial), node_timeout.clone())
+        let (tls, env_password) = dial_material(config);
+        let endpoints = config
+            .backends
+            .iter()
+            .map(|backend| match backend.cluster {
+                Some(_) => Endpoint::Cluster(backend.clone(), tls.clone(), env_password.clone()),
+                None => {
+                    let dial = Dial::new(backend, tls.as_ref(), env_password.as_ref());
+                    let link = Link::new(backend.to_string(), Box::new(dial), node_timeout.clone());
+                    Endpoint::Single(link)
+                }
             })
             .collect();
-        Masters::start(links, settings, stats)
+        Masters::start_endpoints(endpoints, settings, stats)
     }
 
     /// Starts every link (spawns its driver) and its health monitor; `stats[i]` counts master
     /// `i`'s votes.
+    #[cfg(test)]
     pub fn start(
         links: Vec<(Arc<Link>, Driver)>,
         settings: Settings,
         stats: Vec<Arc<VoteStats>>,
     ) -> Arc<Masters> {
+        let endpoints = links.into_iter().map(Endpoint::Single).collect();
+        Masters::start_endpoints(endpoints, settings, stats)
+    }
+
+    fn start_endpoints(
+        endpoints: Vec<Endpoint>,
+        settings: Settings,
+        stats: Vec<Arc<VoteStats>>,
+    ) -> Arc<Masters> {
         let (stop, stop_rx) = watch::channel(false);
-        let voters: Vec<Arc<Voter>> = links
+        let voters: Vec<Arc<Voter>> = endpoints
             .into_iter()
             .zip(stats)
-            .map(|((link, driver), stats)| {
-                tokio::spawn(driver.run(stop_rx.clone()));
-                Arc::new(Voter {
-                    link,
-                    health: Arc::default(),
-                    stats,
-                })
+            .map(|(endpoint, stats)| {
+                let place = match endpoint {
+                    Endpoint::Single((link, driver)) => {
+                        tokio::spawn(driver.run(stop_rx.clone()));
+                        Place::Single {
+                            link,
+                            health: Arc::default(),
+                        }
+                    }
+                    Endpoint::Cluster(backend, tls, env_password) => {
+                        Place::Cluster(ClusterMaster::new(
+                            &backend,
+                            tls,
+                            env_password,
+                            settings.node_timeout.clone(),
+                            stop_rx.clone(),
+                        ))
+                    }
+                };
+                Arc::new(Voter { place, stats })
             })
             .collect();
-        let watched: Vec<_> = voters
-            .iter()
-            .map(|v| (v.link.clone(), v.health.clone()))
-            .collect();
+        let watched: Vec<_> = voters.iter().map(|v| v.place.watched()).collect();
         let startup = health::spawn_monitors(&watched, settings.health.clone(), stop_rx);
         Arc::new(Masters {
             voters,
@@ -452,18 +663,14 @@ impl Masters {
     }
 
     fn judged(&self, verdict: Option<health::Deployment>) -> bool {
-        let unreachable = |v: &Arc<Voter>| !v.link.is_connected() && v.link.attempted();
+        let unreachable = |v: &Arc<Voter>| !v.reachable() && v.attempted();
         match verdict {
             Some(_) => {
-                let eligible = self.voters.iter().filter(|v| v.eligible()).count();
-                eligible >= self.quorum()
-                    || self
-                        .voters
-                        .iter()
-                        .all(|v| v.health.judged() || unreachable(v))
+                self.usable() >= self.quorum()
+                    || self.voters.iter().all(|v| v.judged() || unreachable(v))
             }
             None => {
-                self.voters.iter().all(|v| v.link.attempted())
+                self.voters.iter().all(|v| v.attempted())
                     && self.voters.iter().filter(|v| !unreachable(v)).count() < self.quorum()
             }
         }
@@ -504,9 +711,9 @@ impl Masters {
         self.settings.health.quarantine
     }
 
-    /// How many masters may vote now.
+    /// How many masters may vote now (for every slot, on a cluster).
     pub fn usable(&self) -> usize {
-        self.voters.iter().filter(|v| v.eligible()).count()
+        self.voters.iter().filter(|v| v.usable()).count()
     }
 
     /// `<n> of <N> masters usable, quorum <Q>` (`/readyz`, `NOQUORUM` of acquires, the log).
@@ -537,6 +744,7 @@ impl Masters {
     /// the node timeout), for the acquire's clean-up.
     pub async fn fan_out_each(
         &self,
+        slot: u16,
         ask: impl Fn(usize) -> Option<Ask>,
         replies: usize,
         decided: impl Fn(&[Vote]) -> bool,
@@ -555,8 +763,8 @@ impl Masters {
         let mut late = LateVotes::default();
         let wait_replicas = self.wait_replicas();
         for (i, voter) in self.voters.iter().enumerate() {
-            match ask(i).map(|request| voter.send(request, replies, wait_replicas)) {
-                None => votes[i] = voter.absent_vote(),
+            match ask(i).map(|request| voter.send(slot, request, replies, wait_replicas)) {
+                None => votes[i] = voter.absent_vote(slot),
                 Some(Err(vote)) => votes[i] = vote,
                 Some(Ok(pending)) => late.waiting.push((i, voter.clone(), pending)),
             }
@@ -572,34 +780,58 @@ impl Masters {
         (votes, late)
     }
 
-    /// One reply for all masters by the quorum rule `rule`, waiting only as long as needed.
-    pub async fn quorum_reply(&self, payload: &Bytes, rule: MergeRule) -> Reply {
-        self.quorum_reply_each(|_| Some(Ask::Commands(payload.clone())), rule)
+    /// One reply for all masters by the quorum rule `rule` (sent, on a cluster, to the server
+    /// of `slot`), waiting only as long as needed.
+    pub async fn quorum_reply(&self, slot: u16, payload: &Bytes, rule: MergeRule) -> Reply {
+        self.quorum_reply_each(slot, |_| Some(Ask::Commands(payload.clone())), rule)
             .await
     }
 
     /// [`Masters::quorum_reply`] on `ask(i)` ([`Masters::fan_out_each`]).
     pub async fn quorum_reply_each(
         &self,
+        slot: u16,
         ask: impl Fn(usize) -> Option<Ask>,
         rule: MergeRule,
     ) -> Reply {
         let (votes, _late) = self
-            .fan_out_each(ask, 1, |v| merge(v, rule).is_some())
+            .fan_out_each(slot, ask, 1, |v| merge(v, rule).is_some())
             .await;
         merged(&votes, rule)
     }
+
+    /// Whether some master is a Redis Cluster.
+    pub fn any_cluster(&self) -> bool {
+        self.voters.iter().any(|v| v.cluster().is_some())
+    }
 }
 
-/// How to reach each master of `config.backends`, in order (TCP or TLS, with its
-/// credentials: [`crate::dial`]). TLS material that cannot be loaded leaves the `rediss://`
-/// masters unreachable, with the reason on every attempt.
-pub fn dials(config: &Config) -> Vec<Dial> {
+/// A master to start: a link to one server, or a cluster with how to dial its nodes.
+enum Endpoint {
+    Single((Arc<Link>, Driver)),
+    Cluster(Backend, MasterTls, Option<Secret>),
+}
+
+/// The TLS connector for `rediss://` and `clusters://` masters, if any (or why it could not be
+/// built).
+type MasterTls = Option<Result<TlsConnector, String>>;
+
+/// What every master's dial shares: the TLS connector (TLS material that cannot be loaded
+/// leaves the TLS masters unreachable, with the reason on every attempt) and the password
+/// from the environment.
+fn dial_material(config: &Config) -> (MasterTls, Option<Secret>) {
     let env_password = std::env::var(PASSWORD_ENV).ok().map(Secret::new);
     let tls = match config.backends.iter().any(|b| b.tls) {
         true => Some(master_client_config(&config.master_tls()).map_err(|e| e.to_string())),
         false => None,
     };
+    (tls, env_password)
+}
+
+/// How to reach each master of `config.backends`, in order (TCP or TLS, with its
+/// credentials: [`crate::dial`]); a cluster's first seed.
+pub fn dials(config: &Config) -> Vec<Dial> {
+    let (tls, env_password) = dial_material(config);
     config
         .backends
         .iter()
@@ -611,4 +843,51 @@ impl Drop for Masters {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+impl Place {
+    /// What the health monitors watch of this master.
+    fn watched(&self) -> health::Watched {
+        match self {
+            Place::Single { link, health } => health::Watched::Single(link.clone(), health.clone()),
+            Place::Cluster(cluster) => health::Watched::Cluster(cluster.clone()),
+        }
+    }
+}
+
+/// A request in the forms the kinds of master need: a single master's, and a cluster's where
+/// some master is one (the proxy's keys and scripts differ: [`Voter::markers`],
+/// [`Voter::script`]).
+#[derive(Clone)]
+pub struct Forms {
+    single: Bytes,
+    cluster: Option<Bytes>,
+}
+
+impl Forms {
+    /// `build(false)`, and `build(true)` only if some master is a cluster.
+    pub fn new(masters: &Masters, build: impl Fn(bool) -> Bytes) -> Forms {
+        Forms {
+            single: build(false),
+            cluster: masters.any_cluster().then(|| build(true)),
+        }
+    }
+
+    /// The form for `voter`.
+    pub fn for_voter(&self, voter: &Voter) -> Bytes {
+        match (voter.cluster(), &self.cluster) {
+            (Some(_), Some(cluster)) => cluster.clone(),
+            _ => self.single.clone(),
+        }
+    }
+}
+
+/// The slot a request with no key goes to on a cluster (a single master has no slots).
+pub const ANY_SLOT: u16 = 0;
+
+/// The slot of a request's first key (`keys`), or [`ANY_SLOT`] without one. Where a master is a
+/// cluster every key of a request shares one slot (checked when it is received).
+pub fn slot_of<K: AsRef<[u8]>>(keys: &[K]) -> u16 {
+    keys.first()
+        .map_or(ANY_SLOT, |k| cluster::slots::key_slot(k.as_ref()))
 }

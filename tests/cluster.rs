@@ -9,7 +9,11 @@ use redlock_proxy::cluster::map::{Redirect, SlotMap};
 use redlock_proxy::cluster::slots::{key_slot, slot_tag, SLOTS};
 use redlock_proxy::fuzzing::{decode_reply, encode_command, Reply as ProxyReply};
 use redlock_testkit::cluster::RedisCluster;
+use redlock_testkit::key;
+use redlock_testkit::launcher::{master_state, Proxy};
 use redlock_testkit::resp::{blocking_cmd, Reply};
+use redlock_testkit::rig::run;
+use redlock_testkit::workload::wait_grantable;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
@@ -219,4 +223,99 @@ fn the_cluster_lock_script_grants_only_on_a_slot_this_node_armed() {
         proxy_reply(owner, &["GET", key]),
         ProxyReply::bulk("v4".to_string())
     );
+}
+
+/// Three independent clusters of `primaries` primaries (with `replicas` replicas each), started
+/// side by side.
+fn three_clusters(primaries: usize, replicas: usize) -> Vec<RedisCluster> {
+    std::thread::scope(|s| {
+        let starts: Vec<_> = (0..3)
+            .map(|_| s.spawn(move || RedisCluster::start(primaries, replicas)))
+            .collect();
+        starts
+            .into_iter()
+            .map(|h| h.join().expect("a cluster"))
+            .collect()
+    })
+}
+
+/// `cluster://` addresses of `clusters`.
+fn cluster_backends(clusters: &[RedisCluster]) -> Vec<String> {
+    clusters
+        .iter()
+        .map(|c| format!("cluster://{}", c.seeds().join(",")))
+        .collect()
+}
+
+/// How long a fresh proxy over clusters may take to grant its first lock (bounded wait: it
+/// returns at the first grant; founding claims every slot of every cluster).
+const READY_LIMIT: Duration = Duration::from_secs(60);
+
+/// The lock path through three clusters of three primaries: an acquire lands on its slot's
+/// primary in every cluster (armed with that node's id), a second is refused, reads and the
+/// compare-and-delete release are answered by the majority, keys of two slots are refused with
+/// Redis Cluster's own text, and `INFO` shows every slot usable.
+#[test]
+fn locks_through_three_clusters() {
+    run(async {
+        let clusters = tokio::task::block_in_place(|| three_clusters(3, 0));
+        let proxy = Proxy::start(cluster_backends(&clusters), |_| {}).await;
+        let ready = wait_grantable(proxy.port, &key("probe"), 1000, READY_LIMIT).await;
+        assert!(ready.is_some(), "proxy never ready");
+        let mut c = proxy.client().await;
+        let k = key("through-clusters");
+        assert_eq!(c.cmd(&["SET", &k, "v1", "NX", "PX", "10000"]).await, "+OK");
+        assert_eq!(c.cmd(&["SET", &k, "v2", "NX", "PX", "10000"]).await, "$nil");
+        assert_eq!(c.cmd(&["GET", &k]).await, "$v1");
+        let slot = key_slot(k.as_bytes());
+        let [armed, _] = redlock_proxy::cluster::keys::markers(slot);
+        let armed = String::from_utf8_lossy(&armed).into_owned();
+        for cluster in &clusters {
+            let owner = cluster.primary_of(slot).expect("an owner");
+            assert_eq!(
+                cmd(owner, &[b"GET".as_ref(), k.as_bytes()]),
+                Reply::Bulk(bytes::Bytes::from_static(b"v1"))
+            );
+            let Reply::Bulk(id) = cmd(owner, &[b"CLUSTER".as_ref(), b"MYID"]) else {
+                panic!("no node id");
+            };
+            assert_eq!(
+                cmd(owner, &[b"GET".as_ref(), armed.as_bytes()]),
+                Reply::Bulk(id)
+            );
+        }
+        let release = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+        assert_eq!(c.cmd(&["EVAL", release, "1", &k, "v2"]).await, ":0");
+        assert_eq!(c.cmd(&["EVAL", release, "1", &k, "v1"]).await, ":1");
+        assert_eq!(c.cmd(&["GET", &k]).await, "$nil");
+        let other = format!("{k}-elsewhere");
+        assert_ne!(key_slot(other.as_bytes()), slot);
+        assert_eq!(
+            c.cmd(&["EVAL", release, "2", &k, &other, "v1"]).await,
+            "-CROSSSLOT Keys in request don't hash to the same slot"
+        );
+        let tagged = format!("{{{k}}}:b");
+        assert_eq!(
+            c.cmd(&["EVAL", release, "2", &k, &tagged, "v1"]).await,
+            ":0"
+        );
+        assert!(c
+            .cmd(&["LPUSH", &k, "x"])
+            .await
+            .starts_with("-ERR LPUSH is refused"));
+        // Extends and tokens run on the slot too.
+        let t = c.cmd(&["LOCK.ACQUIRE", &k, "v3", "10000"]).await;
+        assert!(t.starts_with('*') || t == "+OK", "{t}");
+        let extended = c.cmd(&["LOCK.EXTEND", &k, "v3", "20000"]).await;
+        let validity: i64 = extended[1..].parse().expect(&extended);
+        assert!(validity > 10_000, "{extended}");
+        let info = c.cmd(&["INFO", "masters"]).await;
+        for i in 0..3 {
+            let state = master_state(&info, i).expect("a master line");
+            assert!(
+                state.starts_with("up (cluster: 3 primaries, 16384 of 16384"),
+                "{info}"
+            );
+        }
+    });
 }

@@ -4,4 +4,5 @@
 
 pub mod keys;
 pub mod map;
+pub mod master;
 pub mod slots;

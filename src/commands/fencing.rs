@@ -14,6 +14,7 @@ use super::set::{acquire, refuse_acquire};
 use super::{Action, Ctx, Session};
 use crate::error::ProxyError;
 use crate::lease::Outcome;
+use crate::masters::{slot_of, Ask, Forms};
 use crate::on_master::{token_key, TOKEN_SCRIPT};
 use crate::protocol::{encode_command, Request};
 use crate::redlock::MergeRule;
@@ -43,9 +44,17 @@ pub fn lock_acquire(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> 
 /// ([`MergeRule::Identical`]).
 pub fn lock_token(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     let (key, value) = (&request.args[1], &request.args[2]);
-    let token_key = token_key(key);
-    let keys: [&[u8]; 2] = [key, &token_key];
-    eval_by_quorum(ctx, TOKEN_SCRIPT.text(), &keys, value, MergeRule::Identical)
+    let masters = ctx.masters();
+    // The counter's name differs on a cluster master (in the key's slot).
+    let payload = Forms::new(&masters, |cluster| {
+        let token_key = match cluster {
+            false => token_key(key),
+            true => crate::cluster::keys::token_key(key),
+        };
+        let script = TOKEN_SCRIPT.text().as_bytes();
+        encode_command(&[b"EVAL", script, b"2", key, &token_key, value])
+    });
+    eval_by_quorum(ctx, slot_of(&[key]), payload, MergeRule::Identical)
 }
 
 /// `LOCK.RELEASE key value`
@@ -67,23 +76,14 @@ pub fn release(ctx: &Ctx<'_>, key: Bytes, value: Bytes) -> Action {
     }))
 }
 
-/// `EVAL script keys… value` on every master, answered by the quorum rule `rule`.
-fn eval_by_quorum(
-    ctx: &Ctx<'_>,
-    script: &str,
-    keys: &[&[u8]],
-    value: &[u8],
-    rule: MergeRule,
-) -> Action {
-    let count = keys.len().to_string();
-    let mut args: Vec<&[u8]> = vec![b"EVAL", script.as_bytes(), count.as_bytes()];
-    args.extend_from_slice(keys);
-    args.push(value);
-    let payload = encode_command(&args);
+/// `payload` (an `EVAL` on keys of `slot`) on every master, answered by the quorum rule
+/// `rule`.
+fn eval_by_quorum(ctx: &Ctx<'_>, slot: u16, payload: Forms, rule: MergeRule) -> Action {
     let masters = ctx.masters();
     let stats = ctx.shared.stats.clone();
     Action::Defer(Box::pin(async move {
-        let reply = masters.quorum_reply(&payload, rule).await;
+        let ask = |i: usize| Some(Ask::Commands(payload.for_voter(&masters.voters()[i])));
+        let reply = masters.quorum_reply_each(slot, ask, rule).await;
         stats.count_if_release(rule, &reply);
         Outcome::Reply(reply)
     }))

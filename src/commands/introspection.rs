@@ -8,10 +8,11 @@ use super::{Action, Ctx, Session, COMMANDS};
 use crate::error::ProxyError;
 use crate::health::Deployment;
 use crate::lock::AcquireResult;
-use crate::masters::Voter;
+use crate::masters::{Voter, ANY_SLOT};
 use crate::protocol::{Reply, Request};
 use crate::shared::Shared;
 use crate::stats::ReleaseResult;
+use crate::transport::Link;
 use bytes::Bytes;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -142,13 +143,17 @@ fn masters_section(out: &mut String, shared: &Shared) {
 
 /// Appends the `master{i}` line: the master's address, state, votes and connections.
 fn master_line(out: &mut String, i: usize, voter: &Voter) {
-    let clock = voter.health.clock_reading();
-    let (link, stats) = (&voter.link, &voter.stats);
+    let clock = voter
+        .server(ANY_SLOT)
+        .and_then(|s| s.health.clock_reading());
+    let links = voter.links();
+    let stats = &voter.stats;
     let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let sum = |of: fn(&Link) -> u64| links.iter().map(|l| of(l)).sum::<u64>();
     let _ = write!(
         out,
         "master{i}:addr={},state={},replies={},missing={},missing_not_eligible={},missing_no_link={},missing_timeout={},missing_closed={},missing_unconfirmed={},connects={},retired_connections={},pending_cleanups={},clock_age_ms={},clock_error_ms={}\r\n",
-        link.addr,
+        voter.name(),
         voter.state(),
         count(&stats.replies),
         stats.missing(),
@@ -157,9 +162,9 @@ fn master_line(out: &mut String, i: usize, voter: &Voter) {
         count(&stats.timeout),
         count(&stats.closed),
         count(&stats.unconfirmed),
-        link.connect_count(),
-        link.retired_count(),
-        link.pending_cleanups(),
+        sum(Link::connect_count),
+        sum(Link::retired_count),
+        sum(|l| l.pending_cleanups() as u64),
         clock.map_or(-1, |(age, _)| age.as_millis() as i64),
         clock.map_or(-1, |(_, error)| error.as_millis() as i64),
     );

@@ -9,7 +9,7 @@
 use super::scripts::{guard_command, guarded};
 use super::{Action, Ctx, Session};
 use crate::lease::Outcome;
-use crate::masters::{Ask, Masters};
+use crate::masters::{slot_of, Ask, Forms, Masters};
 use crate::protocol::{encode_command, Protocol, Reply, Request};
 use crate::redlock::{conservative_ttl, MergeRule, Policy};
 use bytes::{Bytes, BytesMut};
@@ -44,11 +44,19 @@ pub(super) fn payload(request: Request) -> Bytes {
     request.raw.unwrap_or_else(|| encode_command(&request.args))
 }
 
+/// The slot of a forwarded command: that of its key, which every command forwarded here has
+/// first (`args[1]`) if it has one (a command of keys of several slots is refused where a
+/// master is a cluster: [`super::dispatch`]).
+pub(super) fn request_slot(request: &Request) -> u16 {
+    slot_of(request.args.get(1..2).unwrap_or_default())
+}
+
 /// Sends `request` to every master as it was received and answers by the quorum rule.
 pub fn forward_request(masters: Arc<Masters>, request: Request) -> Action {
+    let slot = request_slot(&request);
     let payload = payload(request);
     Action::Defer(Box::pin(async move {
-        Outcome::Reply(masters.quorum_reply(&payload, MergeRule::Known).await)
+        Outcome::Reply(masters.quorum_reply(slot, &payload, MergeRule::Known).await)
     }))
 }
 
@@ -91,19 +99,23 @@ pub(super) fn guarded_write_at(
 ) -> Action {
     let masters = ctx.masters();
     let guarded_key = request.args[key].clone();
-    let both = with_guard(&payload(request), guarded_key, &ctx.shared.policy);
+    let slot = slot_of(&[&guarded_key]);
+    let command = payload(request);
+    let both = Forms::new(&masters, |cluster| {
+        with_guard(&command, guarded_key.clone(), &ctx.shared.policy, cluster)
+    });
     Action::Defer(Box::pin(async move {
-        let ask = |_| Some(Ask::Commands(both.clone()));
-        let reply = guarded(&masters, ask, MergeRule::Known).await.reply;
+        let ask = |i: usize| Some(Ask::Commands(both.for_voter(&masters.voters()[i])));
+        let reply = guarded(&masters, slot, ask, MergeRule::Known).await.reply;
         Outcome::Reply(shape(reply))
     }))
 }
 
 /// `command` (encoded) followed, in the same pipeline, by the script guard over `key`
-/// ([`guard_command`]).
-pub(super) fn with_guard(command: &[u8], key: Bytes, policy: &Policy) -> Bytes {
+/// ([`guard_command`]; its cluster form for a cluster master).
+pub(super) fn with_guard(command: &[u8], key: Bytes, policy: &Policy, cluster: bool) -> Bytes {
     let mut both = BytesMut::from(command);
-    both.extend_from_slice(&guard_command(&[key], policy));
+    both.extend_from_slice(&guard_command(&[key], policy, cluster));
     both.freeze()
 }
 
@@ -136,9 +148,10 @@ pub fn ttl(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     } else {
         1
     };
+    let slot = request_slot(&request);
     let payload = payload(request);
     Action::Defer(Box::pin(async move {
-        let merged = masters.quorum_reply(&payload, MergeRule::Known).await;
+        let merged = masters.quorum_reply(slot, &payload, MergeRule::Known).await;
         Outcome::Reply(conservative_ttl(merged, unit_ms, drift_factor))
     }))
 }

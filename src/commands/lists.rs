@@ -22,7 +22,7 @@ use super::{Action, Ctx, Session};
 use crate::client_registry::ClientHandle;
 use crate::error::ProxyError;
 use crate::lease::Outcome;
-use crate::masters::{Ask, Masters};
+use crate::masters::{Ask, Masters, ANY_SLOT};
 use crate::protocol::{encode_command, Reply, Request};
 use crate::pubsub::{Hub, Kind, Wakeups};
 use crate::redlock::{merged, MergeRule, Vote};
@@ -73,7 +73,12 @@ pub fn lmove(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action 
 
 /// `args` (a command whose destination is `args[2]`) followed by the guard over it.
 fn guarded(ctx: &Ctx<'_>, args: &[Bytes]) -> Bytes {
-    with_guard(&encode_command(args), args[2].clone(), &ctx.shared.policy)
+    with_guard(
+        &encode_command(args),
+        args[2].clone(),
+        &ctx.shared.policy,
+        false,
+    )
 }
 
 /// `BLPOP` / `BRPOP key… timeout`.
@@ -285,6 +290,8 @@ async fn first_pop(masters: &Masters, ask: &Ask, replies: usize) -> Popped {
     };
     let (votes, _late) = masters
         .fan_out_each(
+            // Lists are not served where a master is a cluster (`NOT_ON_CLUSTER`).
+            ANY_SLOT,
             |_| Some(ask.clone()),
             replies,
             |votes| votes.iter().filter_map(command).any(|r| popped(&r)),

@@ -23,6 +23,7 @@ pub mod sorted_sets;
 
 use crate::auth::{KeyPatterns, User};
 use crate::client_registry::ClientHandle;
+use crate::cluster::slots::key_slot;
 use crate::error::ProxyError;
 use crate::lease::Outcome;
 use crate::masters::Masters;
@@ -496,6 +497,11 @@ fn serve(ctx: &Ctx<'_>, session: &mut Session, spec: &'static Spec, request: Req
             if keys.iter().any(is_reserved_key) {
                 return Action::error(ProxyError::ReservedKey);
             }
+            if ctx.shared.masters().any_cluster() {
+                if let Err(refused) = cluster_checks(spec, keys) {
+                    return Action::error(refused);
+                }
+            }
             if session.protocol == Protocol::Resp2
                 && session.pubsub.active()
                 && !SUBSCRIBED_MODE.contains(&spec.name)
@@ -541,6 +547,30 @@ fn check_access(
         }
     }
     Ok(())
+}
+
+/// Commands that need every master to be a single server (their guards and merges are not
+/// per slot yet).
+const NOT_ON_CLUSTER: &[&str] = &[
+    "lpush", "rpush", "lpop", "rpop", "lmove", "blpop", "brpop", "blmove",
+];
+
+/// Where a master is a Redis Cluster: a command's keys must share one slot (every master's
+/// keys of a command live on one node), and some commands are not served yet.
+fn cluster_checks(spec: &Spec, keys: &[Bytes]) -> Result<(), ProxyError> {
+    if NOT_ON_CLUSTER.contains(&spec.name) {
+        return Err(ProxyError::NotOnCluster(spec.name.to_ascii_uppercase()));
+    }
+    match keys.split_first() {
+        Some((first, rest)) if rest.iter().any(|k| !same_slot(first, k)) => {
+            Err(ProxyError::CrossSlot)
+        }
+        _ => Ok(()),
+    }
+}
+
+fn same_slot(a: &[u8], b: &[u8]) -> bool {
+    key_slot(a) == key_slot(b)
 }
 
 /// Sleeps until `deadline`, or forever without one. Lazy: a branch of the loop's `select!`

@@ -18,7 +18,7 @@
 use super::{Action, Ctx, Session};
 use crate::error::ProxyError;
 use crate::lease::Outcome;
-use crate::masters::Ask;
+use crate::masters::{Ask, ANY_SLOT};
 use crate::protocol::{encode_command, Reply, Request};
 use crate::pubsub::{Hub, Inbox, Kind};
 use crate::redlock::{merged, quorum, MergeRule, Vote};
@@ -194,7 +194,12 @@ async fn replies_of_quorum(masters: &crate::masters::Masters, payload: Bytes) ->
             >= q
     };
     let (votes, _late) = masters
-        .fan_out_each(|_| Some(Ask::Commands(payload.clone())), 1, replied)
+        .fan_out_each(
+            ANY_SLOT,
+            |_| Some(Ask::Commands(payload.clone())),
+            1,
+            replied,
+        )
         .await;
     votes
 }

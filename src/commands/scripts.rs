@@ -37,13 +37,14 @@ mod hash_lock;
 use super::keys::forward_request;
 use super::{Action, Ctx, Session};
 use crate::auth::KeyPatterns;
+use crate::cluster::keys::markers;
 use crate::error::ProxyError;
 use crate::lease::{Granted, Lease, Outcome};
 use crate::lease_script::KnownLock;
 use crate::lock::Acquirer;
 use crate::lock::Attempt;
-use crate::masters::{Ask, LateVotes, Masters};
-use crate::on_master::{script_sha, ARMED_KEY, GUARD_SCRIPT, QUARANTINE_KEY};
+use crate::masters::{slot_of, Ask, Forms, LateVotes, Masters, Voter};
+use crate::on_master::{script_sha, ARMED_KEY, CLUSTER_GUARD_SCRIPT, GUARD_SCRIPT, QUARANTINE_KEY};
 use crate::protocol::{encode_command, Reply, Request};
 use crate::redlock::{
     merge, merged, quorum, token_refusal, validity_window, MergeRule, MissingReason, Policy, Vote,
@@ -169,7 +170,9 @@ struct MasterCall {
     /// Where the write deadline sits in `args` (set per master).
     due_at: usize,
     /// [`guard_command`] over the script's keys, or nothing (a read-only run).
-    guard: Bytes,
+    guard: Forms,
+    /// The slot of its keys (on a cluster master, the node that runs it).
+    slot: u16,
     /// `EVALSHA` and `EVAL` (or their `_RO` forms).
     by_sha: &'static [u8],
     by_body: &'static [u8],
@@ -206,10 +209,12 @@ impl MasterCall {
         let offer = guarded.then(|| acquirer.offer_script_token()).flatten();
         let due_at = args.len() + DEADLINE_AT;
         args.extend(access_args(patterns, pad, 0, offer.as_ref()));
-        let guard = match guarded {
-            true => guard_command(&args[3..3 + numkeys], policy),
+        let keys = &args[3..3 + numkeys];
+        let guard = Forms::new(acquirer.masters(), |cluster| match guarded {
+            true => guard_command(keys, policy, cluster),
             false => Bytes::new(),
-        };
+        });
+        let slot = slot_of(keys);
         let (by_sha, by_body): (&'static [u8], &'static [u8]) = match read_only {
             true => (b"EVALSHA_RO", b"EVAL_RO"),
             false => (b"EVALSHA", b"EVAL"),
@@ -224,6 +229,7 @@ impl MasterCall {
             args,
             due_at,
             guard,
+            slot,
             by_sha,
             by_body,
             whole_first,
@@ -233,15 +239,16 @@ impl MasterCall {
         }
     }
 
-    /// The request for one master, with its write deadline (`0`: none).
-    fn ask(&self, due: u64) -> Ask {
+    /// The request for `voter`, with its write deadline (`0`: none).
+    fn ask(&self, due: u64, voter: &Voter) -> Ask {
         let mut call = self.args.clone();
         call[self.due_at] = Bytes::from(due.to_string());
+        let guard = self.guard.for_voter(voter);
         let mut encoded = |command: &'static [u8], script: &Bytes| {
             call[0] = Bytes::from_static(command);
             call[1] = script.clone();
             let mut payload = bytes::BytesMut::from(encode_command(&call).as_ref());
-            payload.extend_from_slice(&self.guard);
+            payload.extend_from_slice(&guard);
             payload.freeze()
         };
         let whole = encoded(self.by_body, &self.checked);
@@ -270,11 +277,12 @@ impl MasterCall {
             masters.voters().iter().map(|_| AtomicU64::new(0)).collect();
         let ask = |i: usize| {
             let sent = *sent.get_or_init(Instant::now);
-            let due = masters.voters()[i].write_deadline(sent, node_timeout, drift)?;
+            let voter = &masters.voters()[i];
+            let due = voter.write_deadline(self.slot, sent, node_timeout, drift)?;
             deadlines[i].store(due, Ordering::Relaxed);
-            Some(self.ask(due))
+            Some(self.ask(due, voter))
         };
-        let (votes, late) = masters.fan_out_each(ask, 2, done).await;
+        let (votes, late) = masters.fan_out_each(self.slot, ask, 2, done).await;
         Ballot {
             votes,
             late,
@@ -293,14 +301,14 @@ impl MasterCall {
     ) -> (Reply, Option<u64>) {
         let decided = |v: &[Vote]| merge(&script_votes(v), rule).is_some();
         let ballot = self.fan_out(masters, policy.drift_factor, decided).await;
-        let guarded = Tally::of(masters, &ballot.votes).guarded(rule);
+        let guarded = Tally::of(masters, self.slot, &ballot.votes).guarded(rule);
         guarded_reply(acquirer, guarded, policy.max_lock_ttl_ms)
     }
 
     /// A read-only run: the same call on every master, no deadline, no guard.
     async fn run_plain(&self, masters: &Masters, rule: MergeRule) -> (Reply, Option<u64>) {
-        let ask = self.ask(0);
-        let reply = masters.quorum_reply_each(|_| Some(ask.clone()), rule).await;
+        let ask = |i: usize| Some(self.ask(0, &masters.voters()[i]));
+        let reply = masters.quorum_reply_each(self.slot, ask, rule).await;
         (reply, None)
     }
 }
@@ -443,16 +451,24 @@ fn script_vote(vote: &Vote) -> (Vote, Report) {
 }
 
 /// The guard over `keys` (`EVAL <guard> (2 + keys) <armed> <quarantine> <keys…> <bound>`), to
-/// send on each master right after a command that may have written them.
-pub(crate) fn guard_command(keys: &[Bytes], policy: &Policy) -> Bytes {
+/// send on each master right after a command that may have written them; on a cluster
+/// (`cluster`) its cluster form with the markers of the keys' slot.
+pub(crate) fn guard_command(keys: &[Bytes], policy: &Policy, cluster: bool) -> Bytes {
     let count = (keys.len() + 2).to_string();
     let bound = policy.lease_bound().as_millis().to_string();
+    let (script, [armed, quarantine]) = match cluster {
+        false => (
+            GUARD_SCRIPT.text(),
+            [ARMED_KEY, QUARANTINE_KEY].map(|k| Bytes::from_static(k.as_bytes())),
+        ),
+        true => (CLUSTER_GUARD_SCRIPT.text(), markers(slot_of(keys))),
+    };
     let mut parts: Vec<&[u8]> = vec![
         b"EVAL",
-        GUARD_SCRIPT.text().as_bytes(),
+        script.as_bytes(),
         count.as_bytes(),
-        ARMED_KEY.as_bytes(),
-        QUARANTINE_KEY.as_bytes(),
+        &armed,
+        &quarantine,
     ];
     parts.extend(keys.iter().map(|k| k.as_ref()));
     parts.push(bound.as_bytes());
@@ -487,12 +503,12 @@ struct Tally {
 impl Tally {
     /// Reads the `[script reply, guard reply]` votes; a master whose guard found it unarmed or
     /// quarantined is re-checked by its health monitor at once.
-    fn of(masters: &Masters, raw: &[Vote]) -> Tally {
+    fn of(masters: &Masters, slot: u16, raw: &[Vote]) -> Tally {
         let mut capped = 0;
         for (vote, voter) in raw.iter().zip(masters.voters()) {
             if let Vote::Replied(Reply::Array(pair)) = vote {
                 match pair.get(1) {
-                    Some(Reply::Integer(-1)) => voter.health.recheck(),
+                    Some(Reply::Integer(-1)) => voter.recheck(slot),
                     Some(Reply::Integer(flags)) if *flags > 0 => capped |= flags,
                     _ => {}
                 }
@@ -540,12 +556,13 @@ impl Tally {
 /// ([`Tally`]).
 pub(crate) async fn guarded(
     masters: &Masters,
+    slot: u16,
     ask: impl Fn(usize) -> Option<Ask>,
     rule: MergeRule,
 ) -> Guarded {
     let decided = |v: &[Vote]| merge(&script_votes(v), rule).is_some();
-    let (votes, _late) = masters.fan_out_each(ask, 2, decided).await;
-    Tally::of(masters, &votes).guarded(rule)
+    let (votes, _late) = masters.fan_out_each(slot, ask, 2, decided).await;
+    Tally::of(masters, slot, &votes).guarded(rule)
 }
 
 /// A script's [`Guarded`] reply: a guard that had to cap a key makes it an error (a key left

@@ -222,6 +222,40 @@ pub enum Markers {
     },
 }
 
+impl Markers {
+    /// A cluster master's markers, every slot's taken together for the founding
+    /// ([`founding_round`]): armed if any slot is armed outside a claim (the deployment is
+    /// live), claimed by a tag if every slot carries that tag's claim, else unarmed if a slot is
+    /// unarmed, else claimed by no single proxy. `None` if a slot gave no usable answer.
+    pub fn combine(slots: impl IntoIterator<Item = Option<Markers>>) -> Option<Markers> {
+        let (mut unarmed, mut tags, mut left) = (false, None::<String>, i64::MAX);
+        let mut mixed = false;
+        for slot in slots {
+            match slot? {
+                armed @ Markers::Armed { .. } => return Some(armed),
+                Markers::Unarmed => unarmed = true,
+                Markers::Claimed { tag, left_ms } => {
+                    left = left.min(left_ms);
+                    match &tags {
+                        Some(seen) if *seen != tag => mixed = true,
+                        Some(_) => {}
+                        None => tags = Some(tag),
+                    }
+                }
+            }
+        }
+        Some(match (unarmed, tags, mixed) {
+            (true, _, _) => Markers::Unarmed,
+            (false, Some(tag), false) => Markers::Claimed { tag, left_ms: left },
+            (false, Some(_), true) => Markers::Claimed {
+                tag: format!("{CLAIM_PREFIX}(several proxies)"),
+                left_ms: left,
+            },
+            (false, None, _) => Markers::Unarmed,
+        })
+    }
+}
+
 /// What `armed` holds where a proxy of an earlier version armed the master (no stamp).
 const UNSTAMPED: &[u8] = b"1";
 

@@ -61,6 +61,7 @@
 //!
 //! Parsing and judging are pure functions, table-tested; the task only does the polling.
 
+pub(crate) mod cluster;
 pub(crate) mod judge;
 mod state;
 
@@ -71,9 +72,11 @@ use judge::{
 };
 pub use state::{MasterHealth, QUARANTINE_CAUSES};
 
+use crate::cluster::master::ClusterMaster;
 use crate::live::LiveDuration;
 use crate::on_master::{
-    CLAIM_PREFIX, CLAIM_SCRIPT, LIFT_SCRIPT, QUARANTINE_SCRIPT, RESTAMP_SCRIPT, STATUS_SCRIPT,
+    CLAIM_PREFIX, CLAIM_SCRIPT, CLUSTER_CLAIM_SCRIPT, LIFT_SCRIPT, QUARANTINE_SCRIPT,
+    RESTAMP_SCRIPT, STATUS_SCRIPT,
 };
 use crate::protocol::{encode_command, Reply};
 use crate::transport::Link;
@@ -225,10 +228,17 @@ pub struct MonitorConfig {
     pub wait_replicas: u32,
 }
 
-/// Watches every master (its link and the health record its voter reads) until `stop`
-/// becomes true, and founds the deployment if it is new.
+/// What the monitors watch of one master.
+pub enum Watched {
+    /// One server: its link and the health record its voter reads.
+    Single(Arc<Link>, Arc<MasterHealth>),
+    /// A Redis Cluster: its keeper watches the map, every primary and every slot.
+    Cluster(Arc<ClusterMaster>),
+}
+
+/// Watches every master until `stop` becomes true, and founds the deployment if it is new.
 pub fn spawn_monitors(
-    masters: &[(Arc<Link>, Arc<MasterHealth>)],
+    masters: &[Watched],
     policy: MonitorConfig,
     stop: watch::Receiver<bool>,
 ) -> Startup {
@@ -245,20 +255,41 @@ pub fn spawn_monitors(
         .map(|script| encode_command(&["SCRIPT", "LOAD", script]))
         .collect();
     let policy = Arc::new(policy);
-    let links: Vec<Arc<Link>> = masters.iter().map(|(link, _)| link.clone()).collect();
-    tokio::spawn(found(links, view.clone(), policy.clone(), stop.clone()));
-    for (index, (link, health)) in masters.iter().enumerate() {
-        let monitor = Monitor {
-            index,
-            link: link.clone(),
-            health: health.clone(),
-            view: view.clone(),
-            policy: policy.clone(),
-            info: info_command(),
-            status: status.clone(),
-            preload: preload.clone(),
-        };
-        tokio::spawn(monitor.run(stop.clone()));
+    let places: Vec<Place> = masters
+        .iter()
+        .map(|watched| match watched {
+            Watched::Single(link, _) => Place::Single(link.clone()),
+            Watched::Cluster(cluster) => Place::Cluster(cluster.clone()),
+        })
+        .collect();
+    tokio::spawn(found(places, view.clone(), policy.clone(), stop.clone()));
+    for (index, watched) in masters.iter().enumerate() {
+        match watched {
+            Watched::Single(link, health) => {
+                let monitor = Monitor {
+                    role: Role::Master {
+                        index,
+                        status: status.clone(),
+                    },
+                    link: link.clone(),
+                    health: health.clone(),
+                    view: view.clone(),
+                    policy: policy.clone(),
+                    info: info_command(),
+                    preload: preload.clone(),
+                };
+                tokio::spawn(monitor.run(stop.clone()));
+            }
+            Watched::Cluster(cluster) => {
+                let keeper = cluster::Keeper {
+                    cluster: cluster.clone(),
+                    view: view.clone(),
+                    policy: policy.clone(),
+                    preload: preload.clone(),
+                };
+                tokio::spawn(keeper.run(stop.clone()));
+            }
+        }
     }
     Startup {
         view,
@@ -296,28 +327,77 @@ fn markers_command(script: &str, args: &[&str]) -> Bytes {
     encode_command(&parts)
 }
 
+/// A master as the founding sees it: one server's markers, or a cluster's (every slot's,
+/// taken together: [`Markers::combine`]).
+enum Place {
+    Single(Arc<Link>),
+    Cluster(Arc<ClusterMaster>),
+}
+
+/// A markers script to run on every master: on a single master its form and the command, on
+/// a cluster its cluster form and arguments (run on every slot).
+struct MarkersScript {
+    single: Bytes,
+    cluster: &'static str,
+    args: Vec<String>,
+}
+
+impl Place {
+    /// The master's markers after `script` (`None`: no usable answer).
+    async fn look(&self, script: &MarkersScript) -> Option<Markers> {
+        match self {
+            Place::Single(link) => {
+                let answer = link.send(script.single.clone(), 1).wait().await.ok()?;
+                Markers::parse(&answer)
+            }
+            Place::Cluster(c) => cluster::look_at_every_slot(c, script.cluster, &script.args).await,
+        }
+    }
+
+    /// The links whose new connections wake the founding (a cluster: its seeds).
+    fn links(&self) -> Vec<Arc<Link>> {
+        match self {
+            Place::Single(link) => vec![link.clone()],
+            Place::Cluster(cluster) => cluster.seeds.clone(),
+        }
+    }
+
+    async fn wait_attempted(&self) {
+        futures::future::join_all(self.links().iter().map(|l| l.wait_attempted())).await;
+    }
+
+    /// Why the master refused the proxy's credentials, if it did.
+    fn auth_refused(&self) -> Option<String> {
+        self.links().iter().find_map(|l| l.auth_refused())
+    }
+}
+
 /// Asks every master at once; each answer read as markers (`None`: no usable answer).
-async fn look_at_all(links: &[Arc<Link>], payload: &Bytes) -> Vec<Option<Markers>> {
-    let asks = links.iter().map(|link| async move {
-        let answer = link.send(payload.clone(), 1).wait().await.ok()?;
-        Markers::parse(&answer)
-    });
-    futures::future::join_all(asks).await
+async fn look_at_all(places: &[Place], script: &MarkersScript) -> Vec<Option<Markers>> {
+    futures::future::join_all(places.iter().map(|place| place.look(script))).await
 }
 
 /// Founds the deployment if it is new (module header): rounds of claims on every master until
 /// a quorum carries this proxy's claim (then a read-only look confirms it), or some master
 /// is seen armed outside a claim (live). Ends once the verdict is in, by whichever path.
 async fn found(
-    links: Vec<Arc<Link>>,
+    links: Vec<Place>,
     view: Arc<DeploymentView>,
     policy: Arc<MonitorConfig>,
     mut stop: watch::Receiver<bool>,
 ) {
     let quorum = links.len() / 2 + 1;
     let bound = policy.lease_bound.as_millis().to_string();
-    let claim = markers_command(CLAIM_SCRIPT.text(), &[&view.tag, &bound]);
-    let status = markers_command(STATUS_SCRIPT.text(), &[]);
+    let claim = MarkersScript {
+        single: markers_command(CLAIM_SCRIPT.text(), &[&view.tag, &bound]),
+        cluster: CLUSTER_CLAIM_SCRIPT.text(),
+        args: vec![view.tag.clone(), bound.clone()],
+    };
+    let status = MarkersScript {
+        single: markers_command(STATUS_SCRIPT.text(), &[]),
+        cluster: STATUS_SCRIPT.text(),
+        args: Vec::new(),
+    };
     // Every master gets one connection attempt first: one that is merely slower to connect
     // than the others is claimed with them instead of joining later through a quarantine.
     let tried = futures::future::join_all(links.iter().map(|l| l.wait_attempted()));
@@ -336,7 +416,12 @@ async fn found(
         if view.verdict().is_some() {
             return;
         }
-        let seen: Vec<u64> = links.iter().map(|l| l.connect_count()).collect();
+        let seen: Vec<(Arc<Link>, u64)> = (links.iter().flat_map(Place::links))
+            .map(|l| {
+                let count = l.connect_count();
+                (l, count)
+            })
+            .collect();
         let looks = look_at_all(&links, &claim).await;
         let slow = looks
             .iter()
@@ -390,9 +475,7 @@ async fn found(
         }
         view.judged.notify_waiters();
         let new_connection = futures::future::select_all(
-            links
-                .iter()
-                .zip(&seen)
+            seen.iter()
                 .map(|(l, s)| Box::pin(l.wait_new_connection(*s))),
         );
         tokio::select! {
@@ -403,16 +486,26 @@ async fn found(
     }
 }
 
-/// The monitor of one master.
+/// What a monitored server is.
+enum Role {
+    /// A master: its place in the configuration and the command that reads its markers.
+    Master { index: usize, status: Bytes },
+    /// A primary of a cluster master: its markers are per slot (the cluster's keeper reads
+    /// them); a loss its monitor sees is every slot it serves.
+    Node {
+        cluster: Arc<ClusterMaster>,
+        id: String,
+    },
+}
+
+/// The monitor of one master, or of one primary of a cluster.
 struct Monitor {
-    /// The master's place in the configuration.
-    index: usize,
+    role: Role,
     link: Arc<Link>,
     health: Arc<MasterHealth>,
     view: Arc<DeploymentView>,
     policy: Arc<MonitorConfig>,
     info: Bytes,
-    status: Bytes,
     preload: Vec<Bytes>,
 }
 
@@ -447,49 +540,93 @@ impl Monitor {
         self.link.send(payload, replies).wait().await.ok()
     }
 
-    /// One look at the master: its clock, its markers, then `INFO`; arms or quarantines it as
-    /// needed and marks it ready on connection `connect` when it may vote.
-    async fn poll(&self, connect: u64) {
-        let (link, health, policy) = (&self.link, &self.health, &self.policy);
-        // The master's clock, for the deadline of every acquire (`crate::lock`): a master
-        // whose clock cannot be read is not ready.
+    /// Reads the server's clock into its health record, for the deadline of every acquire
+    /// (`crate::lock`); `None` if it cannot be read (the server is then not ready).
+    async fn read_clock(&self) -> Option<()> {
         let asked = Instant::now();
         let Some(Reply::Array(time)) = self.ask(encode_command(&["TIME"])).await else {
-            return;
+            return None;
         };
         let answered = Instant::now();
-        let Some(master_ms) = parse_time(&time) else {
-            return;
-        };
+        let master_ms = parse_time(&time)?;
         let error = (answered - asked) / 2;
-        health.record_clock(ClockReading {
+        self.health.record_clock(ClockReading {
             at: asked + error,
             master_ms,
             // TIME is read somewhere within the round trip, and has a resolution of 1 µs; the
             // ms rounding of the deadline is covered by the extra millisecond.
             error: error + Duration::from_millis(1),
         });
+        Some(())
+    }
+
+    /// The server's `INFO` and fsync policy, read.
+    async fn read_info(&self) -> Option<judge::Observation> {
+        let Some(Reply::Array(answers)) = self.ask_n(self.info.clone(), 2).await else {
+            return None;
+        };
+        let [Reply::Bulk(text), fsync] = answers.as_slice() else {
+            return None;
+        };
+        let mut obs = parse_info(&String::from_utf8_lossy(text));
+        obs.fsync_always = fsync_always(fsync);
+        Some(obs)
+    }
+
+    /// One look at the server: its clock, then what its role needs.
+    async fn poll(&self, connect: u64) {
+        if self.read_clock().await.is_none() {
+            return;
+        }
+        match &self.role {
+            Role::Master { index, status } => self.poll_master(connect, *index, status).await,
+            Role::Node { cluster, id } => self.poll_node(connect, cluster, id).await,
+        }
+    }
+
+    /// A primary of a cluster: judged on its `INFO` as a master is; a loss (a restart, wiped
+    /// data, data loaded from disk recently) takes every slot it serves out of the vote at
+    /// once and has the keeper quarantine them. It is then ready on connection `connect`: its
+    /// slots vote as the keeper finds them.
+    async fn poll_node(&self, connect: u64, cluster: &ClusterMaster, id: &str) {
+        let Some(obs) = self.read_info().await else {
+            return;
+        };
+        let health = &self.health;
+        let first = health.first_sight();
+        let waited = first_sight_wait(&obs, self.policy.lease_bound).filter(|_| first);
+        let lost = health.observe(&self.link.addr, obs, None, self.policy.wait_replicas);
+        let lost = lost.or_else(|| {
+            waited.map(|_| {
+                "loaded its data from disk recently (may have lost its last writes)".to_string()
+            })
+        });
+        if let Some(reason) = lost {
+            cluster.node_lost(id, reason);
+        }
+        health.set_ready(connect);
+    }
+
+    /// One look at a master: its markers, then `INFO`; arms or quarantines it as needed and
+    /// marks it ready on connection `connect` when it may vote.
+    async fn poll_master(&self, connect: u64, index: usize, status: &Bytes) {
+        let (link, health, policy) = (&self.link, &self.health, &self.policy);
         // The verdict as it stood before the markers were read: a founding decided while this
         // poll is under way (its claim written after the read) must not meet these markers, or
         // a master claimed for the founding would be taken for one unarmed in a running
         // deployment. A verdict that changes wakes the monitor for another poll.
         let verdict = self.view.verdict();
         let Some(markers) = self
-            .ask(self.status.clone())
+            .ask(status.clone())
             .await
             .as_ref()
             .and_then(Markers::parse)
         else {
             return;
         };
-        let Some(Reply::Array(answers)) = self.ask_n(self.info.clone(), 2).await else {
+        let Some(obs) = self.read_info().await else {
             return;
         };
-        let [Reply::Bulk(text), fsync] = answers.as_slice() else {
-            return;
-        };
-        let mut obs = parse_info(&String::from_utf8_lossy(text));
-        obs.fsync_always = fsync_always(fsync);
         let now = Instant::now();
         let first = health.first_sight();
         let watched = health.last_run_id();
@@ -500,15 +637,12 @@ impl Monitor {
         };
         let armed = stamp.is_some();
         let waited = first_sight_wait(&obs, policy.lease_bound).filter(|_| first && armed);
-        let twin = self
-            .view
-            .same_server_as(self.index, &obs.run_id)
-            .map(|other| {
-                format!(
-                    "the same redis-server as master{other} (run_id {}): it would vote twice",
-                    &obs.run_id[..obs.run_id.len().min(8)]
-                )
-            });
+        let twin = self.view.same_server_as(index, &obs.run_id).map(|other| {
+            format!(
+                "the same redis-server as master{other} (run_id {}): it would vote twice",
+                &obs.run_id[..obs.run_id.len().min(8)]
+            )
+        });
         let judged = obs.clone();
         let mut lost = health.observe(&link.addr, obs, twin, policy.wait_replicas);
         if armed {
@@ -618,12 +752,12 @@ mod tests {
     async fn a_wiped_master_is_quarantined_for_the_lease_bound_for_every_proxy() {
         let fakes: Vec<_> = (0..3).map(|_| FakeMaster::new()).collect();
         let first = masters(&fakes, NODE_TIMEOUT);
-        until(LIMIT, || first.voters().iter().all(|v| v.eligible())).await;
+        until(LIMIT, || first.voters().iter().all(|v| v.usable())).await;
         // A brand-new deployment is armed without a quarantine.
         assert!(fakes.iter().all(|f| f.get(super::ARMED_KEY).is_some()));
         fakes[0].wipe();
         let wiped = &first.voters()[0];
-        until(LIMIT, || !wiped.eligible()).await;
+        until(LIMIT, || !wiped.usable()).await;
         assert!(
             wiped.state().starts_with("quarantined (lock marker gone"),
             "{}",
@@ -631,14 +765,14 @@ mod tests {
         );
         // A proxy started now learns the quarantine from the master itself.
         let second = masters(&fakes, NODE_TIMEOUT);
-        until(LIMIT, || second.voters()[1..].iter().all(|v| v.eligible())).await;
-        assert!(!second.voters()[0].eligible());
+        until(LIMIT, || second.voters()[1..].iter().all(|v| v.usable())).await;
+        assert!(!second.voters()[0].usable());
         assert!(second.voters()[0].state().starts_with("quarantined ("));
         // Both let it vote again only once every lease it may have held has expired.
         tokio::time::sleep(LEASE_BOUND - Duration::from_secs(1)).await;
-        assert!(!wiped.eligible() && !second.voters()[0].eligible());
+        assert!(!wiped.usable() && !second.voters()[0].usable());
         until(Duration::from_secs(2), || {
-            wiped.eligible() && second.voters()[0].eligible()
+            wiped.usable() && second.voters()[0].usable()
         })
         .await;
     }

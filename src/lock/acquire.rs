@@ -3,6 +3,7 @@
 
 use super::rollback::{RollbackPlan, Undo};
 use super::{AcquireResult, Acquirer};
+use crate::cluster::slots::{key_slot, slot_tag};
 use crate::config::NoQuorumReply;
 use crate::error::ProxyError;
 use crate::health::instance_name;
@@ -69,7 +70,7 @@ impl Tokens {
             masters
                 .voters()
                 .iter()
-                .filter_map(|v| v.health.master_clock_estimate_us(now))
+                .filter_map(|v| v.clock_estimate_us(now))
                 .max()
         } else {
             None
@@ -270,6 +271,8 @@ struct Request {
     px_ms: u64,
     /// The operation itself: the acquire operation of [`LOCK_SCRIPT`], or a bare `SET`.
     operation: Operation,
+    /// The key's slot (on a cluster master, the node that votes).
+    slot: u16,
     /// This attempt's record in the key's token counter.
     record: Record,
     /// The latest master clock (ms) at which a master may take the token.
@@ -279,8 +282,12 @@ struct Request {
 /// How the acquire writes on a master.
 enum Operation {
     /// With quarantine on: an acquire operation of [`LOCK_SCRIPT`] (markers, deadline,
-    /// token), whose number is the master's write deadline.
-    Script(ScriptCall),
+    /// token), whose number is the master's write deadline; and its form for cluster masters
+    /// (their token counter is in the key's slot), where some master is one.
+    Script {
+        single: ScriptCall,
+        cluster: Option<ScriptCall>,
+    },
     /// With quarantine off (tests only): `SET key value NX PX`, which carries no token.
     Set(Bytes),
 }
@@ -309,13 +316,24 @@ impl Request {
         let counter_px = counter_px
             .format(acquirer.tokens.rules.counter_life_ms.max(px_ms))
             .as_bytes();
-        let operation = match acquirer.masters.quarantine() {
-            // Encoded once: only the deadline differs from master to master.
-            true => Operation::Script(ScriptCall::with_number_between(
-                &[&[key], &[TOKEN_KEY_PREFIX.as_bytes(), key]],
+        let slot = key_slot(key);
+        // Encoded once per kind of master: only the deadline differs from master to master.
+        let call = |counter: &[&[u8]]| {
+            ScriptCall::with_number_between(
+                &[&[key], counter],
                 &[b"a", value, px, record.as_bytes()],
                 &[token_arg, earliest, counter_px],
-            )),
+            )
+        };
+        let masters = &acquirer.masters;
+        let operation = match masters.quarantine() {
+            true => Operation::Script {
+                single: call(&[TOKEN_KEY_PREFIX.as_bytes(), key]),
+                cluster: masters.any_cluster().then(|| {
+                    let tag = slot_tag(slot).as_bytes();
+                    call(&[TOKEN_KEY_PREFIX.as_bytes(), b"{", tag, b"}:", key])
+                }),
+            },
             false => Operation::Set(encode_command(&[
                 b"SET".as_ref(),
                 key,
@@ -330,6 +348,7 @@ impl Request {
             deadline: attempt.received_at + window,
             px_ms,
             operation,
+            slot,
             record,
             latest,
         })
@@ -352,9 +371,10 @@ async fn fan_out(acquirer: &Acquirer, request: &Request) -> Ballot {
     let node_timeout = masters.node_timeout();
     let sent_at = OnceLock::new();
     let ask = |i: usize| {
-        let call = match &request.operation {
+        let voter = &masters.voters()[i];
+        let (single, cluster) = match &request.operation {
             Operation::Set(set) => return Some(Ask::Commands(set.clone())),
-            Operation::Script(call) => call,
+            Operation::Script { single, cluster } => (single, cluster),
         };
         // Each master's deadline is the latest its clock can show when the node timeout runs
         // out, computed as the request leaves (after the fan-out permit). One clock read for
@@ -364,17 +384,18 @@ async fn fan_out(acquirer: &Acquirer, request: &Request) -> Ballot {
         // A master whose vote cannot count is not asked: nothing to clean up there. The
         // write's deadline is also the latest clock at which the master may take the token:
         // one comparison in the script checks both.
-        let deadline = masters.voters()[i]
-            .write_deadline(sent, node_timeout, drift_factor)?
+        let deadline = voter
+            .write_deadline(request.slot, sent, node_timeout, drift_factor)?
             .min(request.latest);
         deadlines[i].store(deadline, Ordering::Relaxed);
-        Some(Ask::Script(
-            acquirer.script.clone(),
-            call.with_number(deadline),
-        ))
+        let (script, call) = match voter.cluster() {
+            None => (acquirer.script.clone(), single),
+            Some(c) => (c.lock_script(request.slot), cluster.as_ref()?),
+        };
+        Some(Ask::Script(script, call.with_number(deadline)))
     };
     let (votes, late) = masters
-        .fan_out_each(ask, 1, |v| {
+        .fan_out_each(request.slot, ask, 1, |v| {
             acquire_decision(v) != AcquireDecision::Undecided
         })
         .await;
@@ -403,7 +424,7 @@ fn tally(
     } = ballot;
     for (voter, vote) in masters.voters().iter().zip(&votes) {
         if *vote == Vote::Replied(UNARMED) {
-            voter.health.recheck();
+            voter.recheck(request.slot);
         }
         voter.stats.count_acquire_vote(vote);
     }
@@ -411,7 +432,7 @@ fn tally(
     let unreachable = majority_unreachable(&votes);
     let floor = token_floor(&votes);
     let quorum = acquire_decision(&votes) == AcquireDecision::Quorum;
-    let quarantine = matches!(request.operation, Operation::Script(_));
+    let quarantine = matches!(request.operation, Operation::Script { .. });
     let undo = Box::new(RollbackPlan {
         masters: masters.clone(),
         drift_factor: acquirer.policy.drift_factor,

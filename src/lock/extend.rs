@@ -11,10 +11,11 @@
 //! shorter than the old lease: the holder keeps what it had).
 
 use super::Acquirer;
+use crate::cluster::slots::key_slot;
 use crate::lease::{Granted, Lease, Outcome, Rollback};
 use crate::lock::UNARMED;
 use crate::masters::{Ask, LateVotes, Masters};
-use crate::on_master::{token_key, ARMED_KEY, EXTEND_SCRIPT, QUARANTINE_KEY, UNEXTEND_SCRIPT};
+use crate::on_master::{CLUSTER_EXTEND_SCRIPT, EXTEND_SCRIPT, UNEXTEND_SCRIPT};
 use crate::protocol::{encode_command, Reply};
 use crate::redlock::{backend_ttl_ms, quorum, validity_window, Vote};
 use bytes::Bytes;
@@ -67,7 +68,7 @@ pub(super) async fn extend(
     let (votes, answered, late) = fan_out(masters, key, value, px_ms, drift_factor).await;
     for (vote, voter) in votes.iter().zip(masters.voters()) {
         if *vote == Vote::Replied(UNARMED) {
-            voter.health.recheck();
+            voter.recheck(key_slot(key));
         }
     }
     let granted = extended(&votes) >= quorum(votes.len());
@@ -110,23 +111,29 @@ async fn fan_out(
 ) -> (Vec<Vote>, Vec<OnceLock<Instant>>, LateVotes) {
     let px = px_ms.to_string();
     let node_timeout = masters.node_timeout();
-    let counter = token_key(key);
+    let slot = key_slot(key);
     let sent = Instant::now();
     // Each master's write deadline: the latest its clock can show when the node timeout
     // runs out ([`crate::lock`]'s acquire does the same); a master that may not vote is
-    // not asked.
+    // not asked. A cluster master runs the script's cluster form on the key's slot.
     let ask = |i: usize| {
-        let write_by = masters.voters()[i]
-            .write_deadline(sent, node_timeout, drift_factor)?
+        let voter = &masters.voters()[i];
+        let write_by = voter
+            .write_deadline(slot, sent, node_timeout, drift_factor)?
             .to_string();
+        let script = match voter.cluster() {
+            None => EXTEND_SCRIPT.text(),
+            Some(_) => CLUSTER_EXTEND_SCRIPT.text(),
+        };
+        let [armed, quarantine] = voter.markers(slot);
         Some(Ask::Commands(encode_command(&[
             b"EVAL".as_ref(),
-            EXTEND_SCRIPT.text().as_bytes(),
+            script.as_bytes(),
             b"4",
             key,
-            &counter,
-            ARMED_KEY.as_bytes(),
-            QUARANTINE_KEY.as_bytes(),
+            &voter.token_key(key),
+            &armed,
+            &quarantine,
             value,
             px.as_bytes(),
             write_by.as_bytes(),
@@ -145,7 +152,7 @@ async fn fan_out(
         }
         extended(votes) >= q || refused(votes) > n - q
     };
-    let (votes, late) = masters.fan_out_each(ask, 1, decided).await;
+    let (votes, late) = masters.fan_out_each(slot, ask, 1, decided).await;
     (votes, answered, late)
 }
 
@@ -189,7 +196,9 @@ impl Unextend {
                 &self.value,
                 before.as_bytes(),
             ]);
-            drop(voter.link.send_cleanup(payload, self.lives));
+            if let Some(server) = voter.server(key_slot(&self.key)) {
+                drop(server.link.send_cleanup(payload, self.lives));
+            }
         }
     }
 }

@@ -48,7 +48,7 @@ mod tests {
     async fn ready(n: usize) -> (Vec<Arc<FakeMaster>>, Arc<Masters>, Arc<Acquirer>) {
         let fakes: Vec<_> = (0..n).map(|_| FakeMaster::new()).collect();
         let masters = fake_master::masters(&fakes, NODE_TIMEOUT);
-        until(LIMIT, || masters.voters().iter().all(|v| v.eligible())).await;
+        until(LIMIT, || masters.voters().iter().all(|v| v.usable())).await;
         let acquirer = Acquirer::new(masters.clone(), POLICY, Options::default(), Arc::default());
         (fakes, masters, acquirer)
     }

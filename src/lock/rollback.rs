@@ -5,8 +5,9 @@
 
 use super::acquire::Record;
 use super::LockStats;
+use crate::cluster::slots::key_slot;
 use crate::lease::Rollback;
-use crate::masters::{LateVotes, Masters};
+use crate::masters::{Forms, LateVotes, Masters};
 use crate::on_master::{token_key, COMPARE_AND_DELETE, UNDO_HASH_SCRIPT, UNDO_SCRIPT};
 use crate::protocol::encode_command;
 use crate::redlock::Vote;
@@ -68,11 +69,23 @@ pub(super) enum Undo {
 }
 
 impl Undo {
+    /// The slot of the key it undoes (on a cluster master, the node that holds the write).
+    fn slot(&self) -> u16 {
+        match self {
+            Undo::Lock { key, .. } | Undo::Hash { key, .. } => key_slot(key),
+        }
+    }
+
     /// The clean-up: deletes the lock only if this attempt wrote it ([`UNDO_SCRIPT`]), or takes
     /// back the count it gave a hash's field ([`UNDO_HASH_SCRIPT`]). Encoded only when a
-    /// clean-up is sent (most acquires need none).
-    fn payload(&self) -> Bytes {
+    /// clean-up is sent (most acquires need none). On a cluster master (`cluster`) the token
+    /// counter is the one in the key's slot.
+    fn payload(&self, cluster: bool) -> Bytes {
         let eval = b"EVAL".as_ref();
+        let token_key = |key: &[u8]| match cluster {
+            false => token_key(key),
+            true => crate::cluster::keys::token_key(key),
+        };
         match self {
             Undo::Lock {
                 key,
@@ -160,7 +173,7 @@ impl RollbackPlan {
             return;
         }
         self.stats.rollbacks.inc();
-        let payload = self.undo.payload();
+        let payload = Forms::new(&self.masters, |cluster| self.undo.payload(cluster));
         let node_timeout = self.masters.node_timeout();
         self.send_after_deadlines(&steps, &payload, node_timeout);
         // The null waits for the confirmations (so a read right after it sees the value gone),
@@ -168,20 +181,24 @@ impl RollbackPlan {
         // delay the refusal by another node timeout. Its clean-up stays queued regardless, and
         // is kept until confirmed.
         let confirm_for = node_timeout / 2;
+        let slot = self.undo.slot();
         let waits: Vec<_> = self
             .masters
             .voters()
             .iter()
             .zip(&steps)
             .filter(|(_, step)| **step != UndoStep::Skip)
-            .map(|(voter, step)| {
-                let sent = voter.link.send_cleanup(payload.clone(), self.lives);
+            .filter_map(|(voter, step)| {
+                let server = voter.server(slot)?;
+                let sent = server
+                    .link
+                    .send_cleanup(payload.for_voter(voter), self.lives);
                 let wait = *step == UndoStep::Now;
-                async move {
+                Some(async move {
                     if wait {
                         let _ = sent.wait_at_most(confirm_for).await;
                     }
-                }
+                })
             })
             .collect();
         futures::future::join_all(waits).await;
@@ -192,16 +209,20 @@ impl RollbackPlan {
     /// first) and once more when the master's clock is surely past the deadline, when it is
     /// final. The second one runs on its own, bounded by the deadline: the refusal does not
     /// wait for it. This schedules those second ones (at most two node timeouts from now).
-    fn send_after_deadlines(&self, steps: &[UndoStep], payload: &Bytes, node_timeout: Duration) {
+    fn send_after_deadlines(&self, steps: &[UndoStep], payload: &Forms, node_timeout: Duration) {
+        let slot = self.undo.slot();
         for (voter, step) in self.masters.voters().iter().zip(steps) {
             let UndoStep::AfterDeadline(deadline) = *step else {
                 continue;
             };
-            let Some(at) = voter.health.surely_past(deadline, self.drift_factor) else {
+            let Some(server) = voter.server(slot) else {
+                continue;
+            };
+            let Some(at) = server.health.surely_past(deadline, self.drift_factor) else {
                 continue;
             };
             let at = at.min(Instant::now() + 2 * node_timeout);
-            let (link, payload, lives) = (voter.link.clone(), payload.clone(), self.lives);
+            let (link, payload, lives) = (server.link, payload.for_voter(voter), self.lives);
             let late_cleanups = self.stats.late_cleanups.clone();
             tokio::spawn(async move {
                 tokio::time::sleep_until(at).await;

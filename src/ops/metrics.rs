@@ -162,7 +162,7 @@ impl Collector for ProxyCollector {
             counter(value).encode(e.encode_descriptor(name, help, None, MetricType::Counter)?)?;
         }
         let voters = masters.voters();
-        let master = |i: usize| voters[i].link.addr.clone();
+        let master = |i: usize| voters[i].name().to_string();
         let states: Vec<String> = voters.iter().map(|v| v.state()).collect();
         family(
             e,
@@ -172,7 +172,7 @@ impl Collector for ProxyCollector {
             voters
                 .iter()
                 .enumerate()
-                .map(|(i, v)| (label("master", master(i)), gauge(v.eligible().into()))),
+                .map(|(i, v)| (label("master", master(i)), gauge(v.usable().into()))),
         )?;
         family(
             e,
@@ -193,7 +193,7 @@ impl Collector for ProxyCollector {
             "Quarantines begun, by cause.",
             MetricType::Counter,
             voters.iter().enumerate().flat_map(|(i, v)| {
-                let counts = v.health.quarantines();
+                let counts = v.quarantines();
                 QUARANTINE_CAUSES.map(|cause| {
                     let n = counts
                         .iter()
@@ -226,7 +226,7 @@ impl Collector for ProxyCollector {
                 })
             }),
         )?;
-        let usable = voters.iter().filter(|v| v.eligible()).count();
+        let usable = voters.iter().filter(|v| v.usable()).count();
         let gauges = [
             (
                 "redlock_proxy_connected_clients",

@@ -24,12 +24,8 @@ pub fn readiness(shared: &Shared) -> Result<String, String> {
     }
     let mut why = format!("not ready: {summary}\n");
     for (i, voter) in masters.voters().iter().enumerate() {
-        if !voter.eligible() {
-            why.push_str(&format!(
-                "master{i} {}: {}\n",
-                voter.link.addr,
-                voter.state()
-            ));
+        if !voter.usable() {
+            why.push_str(&format!("master{i} {}: {}\n", voter.name(), voter.state()));
         }
     }
     Err(why)

@@ -16,7 +16,7 @@ use crate::error::ProxyError;
 use crate::lease::{Granted, Lease, Outcome, Rollback};
 use crate::lease_script::{KnownLock, REDISSON_ACQUIRES};
 use crate::lock::{Acquirer, HashGrant};
-use crate::masters::Masters;
+use crate::masters::{slot_of, Masters};
 use crate::on_master::{token_key, TOKEN_SCRIPT};
 use crate::protocol::{encode_command, Reply};
 use crate::redlock::{
@@ -74,6 +74,10 @@ pub(super) fn acquire(
     };
     if numkeys != keys || args.len() != 3 + keys + 2 {
         return None;
+    }
+    if ctx.masters().any_cluster() {
+        let what = "a Redisson hash lock (EVAL)".to_string();
+        return Some(Action::error(ProxyError::NotOnCluster(what)));
     }
     let client_body = script.body.clone();
     let script = match known {
@@ -152,7 +156,7 @@ impl Run {
         let drift = self.policy.drift_factor;
         let decided = |raw: &[Vote]| decided(&script_votes(raw), drift);
         let ballot = call.fan_out(&self.masters, drift, decided).await;
-        let tally = Tally::of(&self.masters, &ballot.votes);
+        let tally = Tally::of(&self.masters, slot_of(&[&self.key]), &ballot.votes);
         if let Some(seen) = tally.token_refused_at() {
             self.acquirer.script_token_refused(seen);
         }
@@ -245,7 +249,11 @@ impl Run {
         ];
         match self
             .masters
-            .quorum_reply(&encode_command(&args), MergeRule::Identical)
+            .quorum_reply(
+                slot_of(&[&self.key]),
+                &encode_command(&args),
+                MergeRule::Identical,
+            )
             .await
         {
             Reply::Integer(token) => Some(token),

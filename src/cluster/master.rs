@@ -1,0 +1,356 @@
+//! One Redlock master that is a Redis Cluster ([`ClusterMaster`]): its slot map, a link and a
+//! health record per primary ([`ClusterNode`]), and what the proxy knows of each slot's markers
+//! (whether the slot's owner may vote for it now). The keeper task that reads the map and the
+//! markers is in [`crate::health::cluster`]; this module only holds the state and answers the
+//! routing questions of a fan-out.
+//!
+//! Invariants:
+//! - A slot votes only through the node the current map names its owner, and only once the
+//!   keeper found that slot armed *by that very node* (its marker stamped with the node's id),
+//!   unquarantined, on a node whose health record says it may vote on its current connection.
+//!   A new owner (failover, migration) starts unready: the keeper looks at the slot again.
+//! - The scripts check the same on the node itself at every call ([`crate::on_master`]'s cluster
+//!   forms), so a node that changed since the keeper's look answers `-1` instead of voting.
+//! - Nodes are never dropped: a cluster has a bounded set of them, and a primary that became a
+//!   replica may come back.
+
+use super::keys;
+use super::map::{Redirect, SlotMap};
+use super::slots::SLOTS;
+use crate::backend::Backend;
+use crate::dial::Dial;
+use crate::health::MasterHealth;
+use crate::live::LiveDuration;
+use crate::on_master::{script_sha, CLUSTER_LOCK_SCRIPT};
+use crate::protocol::Reply;
+use crate::secret::Secret;
+use crate::transport::{Driver, Link, SharedScript};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+use tokio_rustls::TlsConnector;
+
+/// A primary of the cluster (or a node that was one).
+#[derive(Debug)]
+pub struct ClusterNode {
+    /// Its node id (`CLUSTER MYID`): the stamp of the slots it armed.
+    pub id: String,
+    /// Never 0; names the node in [`ClusterMaster`]'s per-slot readiness.
+    serial: u64,
+    pub link: Arc<Link>,
+    pub health: Arc<MasterHealth>,
+}
+
+impl ClusterNode {
+    /// Whether its health record lets it vote on its current connection.
+    pub fn eligible(&self) -> bool {
+        self.link.is_connected() && self.health.eligible(self.link.connect_count())
+    }
+}
+
+/// How a cluster's nodes are dialled: the configured master's credentials and TLS, at each
+/// node's address.
+struct DialTemplate {
+    backend: Backend,
+    tls: Option<Result<TlsConnector, String>>,
+    env_password: Option<Secret>,
+}
+
+/// A Redis Cluster voting as one master.
+pub struct ClusterMaster {
+    /// As configured (`cluster://h:p,h:p`), for `INFO`, logs and metrics.
+    pub name: String,
+    template: DialTemplate,
+    node_timeout: LiveDuration,
+    stop: watch::Receiver<bool>,
+    /// The seed nodes' links, for the map until primaries are known.
+    pub seeds: Vec<Arc<Link>>,
+    /// The current map and, per slot, its owner's node.
+    routing: RwLock<Arc<Routing>>,
+    /// Every node met, by id.
+    nodes: Mutex<HashMap<String, Arc<ClusterNode>>>,
+    next_serial: AtomicU64,
+    /// Per slot: the serial of the node found armed and ready for it (0: none).
+    ready: Box<[AtomicU64]>,
+    /// Per slot: until when (ms after `epoch`) it votes for nobody (a quarantine or another
+    /// proxy's founding claim); 0: not fenced.
+    fenced_until: Box<[AtomicU64]>,
+    epoch: Instant,
+    /// Per slot, the merged lock script whose shared keys are that slot's markers.
+    lock_scripts: Box<[OnceLock<Arc<SharedScript>>]>,
+    /// Wakes the keeper: a redirection (the map changed) or a slot answered unarmed.
+    pub wake: Notify,
+    /// Nodes whose health monitor found they lost data, with the reason: every slot they own
+    /// is quarantined at the keeper's next round.
+    lost: Mutex<HashMap<String, String>>,
+    /// Whether the keeper has judged every slot once since the deployment verdict.
+    judged: std::sync::atomic::AtomicBool,
+}
+
+/// A map with each slot's owner resolved to its node.
+#[derive(Default)]
+pub struct Routing {
+    pub map: Option<SlotMap>,
+    owners: Vec<Option<Arc<ClusterNode>>>,
+}
+
+impl Routing {
+    pub fn owner(&self, slot: u16) -> Option<&Arc<ClusterNode>> {
+        self.owners.get(usize::from(slot))?.as_ref()
+    }
+}
+
+impl ClusterMaster {
+    /// The cluster of `backend` (its seeds), dialled with its credentials and TLS; links to
+    /// the seeds are made (their drivers run until `stop`).
+    pub fn new(
+        backend: &Backend,
+        tls: Option<Result<TlsConnector, String>>,
+        env_password: Option<Secret>,
+        node_timeout: LiveDuration,
+        stop: watch::Receiver<bool>,
+    ) -> Arc<ClusterMaster> {
+        let template = DialTemplate {
+            backend: backend.clone(),
+            tls,
+            env_password,
+        };
+        let seeds = (backend.cluster.iter().flatten())
+            .map(|(host, port)| {
+                let (link, driver) = template.link(host, *port, node_timeout.clone());
+                tokio::spawn(driver.run(stop.clone()));
+                link
+            })
+            .collect();
+        Arc::new(ClusterMaster {
+            name: backend.to_string(),
+            template,
+            node_timeout,
+            stop,
+            seeds,
+            routing: RwLock::default(),
+            nodes: Mutex::default(),
+            next_serial: AtomicU64::new(1),
+            ready: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            fenced_until: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            epoch: Instant::now(),
+            lock_scripts: (0..SLOTS).map(|_| OnceLock::new()).collect(),
+            wake: Notify::new(),
+            lost: Mutex::default(),
+            judged: Default::default(),
+        })
+    }
+
+    /// The current routing.
+    pub fn routing(&self) -> Arc<Routing> {
+        self.routing.read().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// The node of id `id` at `host:port`, made (its link connecting, its driver running until
+    /// the proxy stops) if it is new; `true` with it if it is new.
+    pub fn node(&self, id: &str, host: &str, port: u16) -> (Arc<ClusterNode>, bool) {
+        let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(node) = nodes.get(id) {
+            return (node.clone(), false);
+        }
+        let (link, driver) = self.template.link(host, port, self.node_timeout.clone());
+        tokio::spawn(driver.run(self.stop.clone()));
+        let node = Arc::new(ClusterNode {
+            id: id.to_string(),
+            serial: self.next_serial.fetch_add(1, Ordering::Relaxed),
+            link,
+            health: Arc::default(),
+        });
+        nodes.insert(id.to_string(), node.clone());
+        (node, true)
+    }
+
+    /// Every node met so far.
+    pub fn nodes(&self) -> Vec<Arc<ClusterNode>> {
+        let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        nodes.values().cloned().collect()
+    }
+
+    /// Installs `map` (its primaries already made nodes with [`ClusterMaster::node`]).
+    pub fn set_map(&self, map: SlotMap) {
+        let owners = {
+            let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+            (0..SLOTS as u16)
+                .map(|slot| map.owner(slot).and_then(|n| nodes.get(&n.id).cloned()))
+                .collect()
+        };
+        let routing = Arc::new(Routing {
+            map: Some(map),
+            owners,
+        });
+        if let Ok(mut current) = self.routing.write() {
+            *current = routing;
+        }
+    }
+
+    /// The node that serves `slot` now, if the map names one.
+    pub fn owner(&self, slot: u16) -> Option<Arc<ClusterNode>> {
+        self.routing().owner(slot).cloned()
+    }
+
+    /// Whether `slot` may vote through `node` now: found armed by it, not fenced.
+    pub fn slot_ready(&self, slot: u16, node: &ClusterNode) -> bool {
+        let at = usize::from(slot);
+        self.ready[at].load(Ordering::Relaxed) == node.serial && !self.slot_fenced(slot)
+    }
+
+    /// Whether `slot` is quarantined or claimed now (its vote is then [`crate::redlock::Vote::Fenced`]).
+    pub fn slot_fenced(&self, slot: u16) -> bool {
+        let until = self.fenced_until[usize::from(slot)].load(Ordering::Relaxed);
+        until != 0 && self.epoch.elapsed().as_millis() < u128::from(until)
+    }
+
+    /// Records the keeper's finding on `slot` served by `node`: ready (fenced until `fenced`,
+    /// if some) or not.
+    pub fn set_slot(&self, slot: u16, node: &ClusterNode, ready: bool, fenced: Option<Instant>) {
+        let at = usize::from(slot);
+        let until = fenced.map_or(0, |t| {
+            (t.saturating_duration_since(self.epoch).as_millis() as u64).max(1)
+        });
+        self.fenced_until[at].store(until, Ordering::Relaxed);
+        let serial = if ready { node.serial } else { 0 };
+        self.ready[at].store(serial, Ordering::Relaxed);
+    }
+
+    /// Whether the keeper must look at `slot` on `node` (not found ready for it yet).
+    pub fn slot_unknown(&self, slot: u16, node: &ClusterNode) -> bool {
+        self.ready[usize::from(slot)].load(Ordering::Relaxed) != node.serial
+    }
+
+    /// `slot` answered unarmed or quarantined: the keeper looks at it again at once.
+    pub fn recheck(&self, slot: u16) {
+        self.ready[usize::from(slot)].store(0, Ordering::Relaxed);
+        self.wake.notify_one();
+    }
+
+    /// A reply that is a redirection means the map is stale: the keeper reloads it at once.
+    pub fn note_reply(&self, reply: &Reply) {
+        if let Some(Redirect::Moved { .. } | Redirect::Ask { .. } | Redirect::ClusterDown) =
+            Redirect::parse(reply)
+        {
+            self.wake.notify_one();
+        }
+    }
+
+    /// The health monitor of node `id` found it lost data (`reason`): none of the slots it
+    /// serves votes from now on, until the keeper has quarantined them.
+    pub fn node_lost(&self, id: &str, reason: String) {
+        let node = self
+            .nodes
+            .lock()
+            .ok()
+            .and_then(|nodes| nodes.get(id).cloned());
+        if let Some(node) = node {
+            for ready in self.ready.iter() {
+                let _ =
+                    ready.compare_exchange(node.serial, 0, Ordering::Relaxed, Ordering::Relaxed);
+            }
+        }
+        if let Ok(mut lost) = self.lost.lock() {
+            lost.insert(id.to_string(), reason);
+        }
+        self.wake.notify_one();
+    }
+
+    /// The losses noted since the last call, by node id.
+    pub fn take_losses(&self) -> HashMap<String, String> {
+        self.lost
+            .lock()
+            .map(|mut l| std::mem::take(&mut *l))
+            .unwrap_or_default()
+    }
+
+    /// The merged lock script of `slot` (its markers as shared keys): the link merges calls of
+    /// one slot only.
+    pub fn lock_script(&self, slot: u16) -> Arc<SharedScript> {
+        self.lock_scripts[usize::from(slot)]
+            .get_or_init(|| {
+                Arc::new(SharedScript {
+                    sha: script_sha(CLUSTER_LOCK_SCRIPT.text().as_bytes()),
+                    body: CLUSTER_LOCK_SCRIPT.text(),
+                    shared_keys: keys::markers(slot).to_vec(),
+                })
+            })
+            .clone()
+    }
+
+    /// Whether its nodes are reached over TLS (their `tls-port`).
+    pub fn tls(&self) -> bool {
+        self.template.backend.tls
+    }
+
+    pub fn set_judged(&self) {
+        self.judged.store(true, Ordering::Relaxed);
+    }
+
+    pub fn judged(&self) -> bool {
+        self.judged.load(Ordering::Relaxed)
+    }
+
+    /// Whether some link of the cluster is connected.
+    pub fn reachable(&self) -> bool {
+        self.seeds.iter().any(|l| l.is_connected())
+            || self.nodes().iter().any(|n| n.link.is_connected())
+    }
+
+    /// Whether every seed had its first connection attempt.
+    pub fn attempted(&self) -> bool {
+        self.seeds.iter().all(|l| l.attempted())
+    }
+
+    /// Slots that may vote now, of [`SLOTS`].
+    pub fn usable_slots(&self) -> usize {
+        let routing = self.routing();
+        (0..SLOTS as u16)
+            .filter(|&slot| {
+                routing
+                    .owner(slot)
+                    .is_some_and(|n| n.eligible() && self.slot_ready(slot, n))
+            })
+            .count()
+    }
+
+    /// `up (…)`, `partial (…)` or `down (…)`, for `INFO`: how many slots may vote, how many
+    /// are fenced, and the primaries.
+    pub fn state(&self) -> String {
+        let routing = self.routing();
+        let usable = self.usable_slots();
+        let fenced = (0..SLOTS as u16).filter(|&s| self.slot_fenced(s)).count();
+        let primaries = routing.map.as_ref().map_or(0, |m| m.primaries.len());
+        let word = match usable {
+            SLOTS => "up",
+            0 if fenced > 0 => "quarantined",
+            0 => "down",
+            _ => "partial",
+        };
+        format!("{word} (cluster: {primaries} primaries, {usable} of {SLOTS} slots usable, {fenced} fenced)")
+    }
+}
+
+impl std::fmt::Debug for ClusterMaster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterMaster")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl DialTemplate {
+    fn link(&self, host: &str, port: u16, node_timeout: LiveDuration) -> (Arc<Link>, Driver) {
+        let backend = Backend {
+            host: host.to_string(),
+            port,
+            cluster: None,
+            ..self.backend.clone()
+        };
+        let dial = Dial::new(&backend, self.tls.as_ref(), self.env_password.as_ref());
+        Link::new(format!("{host}:{port}"), Box::new(dial), node_timeout)
+    }
+}

@@ -1,0 +1,361 @@
+//! The keeper of a master that is a Redis Cluster ([`Keeper`]): it reads the slot map, starts
+//! a health monitor for every primary (clock and `INFO`, as for a single master), and looks at
+//! the markers of every slot its owner has not been found ready for: a slot votes once its
+//! marker carries its owner's node id and no quarantine or claim is on it.
+//!
+//! The rules are the single master's, per slot ([`super::judge::marker_step`],
+//! docs/SAFETY.md "Cluster masters"): a slot armed by another node (its data came by a
+//! failover or a migration), a slot unarmed in a running deployment, and every slot of a
+//! primary that lost data (restart, wipe, data loaded from disk) is quarantined for the
+//! lease bound and re-stamped in one script; founding claims are made and lifted per slot,
+//! the founding itself deciding over the masters with every slot's markers taken together
+//! ([`Markers::combine`]). A slot's readiness is cleared the moment its owner changes (a new
+//! node) or its owner's monitor sees a loss, before anything else may vote for it.
+
+use super::judge::{marker_step, MarkerStep, Markers};
+use super::{info_command, DeploymentView, Monitor, MonitorConfig, Role};
+use crate::cluster::keys::markers;
+use crate::cluster::map::SlotMap;
+use crate::cluster::master::{ClusterMaster, ClusterNode};
+use crate::cluster::slots::SLOTS;
+use crate::on_master::{
+    script_sha, CLUSTER_LOCK_SCRIPT, CLUSTER_QUARANTINE_SCRIPT, LIFT_SCRIPT, STATUS_SCRIPT,
+};
+use crate::protocol::{encode_command, Reply};
+use crate::transport::Link;
+use bytes::{Bytes, BytesMut};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Slots per pipelined batch of marker scripts: a batch must come back within one node
+/// timeout (a script on a slot costs a node some microseconds).
+const BATCH: usize = 512;
+
+/// Watches one cluster master (module header).
+pub(crate) struct Keeper {
+    pub(super) cluster: Arc<ClusterMaster>,
+    pub(super) view: Arc<DeploymentView>,
+    pub(super) policy: Arc<MonitorConfig>,
+    pub(super) preload: Vec<Bytes>,
+}
+
+impl Keeper {
+    pub(super) async fn run(self, mut stop: watch::Receiver<bool>) {
+        let mut verdict = self.view.verdict.subscribe();
+        // Losses seen by the primaries' monitors, kept until their slots are quarantined.
+        let mut losses = HashMap::new();
+        loop {
+            self.round(&mut losses, &stop).await;
+            tokio::select! {
+                _ = tokio::time::sleep(self.policy.interval.get()) => {}
+                _ = self.cluster.wake.notified() => {}
+                _ = verdict.changed() => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+    }
+
+    /// One round: the map, then every slot whose owner was not found ready for it.
+    async fn round(&self, losses: &mut HashMap<String, String>, stop: &watch::Receiver<bool>) {
+        let verdict = self.view.verdict();
+        if let Some(map) = self.read_map().await {
+            self.install(map, stop);
+        }
+        losses.extend(self.cluster.take_losses());
+        let routing = self.cluster.routing();
+        if routing.map.is_none() {
+            return;
+        }
+        let mut work: HashMap<String, (Arc<ClusterNode>, Vec<u16>)> = HashMap::new();
+        for slot in 0..SLOTS as u16 {
+            let Some(node) = routing.owner(slot) else {
+                continue;
+            };
+            if losses.contains_key(&node.id) || self.cluster.slot_unknown(slot, node) {
+                let entry = work
+                    .entry(node.id.clone())
+                    .or_insert_with(|| (node.clone(), vec![]));
+                entry.1.push(slot);
+            }
+        }
+        let mut complete = true;
+        for (node, slots) in work.into_values() {
+            // A primary is looked at once its own monitor judged it on this connection.
+            if !node.eligible() {
+                complete = false;
+                continue;
+            }
+            let loss = losses.get(&node.id).cloned();
+            if self.examine(&node, &slots, verdict, loss).await {
+                losses.remove(&node.id);
+            } else {
+                complete = false;
+            }
+        }
+        if verdict.is_some() && complete {
+            self.cluster.set_judged();
+            self.view.judged.notify_waiters();
+        }
+    }
+
+    /// The current slot map, read from a primary met so far or a seed (`CLUSTER SHARDS`,
+    /// else `CLUSTER SLOTS` before Redis 7).
+    async fn read_map(&self) -> Option<SlotMap> {
+        let links = (self.cluster.nodes().into_iter().map(|n| n.link.clone()))
+            .chain(self.cluster.seeds.iter().cloned())
+            .filter(|l| l.is_connected());
+        let tls = self.cluster.tls();
+        for link in links {
+            let shards = ask(&link, encode_command(&["CLUSTER", "SHARDS"]), 1).await;
+            let map = match shards {
+                Some(Reply::Error(_)) => {
+                    let slots = ask(&link, encode_command(&["CLUSTER", "SLOTS"]), 1).await;
+                    slots.and_then(|r| SlotMap::from_cluster_slots(&r).ok())
+                }
+                Some(reply) => SlotMap::from_cluster_shards(&reply, tls).ok(),
+                None => None,
+            };
+            if map.is_some() {
+                return map;
+            }
+        }
+        None
+    }
+
+    /// Makes a node (and its health monitor) for every new primary of `map`, and routes by it.
+    fn install(&self, map: SlotMap, stop: &watch::Receiver<bool>) {
+        if self.cluster.routing().map.as_ref() == Some(&map) {
+            return;
+        }
+        for primary in &map.primaries {
+            let (node, new) = self.cluster.node(&primary.id, &primary.host, primary.port);
+            if new {
+                let mut preload = self.preload.clone();
+                preload.push(encode_command(&[
+                    "SCRIPT",
+                    "LOAD",
+                    CLUSTER_LOCK_SCRIPT.text(),
+                ]));
+                let monitor = Monitor {
+                    role: Role::Node {
+                        cluster: self.cluster.clone(),
+                        id: node.id.clone(),
+                    },
+                    link: node.link.clone(),
+                    health: node.health.clone(),
+                    view: self.view.clone(),
+                    policy: self.policy.clone(),
+                    info: info_command(),
+                    preload,
+                };
+                tokio::spawn(monitor.run(stop.clone()));
+            }
+        }
+        tracing::info!(master = %self.cluster.name, primaries = map.primaries.len(), uncovered = map.uncovered(), "cluster slot map loaded");
+        self.cluster.set_map(map);
+    }
+
+    /// Reads the markers of `slots` on `node` and acts on them; whether every slot got an
+    /// answer (and every quarantine it needed was written).
+    async fn examine(
+        &self,
+        node: &ClusterNode,
+        slots: &[u16],
+        verdict: Option<super::Deployment>,
+        loss: Option<String>,
+    ) -> bool {
+        let mut complete = true;
+        for batch in slots.chunks(BATCH) {
+            let Some(looks) = run_on_slots(&node.link, STATUS_SCRIPT.text(), batch, &[]).await
+            else {
+                complete = false;
+                continue;
+            };
+            let now = Instant::now();
+            let (mut lift, mut quarantine) = (Vec::new(), Vec::new());
+            for (&slot, look) in batch.iter().zip(&looks) {
+                let Some(markers) = look.as_ref().and_then(Markers::parse) else {
+                    complete = false;
+                    continue;
+                };
+                if matches!(markers, Markers::Armed { .. }) {
+                    self.view
+                        .decide(super::Deployment::Live, "a master is armed");
+                }
+                match slot_step(&markers, &node.id, verdict, &self.view.tag, loss.clone()) {
+                    MarkerStep::Ready => {
+                        let left = match markers {
+                            Markers::Armed {
+                                quarantine_left_ms, ..
+                            } => quarantine_left_ms,
+                            _ => 0,
+                        };
+                        let fenced = (left > 0).then(|| now + ms(left));
+                        self.cluster.set_slot(slot, node, true, fenced);
+                    }
+                    MarkerStep::Wait(_) => self.cluster.set_slot(slot, node, false, None),
+                    MarkerStep::Claimed => {
+                        let left = match markers {
+                            Markers::Claimed { left_ms, .. } => left_ms,
+                            _ => 0,
+                        };
+                        self.cluster
+                            .set_slot(slot, node, false, Some(now + ms(left)));
+                    }
+                    MarkerStep::Lift => lift.push(slot),
+                    MarkerStep::Quarantine(reason) => quarantine.push((slot, reason)),
+                }
+            }
+            self.lift(node, &lift).await;
+            complete &= self.quarantine(node, &quarantine, now).await;
+        }
+        complete
+    }
+
+    /// Lifts this proxy's founding claims on `slots` (only where they are still its own).
+    async fn lift(&self, node: &ClusterNode, slots: &[u16]) {
+        if slots.is_empty() {
+            return;
+        }
+        let args = [self.view.tag.as_str()];
+        let Some(answers) = run_on_slots(&node.link, LIFT_SCRIPT.text(), slots, &args).await else {
+            return;
+        };
+        for (&slot, answer) in slots.iter().zip(answers) {
+            if answer == Some(Reply::Integer(1)) {
+                self.cluster.set_slot(slot, node, true, None);
+            }
+        }
+    }
+
+    /// Quarantines and re-stamps `slots` (each with the reason it lost data) for the lease
+    /// bound; whether every one was written. Quarantine off (the negative controls only): the
+    /// slots are re-stamped with no wait.
+    async fn quarantine(&self, node: &ClusterNode, slots: &[(u16, String)], now: Instant) -> bool {
+        let Some((_, reason)) = slots.first() else {
+            return true;
+        };
+        let only: Vec<u16> = slots.iter().map(|(slot, _)| *slot).collect();
+        if !self.policy.quarantine {
+            tracing::warn!(master = %self.cluster.name, node = %node.link.addr, slots = only.len(), %reason, "slots lost data (quarantine is off)");
+            let stamp =
+                "local id = redis.call('cluster', 'myid') redis.call('set', KEYS[1], id) return id";
+            let Some(answers) = run_on_slots(&node.link, stamp, &only, &[]).await else {
+                return false;
+            };
+            for (&slot, answer) in only.iter().zip(answers) {
+                if matches!(answer, Some(Reply::Bulk(_))) {
+                    self.cluster.set_slot(slot, node, true, None);
+                }
+            }
+            return true;
+        }
+        let bound = self.policy.lease_bound.as_millis().to_string();
+        let script = CLUSTER_QUARANTINE_SCRIPT.text();
+        let Some(answers) = run_on_slots(&node.link, script, &only, &[&bound]).await else {
+            return false;
+        };
+        let mut written = 0;
+        for (&slot, answer) in only.iter().zip(answers) {
+            if let Some(Reply::Integer(left)) = answer {
+                self.cluster
+                    .set_slot(slot, node, true, Some(now + ms(left)));
+                written += 1;
+            }
+        }
+        tracing::warn!(master = %self.cluster.name, node = %node.link.addr, slots = written, %reason, "cluster slots quarantined");
+        written == only.len()
+    }
+}
+
+/// What to do about a slot's markers on the node that serves it: the single master's rule
+/// ([`marker_step`]), where a marker stamped by another node is a loss (its data came by a
+/// failover or a migration: docs/SAFETY.md "Cluster masters").
+pub(super) fn slot_step(
+    markers: &Markers,
+    node_id: &str,
+    verdict: Option<super::Deployment>,
+    tag: &str,
+    lost: Option<String>,
+) -> MarkerStep {
+    let foreign = match markers {
+        Markers::Armed { stamp, .. } if stamp.as_deref() != Some(node_id) => Some(format!(
+            "armed by another node ({}): its data came by a failover or a slot migration",
+            stamp.as_deref().unwrap_or("unstamped")
+        )),
+        _ => None,
+    };
+    marker_step(markers, false, verdict, tag, lost.or(foreign))
+}
+
+fn ms(left: i64) -> Duration {
+    Duration::from_millis(left.max(0) as u64)
+}
+
+/// One request on `link` (whatever the node's health: the keeper is what judges its slots).
+async fn ask(link: &Link, payload: Bytes, replies: usize) -> Option<Reply> {
+    link.send(payload, replies).wait().await.ok()
+}
+
+/// Runs `script` (with `args`) on each of `slots`, its markers as its two keys, pipelined
+/// after one `SCRIPT LOAD`: each slot's answer (`None`: an error answer), or `None` if the
+/// batch got no answer.
+async fn run_on_slots(
+    link: &Link,
+    script: &str,
+    slots: &[u16],
+    args: &[&str],
+) -> Option<Vec<Option<Reply>>> {
+    let sha = script_sha(script.as_bytes());
+    let mut payload = BytesMut::from(encode_command(&["SCRIPT", "LOAD", script]).as_ref());
+    for &slot in slots {
+        let [armed, quarantine] = markers(slot);
+        let mut parts: Vec<&[u8]> = vec![b"EVALSHA", sha.as_bytes(), b"2", &armed, &quarantine];
+        parts.extend(args.iter().map(|a| a.as_bytes()));
+        payload.extend_from_slice(&encode_command(&parts));
+    }
+    let Reply::Array(mut answers) = ask(link, payload.freeze(), slots.len() + 1).await? else {
+        return None;
+    };
+    if answers.len() != slots.len() + 1 {
+        return None;
+    }
+    answers.remove(0);
+    Some(
+        answers
+            .into_iter()
+            .map(|a| (!matches!(a, Reply::Error(_))).then_some(a))
+            .collect(),
+    )
+}
+
+/// Runs a markers script on every slot of `cluster`, each on its owner, and takes the answers
+/// together ([`Markers::combine`]); `None` without a map or an answer for every slot.
+pub(super) async fn look_at_every_slot(
+    cluster: &ClusterMaster,
+    script: &str,
+    args: &[String],
+) -> Option<Markers> {
+    let routing = cluster.routing();
+    routing.map.as_ref()?;
+    let mut by_node: HashMap<String, (Arc<ClusterNode>, Vec<u16>)> = HashMap::new();
+    for slot in 0..SLOTS as u16 {
+        let node = routing.owner(slot)?;
+        let entry = by_node
+            .entry(node.id.clone())
+            .or_insert_with(|| (node.clone(), vec![]));
+        entry.1.push(slot);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut looks = Vec::with_capacity(SLOTS);
+    for (node, slots) in by_node.values() {
+        for batch in slots.chunks(BATCH) {
+            let answers = run_on_slots(&node.link, script, batch, &args).await?;
+            looks.extend(answers.iter().map(|a| a.as_ref().and_then(Markers::parse)));
+        }
+    }
+    Markers::combine(looks)
+}
