@@ -8,12 +8,15 @@ use bytes::BytesMut;
 use redlock_proxy::cluster::map::{Redirect, SlotMap};
 use redlock_proxy::cluster::slots::{key_slot, slot_tag, SLOTS};
 use redlock_proxy::fuzzing::{decode_reply, encode_command, Reply as ProxyReply};
+use redlock_proxy::Config;
+use redlock_testkit::checker::drift_ns;
 use redlock_testkit::cluster::RedisCluster;
 use redlock_testkit::key;
 use redlock_testkit::launcher::{master_state, Proxy};
+use redlock_testkit::masters::{master_cmd, master_get, signal};
 use redlock_testkit::resp::{blocking_cmd, Reply};
 use redlock_testkit::rig::run;
-use redlock_testkit::workload::wait_grantable;
+use redlock_testkit::workload::{now_ns, wait_grantable};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
@@ -317,5 +320,118 @@ fn locks_through_three_clusters() {
                 "{info}"
             );
         }
+    });
+}
+
+/// A holds `k` on clusters 0 and 1 (cluster 2 holds a foreign value then); the primary of
+/// `k`'s slot in cluster 0 dies and its replica, cut off before A's write, takes over without
+/// A's lock; B tries `k` until A's lease ends (the negative control: until its first grant).
+/// Returns B's grants.
+async fn contender_after_a_lossy_cluster_failover(quarantine: bool) -> usize {
+    // Long enough that B still has most of it after the failover (a few cluster node timeouts).
+    let ttl_a: u64 = 15_000;
+    let mut clusters = tokio::task::block_in_place(|| three_clusters(3, 1));
+    let tweak = |c: &mut Config| {
+        c.quarantine = quarantine;
+        c.max_lock_ttl_ms = ttl_a;
+    };
+    let proxy = Proxy::start(cluster_backends(&clusters), tweak).await;
+    let k = key(&format!("cluster-failover-{quarantine}"));
+    let ready = wait_grantable(proxy.port, &format!("{{{k}}}:probe"), 1000, READY_LIMIT).await;
+    assert!(ready.is_some(), "proxy never ready");
+    let slot = key_slot(k.as_bytes());
+    let owners: Vec<u16> = clusters
+        .iter()
+        .map(|c| c.primary_of(slot).expect("an owner"))
+        .collect();
+    assert_eq!(
+        master_cmd(owners[2], &["SET", &k, "foreign", "PX", "60000"]).await,
+        "+OK"
+    );
+    // Cluster 0's replica of the slot's primary stops hearing it before A's write.
+    let replica = clusters[0].replica_of(owners[0]).expect("a replica");
+    let replica_pid = clusters[0].nodes[replica].pid().expect("running");
+    signal(replica_pid, "STOP");
+    let killed = master_cmd(owners[0], &["CLIENT", "KILL", "TYPE", "replica"]).await;
+    assert_eq!(killed, ":1", "the replication link was cut");
+    let mut a = proxy.client().await;
+    let t_send = now_ns();
+    let granted = a
+        .cmd(&["SET", &k, "tok-a", "NX", "PX", &ttl_a.to_string()])
+        .await;
+    assert_eq!(granted, "+OK");
+    let lease_end = t_send + ttl_a * 1_000_000 - drift_ns(ttl_a);
+    assert_eq!(master_get(owners[0], &k).await.as_deref(), Some("tok-a"));
+    assert_eq!(master_cmd(owners[2], &["DEL", &k]).await, ":1");
+    // The primary dies; the replica, resumed, takes its slots over without A's lock
+    // (`TAKEOVER`: an operator's promotion, which needs no election).
+    let primary = clusters[0]
+        .nodes
+        .iter()
+        .position(|n| n.port == owners[0])
+        .expect("a node");
+    clusters[0].nodes[primary].kill();
+    signal(replica_pid, "CONT");
+    let promoted = clusters[0].nodes[replica].port;
+    let takeover = master_cmd(promoted, &["CLUSTER", "FAILOVER", "TAKEOVER"]).await;
+    assert_eq!(takeover, "+OK");
+    tokio::task::block_in_place(|| clusters[0].wait_primary_of(slot, promoted, FAILOVER_LIMIT));
+    assert_eq!(
+        master_get(promoted, &k).await,
+        None,
+        "the replica had A's lock"
+    );
+    let mut b = proxy.client().await;
+    let (mut grants, mut attempts) = (0, 0);
+    for attempt in 0..100_000 {
+        // Stop a margin before A's lease ends: a grant after it is no overlap.
+        if now_ns() + 500_000_000 >= lease_end || (!quarantine && grants > 0) {
+            break;
+        }
+        let token = format!("tok-b{attempt}");
+        let reply = b.cmd(&["SET", &k, &token, "NX", "PX", "1000"]).await;
+        attempts += 1;
+        if reply == "+OK" {
+            grants += 1;
+            b.cmd(&["DEL", &k]).await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Without a grant, B must have had a real go at A's lock, or 0 grants proves nothing.
+    assert!(
+        grants > 0 || attempts >= 20,
+        "B tried only {attempts} times before A's lease ended"
+    );
+    if quarantine {
+        let info = b.cmd(&["INFO", "masters"]).await;
+        let state = master_state(&info, 0).expect("master0");
+        assert!(
+            !state.contains(" 0 fenced"),
+            "the promoted node's slots are fenced: {info}"
+        );
+    }
+    grants
+}
+
+/// How long the other nodes take to learn of a takeover.
+const FAILOVER_LIMIT: Duration = Duration::from_secs(30);
+
+/// The promoted replica's slots vote for nobody while A's lease runs: the slot's marker names
+/// the dead primary, not the node that serves it now. Negative control: with the quarantine
+/// off, the promoted node votes for B while A holds.
+#[test]
+fn a_replica_promoted_without_a_held_lock_is_quarantined_per_slot() {
+    run(async {
+        assert!(
+            contender_after_a_lossy_cluster_failover(false).await > 0,
+            "negative control: without the quarantine B must get A's lock"
+        );
+    });
+    run(async {
+        assert_eq!(
+            contender_after_a_lossy_cluster_failover(true).await,
+            0,
+            "B got A's lock after the failover"
+        );
     });
 }

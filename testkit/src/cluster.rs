@@ -105,6 +105,30 @@ impl RedisCluster {
         self.nodes.iter().map(LocalMaster::addr).collect()
     }
 
+    /// The index in `nodes` of a replica of the primary at `primary` (`ROLE`).
+    pub fn replica_of(&self, primary: u16) -> Option<usize> {
+        self.nodes.iter().position(|n| {
+            matches!(cmd(n.port, &["ROLE"]), Some(Reply::Array(role))
+                if matches!(role.as_slice(), [Reply::Bulk(kind), _, Reply::Int(port), ..]
+                    if kind.as_ref() == b"slave" && *port == i64::from(primary)))
+        })
+    }
+
+    /// Waits until the nodes that answer name `port` the primary of `slot` (at most `limit`).
+    pub fn wait_primary_of(&self, slot: u16, port: u16, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.primary_of(slot) != Some(port) {
+            if Instant::now() >= deadline {
+                let nodes = self
+                    .nodes
+                    .iter()
+                    .find_map(|n| cmd(n.port, &["CLUSTER", "NODES"]));
+                panic!("no failover of slot {slot} to {port} within {limit:?}: {nodes:?}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// The port of the primary that serves `slot` now, as the first node answering sees it.
     pub fn primary_of(&self, slot: u16) -> Option<u16> {
         let Reply::Array(ranges) = self
