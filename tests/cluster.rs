@@ -16,10 +16,13 @@ use redlock_testkit::launcher::{master_state, Proxy};
 use redlock_testkit::masters::{master_cmd, master_get, signal};
 use redlock_testkit::resp::{blocking_cmd, Reply};
 use redlock_testkit::rig::run;
-use redlock_testkit::workload::{now_ns, wait_grantable};
+use redlock_testkit::workload::{now_ns, wait_grantable, Workload};
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+use std::time::Instant;
 
 fn cmd(port: u16, args: &[&[u8]]) -> Reply {
     blocking_cmd(port, args, Duration::from_secs(5)).expect("a reply")
@@ -432,6 +435,147 @@ fn a_replica_promoted_without_a_held_lock_is_quarantined_per_slot() {
             contender_after_a_lossy_cluster_failover(true).await,
             0,
             "B got A's lock after the failover"
+        );
+    });
+}
+
+/// The node ids and ports of a cluster's primaries, by what the first answering node says.
+fn primaries(cluster: &RedisCluster) -> Vec<(String, u16)> {
+    let Some(reply) = cluster.nodes.iter().find_map(|n| {
+        blocking_cmd(
+            n.port,
+            &[b"CLUSTER".as_ref(), b"NODES"],
+            Duration::from_secs(2),
+        )
+        .ok()
+    }) else {
+        return Vec::new();
+    };
+    let Reply::Bulk(text) = reply else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&text)
+        .lines()
+        .filter(|l| l.contains("master") && !l.contains("fail") && l.split(' ').count() > 8)
+        .filter_map(|l| {
+            let mut fields = l.split(' ');
+            let id = fields.next()?.to_string();
+            let port = fields
+                .next()?
+                .split('@')
+                .next()?
+                .rsplit(':')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((id, port))
+        })
+        .collect()
+}
+
+/// Promotes a replica of cluster `c`'s first primary with `CLUSTER FAILOVER <how>` and waits
+/// until it serves that primary's slots; the promoted port.
+fn fail_over(cluster: &RedisCluster, how: &str) -> u16 {
+    let (_, old) = primaries(cluster)[0].clone();
+    let replica = cluster.replica_of(old).expect("a replica");
+    let port = cluster.nodes[replica].port;
+    let args: Vec<&[u8]> = vec![b"CLUSTER", b"FAILOVER", how.as_bytes()];
+    let reply = blocking_cmd(port, &args, Duration::from_secs(5)).expect("a reply");
+    assert_eq!(
+        reply,
+        Reply::Status(bytes::Bytes::from_static(b"OK")),
+        "CLUSTER FAILOVER {how}"
+    );
+    let deadline = std::time::Instant::now() + FAILOVER_LIMIT;
+    while !primaries(cluster).iter().any(|(_, p)| *p == port) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{port} never became a primary"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    port
+}
+
+/// Moves `slots` slots of cluster `c` from its first primary to its second with
+/// `redis-cli --cluster reshard` (keys and all: `MIGRATE`, so `ASK` and `TRYAGAIN` in flight).
+fn reshard(cluster: &RedisCluster, slots: usize) {
+    let nodes = primaries(cluster);
+    let status = std::process::Command::new("redis-cli")
+        .args(["--cluster", "reshard", &format!("127.0.0.1:{}", nodes[0].1)])
+        .args(["--cluster-from", &nodes[0].0, "--cluster-to", &nodes[1].0])
+        .args(["--cluster-slots", &slots.to_string(), "--cluster-yes"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("redis-cli");
+    assert!(status.success(), "redis-cli --cluster reshard: {status}");
+}
+
+/// A workload of locks (plain, `LOCK.ACQUIRE` with tokens, extends) through three clusters of
+/// three primaries with a replica each, while a fault driver forces a failover in cluster 0
+/// (`CLUSTER FAILOVER FORCE`: the replica may lack the last writes), takes a primary over in
+/// cluster 1 (`TAKEOVER`), moves 2000 slots of cluster 2 with `redis-cli --cluster reshard`,
+/// and pauses every node of cluster 1 (a whole cluster down: a minority of the masters) for
+/// 3 s. The checker: no two holders at once, no token given twice or going backwards, no OK
+/// after its lease.
+#[test]
+fn failovers_a_reshard_and_a_cluster_down_keep_mutual_exclusion() {
+    run(async {
+        let clusters = Arc::new(tokio::task::block_in_place(|| three_clusters(3, 1)));
+        let proxy = Proxy::start(cluster_backends(&clusters), |c| c.max_lock_ttl_ms = 1000).await;
+        let ready = wait_grantable(proxy.port, &key("probe"), 500, READY_LIMIT).await;
+        assert!(ready.is_some(), "proxy never ready");
+        let mut workload = Workload::new(vec![proxy.port], "cluster", 11).with_keys(12);
+        workload.duration = Duration::from_secs(25);
+        workload.lock_acquire_chance = 0.3;
+        workload.extend_chance = 0.1;
+        workload.extend_via_lock_extend = true;
+        let stop = Arc::new(AtomicBool::new(false));
+        let faults = {
+            let (clusters, stop) = (clusters.clone(), stop.clone());
+            tokio::task::spawn_blocking(move || {
+                let mut done = Vec::new();
+                std::thread::sleep(Duration::from_secs(2));
+                fail_over(&clusters[0], "FORCE");
+                done.push("failover force");
+                std::thread::sleep(Duration::from_secs(2));
+                fail_over(&clusters[1], "TAKEOVER");
+                done.push("takeover");
+                std::thread::sleep(Duration::from_secs(2));
+                reshard(&clusters[2], 2000);
+                done.push("reshard");
+                std::thread::sleep(Duration::from_secs(2));
+                let pids: Vec<u32> = clusters[1].nodes.iter().filter_map(|n| n.pid()).collect();
+                pids.iter().for_each(|pid| signal(*pid, "STOP"));
+                std::thread::sleep(Duration::from_secs(3));
+                pids.iter().for_each(|pid| signal(*pid, "CONT"));
+                done.push("cluster down");
+                std::thread::sleep(Duration::from_secs(4));
+                stop.store(true, Ordering::Relaxed);
+                done
+            })
+        };
+        let started = Instant::now();
+        let history = workload.run(stop).await;
+        let faults = faults.await.expect("fault thread");
+        let report = history.report();
+        println!(
+            "[cluster] {:.1} s, faults {faults:?}: {report}",
+            started.elapsed().as_secs_f64()
+        );
+        assert_eq!(faults.len(), 4, "every fault took effect");
+        assert!(
+            report.violations.is_empty(),
+            "MUTUAL EXCLUSION VIOLATED: {report}"
+        );
+        assert_eq!(report.duplicate_tokens, 0, "{report}");
+        assert!(report.token_regressions.is_empty(), "{report}");
+        assert_eq!(report.late_oks, 0, "{report}");
+        assert!(
+            report.grants >= 50,
+            "only {} grants: {report}",
+            report.grants
         );
     });
 }
