@@ -46,6 +46,9 @@
 //!   `perf` summary of where its time goes (see `masters_cost.rs`).
 //! - `confirm`: lock cycles through the proxy over 3 fresh masters with a replica each, without
 //!   and with `--wait-replicas 1`, at depth 1 and 16, interleaved rounds (issue 26).
+//! - `shards`: the proxy over 3 single masters, 3 Redis Clusters of 1 shard and 3 of 3 shards
+//!   under redis-benchmark `SET NX PX`: the busiest primary's CPU per acquire and the proxy's
+//!   CPU per request, interleaved rounds (issue 26; see `shards.rs`).
 //!
 //! Every proxy is the release binary run as a separate process (the test kit's
 //! `launcher::ProxyProcess`), started fresh for each cell. Knobs (`BENCH_*` environment
@@ -65,6 +68,7 @@ mod peers;
 mod procs;
 mod report;
 mod settings;
+mod shards;
 mod stats;
 mod wakeup;
 
@@ -499,6 +503,23 @@ impl Bench {
         }
     }
 
+    /// The proxy over single masters and over clusters of 1 and 3 shards (see [`shards`]).
+    fn shards(&mut self) {
+        let s = self.settings.clone();
+        let mut skipped = Vec::new();
+        let cells = shards::run(
+            &s,
+            self.hz,
+            |port| self.prepare(port),
+            |why| skipped.push(why),
+            progress,
+        );
+        for why in skipped {
+            self.skip(why);
+        }
+        self.results.shards = cells;
+    }
+
     /// `wait_replicas` 0 vs 1 over masters with replicas (see [`confirm`]).
     fn confirm(&mut self) {
         let s = self.settings.clone();
@@ -904,6 +925,7 @@ fn main() {
             "latency" => bench.latency(),
             "masters" => bench.masters(),
             "confirm" => bench.confirm(),
+            "shards" => bench.shards(),
             _ => unreachable!("every section is handled"),
         }
     }

@@ -27,6 +27,7 @@ pub struct Results {
     pub latency: Option<crate::latency::LatencyRun>,
     pub masters: Option<crate::masters_cost::MastersRun>,
     pub confirm: Option<crate::confirm::ConfirmRun>,
+    pub shards: Vec<crate::shards::Cell>,
     pub skipped: Vec<String>,
 }
 
@@ -483,6 +484,10 @@ pub fn render(settings: &Settings, env: &str, results: &Results, elapsed: Durati
 
     if let Some(run) = &results.confirm {
         crate::confirm::render(&mut md, settings, run);
+    }
+
+    if !results.shards.is_empty() {
+        crate::shards::render(&mut md, settings, &results.shards);
     }
 
     if !results.skipped.is_empty() {

@@ -45,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Every section, in the order they run.
-pub const SECTIONS: [&str; 13] = [
+pub const SECTIONS: [&str; 14] = [
     "cycles",
     "clientside",
     "node",
@@ -59,6 +59,7 @@ pub const SECTIONS: [&str; 13] = [
     "latency",
     "masters",
     "confirm",
+    "shards",
 ];
 
 /// Which server a load runs against.

@@ -37,8 +37,9 @@ fn cmd(port: u16, args: &[&str]) -> Option<Reply> {
 }
 
 impl RedisCluster {
-    /// A cluster of `primaries` primaries with `replicas` replicas each, every slot covered
-    /// and every node agreeing (`cluster_state:ok` everywhere), within 60 s.
+    /// A cluster of `primaries` primaries with `replicas` replicas each (one primary alone:
+    /// no replicas), every slot covered and every node agreeing (`cluster_state:ok`
+    /// everywhere), within 60 s.
     pub fn start(primaries: usize, replicas: usize) -> RedisCluster {
         let count = primaries * (1 + replicas);
         let mut cluster = RedisCluster {
@@ -68,18 +69,29 @@ impl RedisCluster {
             cluster.files.push(file);
             cluster.nodes.push(node);
         }
-        let mut create = Command::new("redis-cli");
-        create.arg("--cluster").arg("create");
-        for node in &cluster.nodes {
-            create.arg(node.addr());
+        if count == 1 {
+            // `redis-cli --cluster create` wants 3 primaries: one node takes every slot itself.
+            let port = cluster.nodes[0].port;
+            let added = cmd(port, &["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
+            assert_eq!(
+                added,
+                Some(Reply::Status("OK".into())),
+                "CLUSTER ADDSLOTSRANGE"
+            );
+        } else {
+            let mut create = Command::new("redis-cli");
+            create.arg("--cluster").arg("create");
+            for node in &cluster.nodes {
+                create.arg(node.addr());
+            }
+            let status = create
+                .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .expect("redis-cli");
+            assert!(status.success(), "redis-cli --cluster create: {status}");
         }
-        let status = create
-            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("redis-cli");
-        assert!(status.success(), "redis-cli --cluster create: {status}");
         let deadline = Instant::now() + Duration::from_secs(60);
         while !cluster.settled() {
             assert!(Instant::now() < deadline, "the cluster settles within 60 s");

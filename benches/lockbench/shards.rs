@@ -1,0 +1,244 @@
+//! `shards`: what masters that are Redis Clusters cost and save (issue 26). Each round, fresh
+//! masters and a fresh proxy for each cell, under the `cpu` section's redis-benchmark load
+//! (`SET key:__rand_int__ v NX PX`, `-c 50 -P 1`, `BENCH_CPU_REQUESTS` measured after
+//! `BENCH_CPU_WARMUP_REQUESTS`): the proxy over 3 single masters, over 3 clusters of 1 shard,
+//! and over 3 clusters of 3 shards (every cluster a fresh `RedisCluster`, no replicas). Per
+//! cell: the proxy's CPU µs per request, and each primary's CPU µs per granted acquire (the
+//! busiest primary's, and the mean). Targets: the busiest primary's cost per acquire at 3
+//! shards ≤ 0.4× that at 1 shard (the per-shard load falls with the shard count), and the
+//! proxy's own CPU per request over clusters within 1.2× of over single masters.
+
+use crate::external::{acquire_counters, redis_benchmark, GRANTED};
+use crate::procs::CpuProbe;
+use crate::report::{fmt_rate, fmt_ratio};
+use crate::settings::Settings;
+use crate::stats::median;
+use redlock_proxy::{LocalCluster, LocalMaster};
+use redlock_testkit::cluster::RedisCluster;
+use redlock_testkit::launcher::ProxyProcess;
+use std::fmt::Write;
+
+/// The masters of a cell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Masters {
+    /// 3 single redis-servers.
+    Single,
+    /// 3 Redis Clusters of this many shards.
+    Clusters(usize),
+}
+
+impl Masters {
+    pub const ALL: [Masters; 3] = [Masters::Single, Masters::Clusters(1), Masters::Clusters(3)];
+
+    pub fn label(self) -> String {
+        match self {
+            Masters::Single => "3 single masters".into(),
+            Masters::Clusters(1) => "3 clusters × 1 shard".into(),
+            Masters::Clusters(n) => format!("3 clusters × {n} shards"),
+        }
+    }
+}
+
+pub struct Cell {
+    pub masters: Masters,
+    pub round: usize,
+    pub rps: f64,
+    pub granted: u64,
+    /// The proxy's CPU µs per request.
+    pub proxy_us: f64,
+    /// The busiest primary's CPU µs per granted acquire, and the mean over the primaries.
+    pub busiest_us: f64,
+    pub mean_us: f64,
+    pub primaries: usize,
+}
+
+/// The servers of a cell, kept running for its length.
+enum Running {
+    Single(LocalCluster),
+    Clusters(Vec<RedisCluster>),
+}
+
+impl Running {
+    fn start(masters: Masters) -> Result<Running, String> {
+        Ok(match masters {
+            Masters::Single => Running::Single(LocalCluster::start(3).map_err(|e| e.to_string())?),
+            Masters::Clusters(shards) => Running::Clusters(std::thread::scope(|s| {
+                let starts: Vec<_> = (0..3)
+                    .map(|_| s.spawn(move || RedisCluster::start(shards, 0)))
+                    .collect();
+                starts
+                    .into_iter()
+                    .map(|h| h.join().expect("a cluster"))
+                    .collect()
+            })),
+        })
+    }
+
+    fn backends(&self) -> Vec<String> {
+        match self {
+            Running::Single(masters) => masters.addrs(),
+            Running::Clusters(clusters) => clusters
+                .iter()
+                .map(|c| format!("cluster://{}", c.seeds().join(",")))
+                .collect(),
+        }
+    }
+
+    /// Every primary's pid.
+    fn primaries(&self) -> Vec<u32> {
+        let nodes: Vec<&LocalMaster> = match self {
+            Running::Single(masters) => masters.masters.iter().collect(),
+            Running::Clusters(clusters) => clusters.iter().flat_map(|c| &c.nodes).collect(),
+        };
+        nodes.iter().filter_map(|n| n.pid()).collect()
+    }
+}
+
+/// One cell; `prepare` waits until the fresh proxy is ready for load.
+fn run_cell(
+    settings: &Settings,
+    masters: Masters,
+    round: usize,
+    hz: f64,
+    prepare: impl Fn(u16),
+) -> Result<Cell, String> {
+    let running = Running::start(masters)?;
+    let mut proxy: ProxyProcess = settings
+        .start_proxy(&running.backends())
+        .map_err(|e| e.to_string())?;
+    prepare(proxy.port);
+    let ttl = settings.ttl_ms;
+    if settings.cpu_warmup_requests > 0 {
+        redis_benchmark(proxy.port, 1, settings.cpu_warmup_requests, ttl)?;
+    }
+    let pids = running.primaries();
+    let whole = CpuProbe::new(Some(proxy.pid()), &[], hz);
+    let each: Vec<CpuProbe> = pids
+        .iter()
+        .map(|&p| CpuProbe::new(None, &[p], hz))
+        .collect();
+    let granted = || acquire_counters(proxy.port).and_then(|c| c.get(GRANTED).copied());
+    let granted_before = granted().unwrap_or(0);
+    let before = whole.snap();
+    let before_each: Vec<_> = each.iter().map(CpuProbe::snap).collect();
+    let run = redis_benchmark(proxy.port, 1, settings.cpu_requests, ttl)?;
+    let after = whole.snap();
+    let primary_secs: Vec<f64> = (each.iter().zip(before_each))
+        .map(|(probe, b)| probe.seconds(b, probe.snap()).masters)
+        .collect();
+    let granted = granted().unwrap_or(0).saturating_sub(granted_before);
+    if let Some(note) = proxy.health_note() {
+        return Err(format!("{}: {note}", masters.label()));
+    }
+    let per_grant = 1e6 / granted.max(1) as f64;
+    let proxy_secs = whole.seconds(before, after).proxy.unwrap_or(0.0);
+    Ok(Cell {
+        masters,
+        round,
+        rps: run.rps,
+        granted,
+        proxy_us: proxy_secs * 1e6 / run.requests.max(1) as f64,
+        busiest_us: primary_secs.iter().copied().fold(0.0, f64::max) * per_grant,
+        mean_us: primary_secs.iter().sum::<f64>() / primary_secs.len().max(1) as f64 * per_grant,
+        primaries: primary_secs.len(),
+    })
+}
+
+/// Every cell of every round, interleaved; a cell that fails is reported and skipped.
+pub fn run(
+    settings: &Settings,
+    hz: f64,
+    prepare: impl Fn(u16),
+    mut skip: impl FnMut(String),
+    progress: impl Fn(&str),
+) -> Vec<Cell> {
+    let mut cells = Vec::new();
+    for round in 1..=settings.rounds {
+        for masters in Masters::ALL {
+            match run_cell(settings, masters, round, hz, &prepare) {
+                Ok(cell) => {
+                    progress(&format!(
+                        "shards {} round {round}: {} SET/s, {} granted, proxy {:.1} µs/request, busiest primary {:.1} µs/acquire (mean {:.1} over {})",
+                        masters.label(),
+                        fmt_rate(cell.rps),
+                        cell.granted,
+                        cell.proxy_us,
+                        cell.busiest_us,
+                        cell.mean_us,
+                        cell.primaries
+                    ));
+                    cells.push(cell);
+                }
+                Err(err) => skip(format!("shards {} round {round}: {err}", masters.label())),
+            }
+        }
+    }
+    cells
+}
+
+/// The section: every cell, then the medians and the two ratios against their targets.
+pub fn render(md: &mut String, settings: &Settings, cells: &[Cell]) {
+    let _ = writeln!(
+        md,
+        "## 13. Masters that are Redis Clusters: cost per shard (issue 26)\n"
+    );
+    let _ = writeln!(
+        md,
+        "redis-benchmark `SET key:__rand_int__ v NX PX {}` at `-c 50 -P 1`, {} measured requests per cell through a fresh proxy over fresh masters: 3 single redis-servers, 3 Redis Clusters of 1 shard, 3 of 3 shards (no replicas; each acquire is one script run per master, on the primary of the key's slot). CPU is utime + stime from /proc: the proxy's per request, each primary's per granted acquire.\n",
+        settings.ttl_ms, settings.cpu_requests
+    );
+    let _ = writeln!(md, "| masters | round | SET/s | granted | proxy µs/request | busiest primary µs/acquire | mean primary µs/acquire |");
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|");
+    for c in cells {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {:.1} | {:.1} | {:.1} (of {}) |",
+            c.masters.label(),
+            c.round,
+            fmt_rate(c.rps),
+            c.granted,
+            c.proxy_us,
+            c.busiest_us,
+            c.mean_us,
+            c.primaries
+        );
+    }
+    let med = |masters: Masters, of: fn(&Cell) -> f64| {
+        let values: Vec<f64> = cells
+            .iter()
+            .filter(|c| c.masters == masters)
+            .map(of)
+            .collect();
+        (!values.is_empty()).then(|| median(values))
+    };
+    let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b.max(f64::EPSILON));
+    let per_shard = ratio(
+        med(Masters::Clusters(3), |c| c.busiest_us),
+        med(Masters::Clusters(1), |c| c.busiest_us),
+    );
+    let proxy_1 = ratio(
+        med(Masters::Clusters(1), |c| c.proxy_us),
+        med(Masters::Single, |c| c.proxy_us),
+    );
+    let proxy_3 = ratio(
+        med(Masters::Clusters(3), |c| c.proxy_us),
+        med(Masters::Single, |c| c.proxy_us),
+    );
+    let verdict = |r: Option<f64>, target: f64| match r {
+        Some(r) if r <= target => format!("{} (target ≤ {target}×: met)", fmt_ratio(r)),
+        Some(r) => format!("{} (target ≤ {target}×: **not met**)", fmt_ratio(r)),
+        None => "– (cells missing)".into(),
+    };
+    let _ = writeln!(md, "\nMedians over the rounds:\n");
+    let _ = writeln!(
+        md,
+        "- busiest primary's CPU per acquire, 3 shards / 1 shard: {}",
+        verdict(per_shard, 0.4)
+    );
+    let _ = writeln!(
+        md,
+        "- the proxy's CPU per request, clusters of 1 shard / single masters: {}; clusters of 3 shards / single masters: {}\n",
+        verdict(proxy_1, 1.2),
+        verdict(proxy_3, 1.2)
+    );
+}
