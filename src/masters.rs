@@ -264,14 +264,10 @@ impl Voter {
     /// monitor has judged, outside quarantine, and in a safe configuration; on a cluster, only
     /// through the slot's owner, which the keeper found armed the slot.
     pub fn eligible(&self, slot: u16) -> bool {
-        match &self.place {
-            Place::Single { link, health } => {
-                link.is_connected() && health.eligible(link.connect_count())
-            }
-            Place::Cluster(cluster) => cluster
-                .owner(slot)
-                .is_some_and(|node| node.eligible() && cluster.slot_ready(slot, &node)),
-        }
+        self.with_server(slot, |link, health, ready| {
+            ready && link.is_connected() && health.eligible(link.connect_count())
+        })
+        .unwrap_or(false)
     }
 
     /// The master's clock at local instant `when` (µs since the epoch; a cluster's: the
@@ -365,22 +361,34 @@ impl Voter {
         node_timeout: Duration,
         drift_factor: f64,
     ) -> Option<u64> {
-        if let Place::Cluster(cluster) = &self.place {
-            let node = cluster.owner(slot)?;
-            if !cluster.slot_ready(slot, &node) {
+        self.with_server(slot, |link, health, ready| {
+            if !ready || !link.is_connected() {
                 return None;
             }
+            let bound = health.clock_bound_if_eligible(
+                link.connect_count(),
+                sent + node_timeout,
+                drift_factor,
+            )?;
+            Some(bound.unwrap_or(1))
+        })?
+    }
+
+    /// `f` on the link and health record of the server of `slot`, and whether the slot is
+    /// ready on it (always, on a single master); `None` if no server serves it. No reference
+    /// count is taken for a single master: this is on every request's path.
+    fn with_server<R>(
+        &self,
+        slot: u16,
+        f: impl FnOnce(&Arc<Link>, &MasterHealth, bool) -> R,
+    ) -> Option<R> {
+        match &self.place {
+            Place::Single { link, health } => Some(f(link, health, true)),
+            Place::Cluster(cluster) => {
+                let node = cluster.owner(slot)?;
+                Some(f(&node.link, &node.health, cluster.slot_ready(slot, &node)))
+            }
         }
-        let server = self.server(slot)?;
-        if !server.link.is_connected() {
-            return None;
-        }
-        let bound = server.health.clock_bound_if_eligible(
-            server.link.connect_count(),
-            sent + node_timeout,
-            drift_factor,
-        )?;
-        Some(bound.unwrap_or(1))
     }
 
     /// `up`, `down`, `auth_failed (…)`, `connecting`, `quarantined (…)` or `unsafe (…)`, for
@@ -410,18 +418,22 @@ impl Voter {
         replies: usize,
         wait_replicas: u32,
     ) -> Result<Pending, Vote> {
-        let Some(server) = self.server(slot) else {
+        let sent = self.with_server(slot, |link, health, ready| {
+            let eligible = ready && link.is_connected() && health.eligible(link.connect_count());
+            let confirm = (eligible && wait_replicas > 0).then_some(wait_replicas);
+            // A script call whose script the master lost is sent again with the body by the
+            // link itself ([`Link::send_script`]).
+            let pending = match request {
+                Ask::Commands(payload) => link.send_commands(payload, replies, confirm),
+                Ask::Script(script, call) => link.send_script(script, call, confirm),
+                Ask::BySha { by_sha, by_body } => {
+                    link.send_by_sha(by_sha, by_body, replies, confirm)
+                }
+            };
+            (pending, eligible)
+        });
+        let Some((pending, eligible)) = sent else {
             return Err(self.absent_vote(slot));
-        };
-        let eligible = self.eligible(slot);
-        let confirm = (eligible && wait_replicas > 0).then_some(wait_replicas);
-        let link = &server.link;
-        // A script call whose script the master lost is sent again with the body by the link
-        // itself ([`Link::send_script`]).
-        let pending = match request {
-            Ask::Commands(payload) => link.send_commands(payload, replies, confirm),
-            Ask::Script(script, call) => link.send_script(script, call, confirm),
-            Ask::BySha { by_sha, by_body } => link.send_by_sha(by_sha, by_body, replies, confirm),
         };
         if eligible {
             Ok(pending)
