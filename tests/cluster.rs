@@ -16,7 +16,7 @@ use redlock_testkit::launcher::{master_state, Proxy};
 use redlock_testkit::masters::{master_cmd, master_get, signal};
 use redlock_testkit::resp::{blocking_cmd, Reply};
 use redlock_testkit::rig::run;
-use redlock_testkit::workload::{now_ns, wait_grantable, Workload};
+use redlock_testkit::workload::{contend_until, now_ns, wait_grantable, Workload};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -385,26 +385,7 @@ async fn contender_after_a_lossy_cluster_failover(quarantine: bool) -> usize {
         "the replica had A's lock"
     );
     let mut b = proxy.client().await;
-    let (mut grants, mut attempts) = (0, 0);
-    for attempt in 0..100_000 {
-        // Stop a margin before A's lease ends: a grant after it is no overlap.
-        if now_ns() + 500_000_000 >= lease_end || (!quarantine && grants > 0) {
-            break;
-        }
-        let token = format!("tok-b{attempt}");
-        let reply = b.cmd(&["SET", &k, &token, "NX", "PX", "1000"]).await;
-        attempts += 1;
-        if reply == "+OK" {
-            grants += 1;
-            b.cmd(&["DEL", &k]).await;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Without a grant, B must have had a real go at A's lock, or 0 grants proves nothing.
-    assert!(
-        grants > 0 || attempts >= 20,
-        "B tried only {attempts} times before A's lease ended"
-    );
+    let grants = contend_until(&mut b, &k, lease_end, !quarantine).await;
     if quarantine {
         let info = b.cmd(&["INFO", "masters"]).await;
         let state = master_state(&info, 0).expect("master0");

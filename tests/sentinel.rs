@@ -19,7 +19,7 @@ use redlock_testkit::masters::{master_cmd, master_get, signal};
 use redlock_testkit::resp::Client;
 use redlock_testkit::rig::run;
 use redlock_testkit::sentinel::SentinelGroups;
-use redlock_testkit::workload::{now_ns, wait_grantable, Workload};
+use redlock_testkit::workload::{contend_until, now_ns, wait_grantable, Workload};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -110,27 +110,7 @@ async fn contender_after_a_lossy_failover(failover: Failover) -> usize {
                 legacy_marker: true
             }
     );
-    let (mut grants, mut attempts) = (0, 0);
-    for attempt in 0..100_000 {
-        // Stop a margin before A's lease ends: a grant after it is no overlap.
-        if now_ns() + 500_000_000 >= lease_end || (negative_control && grants > 0) {
-            break;
-        }
-        let token = format!("tok-b{attempt}");
-        let reply = b.cmd(&["SET", &k, &token, "NX", "PX", "1000"]).await;
-        attempts += 1;
-        if reply == "+OK" {
-            grants += 1;
-            b.cmd(&["DEL", &k]).await;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Without a grant, B must have had a real go at A's lock, or 0 grants proves nothing.
-    assert!(
-        grants > 0 || attempts >= 20,
-        "B tried only {attempts} times before A's lease ended"
-    );
-    grants
+    contend_until(&mut b, &k, lease_end, negative_control).await
 }
 
 // Each scenario runs after its negative control's, not beside it: a scenario starts 3 groups

@@ -703,6 +703,38 @@ pub async fn refused_while_free_keys_granted(
     (refused, granted)
 }
 
+/// A contender for `key`, held by someone else until `lease_end` (ns since the epoch): `b`
+/// tries `SET key … NX PX 1000` every 20 ms (releasing what it gets) until a margin before
+/// that lease ends, or its first grant with `stop_at_first` (a negative control). Returns its
+/// grants; without one, asserts it had a real go (at least 20 tries), or 0 proves nothing.
+pub async fn contend_until(
+    b: &mut Client,
+    key: &str,
+    lease_end: u64,
+    stop_at_first: bool,
+) -> usize {
+    let (mut grants, mut attempts) = (0, 0);
+    for attempt in 0..100_000 {
+        // Stop a margin before the lease ends: a grant after it is no overlap.
+        if now_ns() + 500_000_000 >= lease_end || (stop_at_first && grants > 0) {
+            break;
+        }
+        let token = format!("tok-b{attempt}");
+        let reply = b.cmd(&["SET", key, &token, "NX", "PX", "1000"]).await;
+        attempts += 1;
+        if reply == "+OK" {
+            grants += 1;
+            b.cmd(&["DEL", key]).await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        grants > 0 || attempts >= 20,
+        "B tried only {attempts} times before A's lease ended"
+    );
+    grants
+}
+
 /// Waits (at most `limit`) until a probe lock on `key` is granted through `port`, then releases
 /// it. Returns how long it took, or `None` if no grant came in time.
 pub async fn wait_grantable(
