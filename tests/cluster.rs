@@ -9,20 +9,19 @@ use redlock_proxy::cluster::map::{Redirect, SlotMap};
 use redlock_proxy::cluster::slots::{key_slot, slot_tag, SLOTS};
 use redlock_proxy::fuzzing::{decode_reply, encode_command, Reply as ProxyReply};
 use redlock_proxy::Config;
-use redlock_testkit::checker::drift_ns;
 use redlock_testkit::cluster::RedisCluster;
 use redlock_testkit::key;
 use redlock_testkit::launcher::{master_state, Proxy};
 use redlock_testkit::masters::{master_cmd, master_get, signal};
 use redlock_testkit::resp::{blocking_cmd, Reply};
 use redlock_testkit::rig::run;
-use redlock_testkit::workload::{contend_until, now_ns, wait_grantable, Workload};
+use redlock_testkit::workload::{
+    contend_until, grant_behind_a_cut_replica, wait_grantable, Workload,
+};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use std::time::Instant;
 
 fn cmd(port: u16, args: &[&[u8]]) -> Reply {
     blocking_cmd(port, args, Duration::from_secs(5)).expect("a reply")
@@ -354,17 +353,7 @@ async fn contender_after_a_lossy_cluster_failover(quarantine: bool) -> usize {
     // Cluster 0's replica of the slot's primary stops hearing it before A's write.
     let replica = clusters[0].replica_of(owners[0]).expect("a replica");
     let replica_pid = clusters[0].nodes[replica].pid().expect("running");
-    signal(replica_pid, "STOP");
-    let killed = master_cmd(owners[0], &["CLIENT", "KILL", "TYPE", "replica"]).await;
-    assert_eq!(killed, ":1", "the replication link was cut");
-    let mut a = proxy.client().await;
-    let t_send = now_ns();
-    let granted = a
-        .cmd(&["SET", &k, "tok-a", "NX", "PX", &ttl_a.to_string()])
-        .await;
-    assert_eq!(granted, "+OK");
-    let lease_end = t_send + ttl_a * 1_000_000 - drift_ns(ttl_a);
-    assert_eq!(master_get(owners[0], &k).await.as_deref(), Some("tok-a"));
+    let lease_end = grant_behind_a_cut_replica(proxy.port, owners[0], replica_pid, &k, ttl_a).await;
     assert_eq!(master_cmd(owners[2], &["DEL", &k]).await, ":1");
     // The primary dies; the replica, resumed, takes its slots over without A's lock
     // (`TAKEOVER`: an operator's promotion, which needs no election).
@@ -512,51 +501,34 @@ fn failovers_a_reshard_and_a_cluster_down_keep_mutual_exclusion() {
         workload.lock_acquire_chance = 0.3;
         workload.extend_chance = 0.1;
         workload.extend_via_lock_extend = true;
-        let stop = Arc::new(AtomicBool::new(false));
-        let faults = {
-            let (clusters, stop) = (clusters.clone(), stop.clone());
-            tokio::task::spawn_blocking(move || {
+        let clusters_ = clusters.clone();
+        let (report, faults, took) = workload
+            .run_beside(move || {
                 let mut done = Vec::new();
                 std::thread::sleep(Duration::from_secs(2));
-                fail_over(&clusters[0], "FORCE");
+                fail_over(&clusters_[0], "FORCE");
                 done.push("failover force");
                 std::thread::sleep(Duration::from_secs(2));
-                fail_over(&clusters[1], "TAKEOVER");
+                fail_over(&clusters_[1], "TAKEOVER");
                 done.push("takeover");
                 std::thread::sleep(Duration::from_secs(2));
-                reshard(&clusters[2], 2000);
+                reshard(&clusters_[2], 2000);
                 done.push("reshard");
                 std::thread::sleep(Duration::from_secs(2));
-                let pids: Vec<u32> = clusters[1].nodes.iter().filter_map(|n| n.pid()).collect();
+                let pids: Vec<u32> = clusters_[1].nodes.iter().filter_map(|n| n.pid()).collect();
                 pids.iter().for_each(|pid| signal(*pid, "STOP"));
                 std::thread::sleep(Duration::from_secs(3));
                 pids.iter().for_each(|pid| signal(*pid, "CONT"));
                 done.push("cluster down");
                 std::thread::sleep(Duration::from_secs(4));
-                stop.store(true, Ordering::Relaxed);
                 done
             })
-        };
-        let started = Instant::now();
-        let history = workload.run(stop).await;
-        let faults = faults.await.expect("fault thread");
-        let report = history.report();
+            .await;
         println!(
             "[cluster] {:.1} s, faults {faults:?}: {report}",
-            started.elapsed().as_secs_f64()
+            took.as_secs_f64()
         );
         assert_eq!(faults.len(), 4, "every fault took effect");
-        assert!(
-            report.violations.is_empty(),
-            "MUTUAL EXCLUSION VIOLATED: {report}"
-        );
-        assert_eq!(report.duplicate_tokens, 0, "{report}");
-        assert!(report.token_regressions.is_empty(), "{report}");
-        assert_eq!(report.late_oks, 0, "{report}");
-        assert!(
-            report.grants >= 50,
-            "only {} grants: {report}",
-            report.grants
-        );
+        report.assert_safe(50);
     });
 }

@@ -12,15 +12,15 @@
 //! plain replicas, `tests/health.rs`.)
 
 use redlock_proxy::Config;
-use redlock_testkit::checker::drift_ns;
 use redlock_testkit::key;
 use redlock_testkit::launcher::{master_number, master_state, wait_for_info_where, Proxy};
 use redlock_testkit::masters::{master_cmd, master_get, signal};
 use redlock_testkit::resp::Client;
 use redlock_testkit::rig::run;
 use redlock_testkit::sentinel::SentinelGroups;
-use redlock_testkit::workload::{contend_until, now_ns, wait_grantable, Workload};
-use std::sync::atomic::{AtomicBool, Ordering};
+use redlock_testkit::workload::{
+    contend_until, grant_behind_a_cut_replica, wait_grantable, Workload,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -68,19 +68,9 @@ async fn contender_after_a_lossy_failover(failover: Failover) -> usize {
     // Group 0's replica stops hearing its primary before A's write.
     let replica = &groups.servers[0][1];
     let replica_pid = replica.pid().expect("running");
-    signal(replica_pid, "STOP");
-    let killed = master_cmd(primaries[0], &["CLIENT", "KILL", "TYPE", "replica"]).await;
-    assert_eq!(killed, ":1", "the replication link was cut");
-    let mut a = Client::connect(port(&proxy)).await;
-    let t_send = now_ns();
-    let granted = a
-        .cmd(&["SET", &k, "tok-a", "NX", "PX", &ttl_a.to_string()])
-        .await;
-    assert_eq!(granted, "+OK");
-    let lease_end = t_send + ttl_a * 1_000_000 - drift_ns(ttl_a);
-    assert_eq!(master_get(primaries[0], &k).await.as_deref(), Some("tok-a"));
+    let lease_end =
+        grant_behind_a_cut_replica(port(&proxy), primaries[0], replica_pid, &k, ttl_a).await;
     assert_eq!(master_cmd(primaries[2], &["DEL", &k]).await, ":1");
-    drop(a);
     if matches!(failover, Failover::Unwatched { .. }) {
         proxy.take().expect("a proxy runs").stop().await;
     }
@@ -159,42 +149,25 @@ fn failovers_under_load_keep_mutual_exclusion() {
         assert!(ready.is_some(), "proxy never ready");
         let mut workload = Workload::new(vec![proxy.port], "sentinel", 7);
         workload.duration = Duration::from_secs(25);
-        let stop = Arc::new(AtomicBool::new(false));
-        let failovers = {
-            let (groups, stop) = (groups.clone(), stop.clone());
-            tokio::task::spawn_blocking(move || {
+        let groups_ = groups.clone();
+        let (report, failovers, took) = workload
+            .run_beside(move || {
                 let mut done = 0;
                 for g in 0..3 {
                     std::thread::sleep(Duration::from_secs(2));
-                    groups.failover(g, FAILOVER_LIMIT);
+                    groups_.failover(g, FAILOVER_LIMIT);
                     done += 1;
                 }
                 std::thread::sleep(Duration::from_secs(3));
-                stop.store(true, Ordering::Relaxed);
                 done
             })
-        };
-        let started = Instant::now();
-        let history = workload.run(stop).await;
-        let failovers = failovers.await.expect("failover thread");
-        let report = history.report();
+            .await;
         println!(
             "[sentinel] {:.1} s, {failovers} failovers: {report}",
-            started.elapsed().as_secs_f64()
+            took.as_secs_f64()
         );
         assert_eq!(failovers, 3);
-        assert!(
-            report.violations.is_empty(),
-            "MUTUAL EXCLUSION VIOLATED: {report}"
-        );
-        assert_eq!(report.duplicate_tokens, 0);
-        assert!(report.token_regressions.is_empty(), "{report}");
-        assert_eq!(report.late_oks, 0, "{report}");
-        assert!(
-            report.grants >= 50,
-            "only {} grants: {report}",
-            report.grants
-        );
+        report.assert_safe(50);
     });
 }
 

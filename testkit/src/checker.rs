@@ -252,6 +252,24 @@ pub struct Report {
 }
 
 impl Report {
+    /// Asserts what every failover scenario must show: no two holders at once, no token given
+    /// twice or going backwards, no OK after its lease, and at least `min_grants` grants (so
+    /// it cannot pass vacuously).
+    pub fn assert_safe(&self, min_grants: usize) {
+        assert!(
+            self.violations.is_empty(),
+            "MUTUAL EXCLUSION VIOLATED: {self}"
+        );
+        assert_eq!(self.duplicate_tokens, 0, "{self}");
+        assert!(self.token_regressions.is_empty(), "{self}");
+        assert_eq!(self.late_oks, 0, "{self}");
+        assert!(
+            self.grants >= min_grants,
+            "only {} grants: {self}",
+            self.grants
+        );
+    }
+
     pub fn new(
         holds: Vec<Hold>,
         refusals: u64,

@@ -244,6 +244,27 @@ impl Workload {
         all
     }
 
+    /// Runs the workload while `faults` runs on a blocking thread, until `faults` returns (or
+    /// the workload's own bounds); its report, what `faults` returned, and how long it ran.
+    pub async fn run_beside<T: Send + 'static>(
+        &self,
+        faults: impl FnOnce() -> T + Send + 'static,
+    ) -> (Report, T, Duration) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let faults = {
+            let stop = stop.clone();
+            tokio::task::spawn_blocking(move || {
+                let done = faults();
+                stop.store(true, Ordering::Relaxed);
+                done
+            })
+        };
+        let started = Instant::now();
+        let history = self.run(stop).await;
+        let done = faults.await.expect("the fault thread");
+        (history.report(), done, started.elapsed())
+    }
+
     /// Runs the workload on its own task (until its duration or attempt bound), while the
     /// caller acts; [`Running::finish`] collects the history.
     pub fn spawn(&self) -> Running {
@@ -701,6 +722,31 @@ pub async fn refused_while_free_keys_granted(
         tokio::time::sleep(interval).await;
     }
     (refused, granted)
+}
+
+/// A lossy failover's first half: the replica (`replica_pid`) of the primary at `primary`
+/// stops hearing it (SIGSTOP, then the primary drops its replica link), then A takes `key` for
+/// `ttl_ms` through the proxy at `port`; A's lock is on the primary, not on the replica.
+/// Returns the end of A's lease (ns since the epoch). The caller resumes the replica.
+pub async fn grant_behind_a_cut_replica(
+    port: u16,
+    primary: u16,
+    replica_pid: u32,
+    key: &str,
+    ttl_ms: u64,
+) -> u64 {
+    crate::masters::signal(replica_pid, "STOP");
+    let killed = crate::masters::master_cmd(primary, &["CLIENT", "KILL", "TYPE", "replica"]).await;
+    assert_eq!(killed, ":1", "the replication link was cut");
+    let mut a = Client::connect(port).await;
+    let t_send = now_ns();
+    let granted = a
+        .cmd(&["SET", key, "tok-a", "NX", "PX", &ttl_ms.to_string()])
+        .await;
+    assert_eq!(granted, "+OK");
+    let held = crate::masters::master_get(primary, key).await;
+    assert_eq!(held.as_deref(), Some("tok-a"));
+    t_send + ttl_ms * 1_000_000 - crate::checker::drift_ns(ttl_ms)
 }
 
 /// A contender for `key`, held by someone else until `lease_end` (ns since the epoch): `b`
