@@ -230,11 +230,11 @@ impl Voter {
         }
     }
 
-    /// Quarantines begun, by cause (a cluster's are per slot, logged and shown in `INFO`).
+    /// Quarantines begun, by cause (a cluster's: one per primary and cause at a time).
     pub fn quarantines(&self) -> Vec<(&'static str, u64)> {
         match &self.place {
             Place::Single { health, .. } => health.quarantines(),
-            Place::Cluster(_) => Vec::new(),
+            Place::Cluster(cluster) => cluster.quarantines(),
         }
     }
 

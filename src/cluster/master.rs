@@ -87,6 +87,9 @@ pub struct ClusterMaster {
     lost: Mutex<HashMap<String, String>>,
     /// Whether the keeper has judged every slot once since the deployment verdict.
     judged: std::sync::atomic::AtomicBool,
+    /// Quarantines begun (one per primary and cause at a time, whatever the slots), by cause
+    /// (for the metrics).
+    quarantines: Mutex<std::collections::BTreeMap<&'static str, u64>>,
 }
 
 /// A map with each slot's owner resolved to its node.
@@ -140,6 +143,7 @@ impl ClusterMaster {
             wake: Notify::new(),
             lost: Mutex::default(),
             judged: Default::default(),
+            quarantines: Mutex::default(),
         })
     }
 
@@ -279,6 +283,23 @@ impl ClusterMaster {
                 })
             })
             .clone()
+    }
+
+    /// Counts a quarantine of some slots, under `cause` ([`crate::health::QUARANTINE_CAUSES`]).
+    pub fn count_quarantine(&self, cause: &'static str) {
+        if let Ok(mut counts) = self.quarantines.lock() {
+            *counts.entry(cause).or_default() += 1;
+        }
+    }
+
+    /// Quarantines begun, by cause.
+    pub fn quarantines(&self) -> Vec<(&'static str, u64)> {
+        let counts = self
+            .quarantines
+            .lock()
+            .map(|c| c.clone())
+            .unwrap_or_default();
+        counts.into_iter().collect()
     }
 
     /// Whether its nodes are reached over TLS (their `tls-port`).

@@ -266,6 +266,8 @@ impl Keeper {
                 written += 1;
             }
         }
+        self.cluster
+            .count_quarantine(super::state::quarantine_cause(reason));
         tracing::warn!(master = %self.cluster.name, node = %node.link.addr, slots = written, %reason, "cluster slots quarantined");
         written == only.len()
     }
