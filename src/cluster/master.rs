@@ -41,9 +41,17 @@ pub struct ClusterNode {
     serial: u64,
     pub link: Arc<Link>,
     pub health: Arc<MasterHealth>,
+    /// Losses its health monitor saw ([`ClusterMaster::node_lost`]): a slot found ready while
+    /// one came is not ready.
+    losses: AtomicU64,
 }
 
 impl ClusterNode {
+    /// Losses seen so far (see [`ClusterMaster::set_slot`]).
+    pub fn losses(&self) -> u64 {
+        self.losses.load(Ordering::SeqCst)
+    }
+
     /// Whether its health record lets it vote on its current connection.
     pub fn eligible(&self) -> bool {
         self.link.is_connected() && self.health.eligible(self.link.connect_count())
@@ -166,6 +174,7 @@ impl ClusterMaster {
             serial: self.next_serial.fetch_add(1, Ordering::Relaxed),
             link,
             health: Arc::default(),
+            losses: AtomicU64::new(0),
         });
         nodes.insert(id.to_string(), node.clone());
         (node, true)
@@ -202,7 +211,7 @@ impl ClusterMaster {
     /// Whether `slot` may vote through `node` now: found armed by it, not fenced.
     pub fn slot_ready(&self, slot: u16, node: &ClusterNode) -> bool {
         let at = usize::from(slot);
-        self.ready[at].load(Ordering::Relaxed) == node.serial && !self.slot_fenced(slot)
+        self.ready[at].load(Ordering::SeqCst) == node.serial && !self.slot_fenced(slot)
     }
 
     /// Whether `slot` is quarantined or claimed now (its vote is then [`crate::redlock::Vote::Fenced`]).
@@ -211,16 +220,28 @@ impl ClusterMaster {
         until != 0 && self.epoch.elapsed().as_millis() < u128::from(until)
     }
 
-    /// Records the keeper's finding on `slot` served by `node`: ready (fenced until `fenced`,
-    /// if some) or not.
-    pub fn set_slot(&self, slot: u16, node: &ClusterNode, ready: bool, fenced: Option<Instant>) {
+    /// Records the keeper's finding on `slot` served by `node`, from a look begun when the
+    /// node had seen `losses` losses: ready (fenced until `fenced`, if some) or not. A loss
+    /// seen since makes it not ready ([`ClusterMaster::node_lost`] clears after counting, this
+    /// checks after storing: one of the two clears it).
+    pub fn set_slot(
+        &self,
+        slot: u16,
+        node: &ClusterNode,
+        losses: u64,
+        ready: bool,
+        fenced: Option<Instant>,
+    ) {
         let at = usize::from(slot);
         let until = fenced.map_or(0, |t| {
             (t.saturating_duration_since(self.epoch).as_millis() as u64).max(1)
         });
         self.fenced_until[at].store(until, Ordering::Relaxed);
         let serial = if ready { node.serial } else { 0 };
-        self.ready[at].store(serial, Ordering::Relaxed);
+        self.ready[at].store(serial, Ordering::SeqCst);
+        if ready && node.losses() != losses {
+            self.ready[at].store(0, Ordering::SeqCst);
+        }
     }
 
     /// Whether the keeper must look at `slot` on `node` (not found ready for it yet).
@@ -252,9 +273,9 @@ impl ClusterMaster {
             .ok()
             .and_then(|nodes| nodes.get(id).cloned());
         if let Some(node) = node {
+            node.losses.fetch_add(1, Ordering::SeqCst);
             for ready in self.ready.iter() {
-                let _ =
-                    ready.compare_exchange(node.serial, 0, Ordering::Relaxed, Ordering::Relaxed);
+                let _ = ready.compare_exchange(node.serial, 0, Ordering::SeqCst, Ordering::SeqCst);
             }
         }
         if let Ok(mut lost) = self.lost.lock() {

@@ -168,6 +168,8 @@ impl Keeper {
         loss: Option<String>,
     ) -> bool {
         let mut complete = true;
+        // A loss the node's monitor sees from now on undoes what this look finds ready.
+        let losses = node.losses();
         for batch in slots.chunks(BATCH) {
             let Some(looks) = run_on_slots(&node.link, STATUS_SCRIPT.text(), batch, &[]).await
             else {
@@ -194,29 +196,29 @@ impl Keeper {
                             _ => 0,
                         };
                         let fenced = (left > 0).then(|| now + ms(left));
-                        self.cluster.set_slot(slot, node, true, fenced);
+                        self.cluster.set_slot(slot, node, losses, true, fenced);
                     }
-                    MarkerStep::Wait(_) => self.cluster.set_slot(slot, node, false, None),
+                    MarkerStep::Wait(_) => self.cluster.set_slot(slot, node, losses, false, None),
                     MarkerStep::Claimed => {
                         let left = match markers {
                             Markers::Claimed { left_ms, .. } => left_ms,
                             _ => 0,
                         };
                         self.cluster
-                            .set_slot(slot, node, false, Some(now + ms(left)));
+                            .set_slot(slot, node, losses, false, Some(now + ms(left)));
                     }
                     MarkerStep::Lift => lift.push(slot),
                     MarkerStep::Quarantine(reason) => quarantine.push((slot, reason)),
                 }
             }
-            self.lift(node, &lift).await;
-            complete &= self.quarantine(node, &quarantine, now).await;
+            self.lift(node, &lift, losses).await;
+            complete &= self.quarantine(node, &quarantine, now, losses).await;
         }
         complete
     }
 
     /// Lifts this proxy's founding claims on `slots` (only where they are still its own).
-    async fn lift(&self, node: &ClusterNode, slots: &[u16]) {
+    async fn lift(&self, node: &ClusterNode, slots: &[u16], losses: u64) {
         if slots.is_empty() {
             return;
         }
@@ -226,7 +228,7 @@ impl Keeper {
         };
         for (&slot, answer) in slots.iter().zip(answers) {
             if answer == Some(Reply::Integer(1)) {
-                self.cluster.set_slot(slot, node, true, None);
+                self.cluster.set_slot(slot, node, losses, true, None);
             }
         }
     }
@@ -234,7 +236,13 @@ impl Keeper {
     /// Quarantines and re-stamps `slots` (each with the reason it lost data) for the lease
     /// bound; whether every one was written. Quarantine off (the negative controls only): the
     /// slots are re-stamped with no wait.
-    async fn quarantine(&self, node: &ClusterNode, slots: &[(u16, String)], now: Instant) -> bool {
+    async fn quarantine(
+        &self,
+        node: &ClusterNode,
+        slots: &[(u16, String)],
+        now: Instant,
+        losses: u64,
+    ) -> bool {
         let Some((_, reason)) = slots.first() else {
             return true;
         };
@@ -248,7 +256,7 @@ impl Keeper {
             };
             for (&slot, answer) in only.iter().zip(answers) {
                 if matches!(answer, Some(Reply::Bulk(_))) {
-                    self.cluster.set_slot(slot, node, true, None);
+                    self.cluster.set_slot(slot, node, losses, true, None);
                 }
             }
             return true;
@@ -262,7 +270,7 @@ impl Keeper {
         for (&slot, answer) in only.iter().zip(answers) {
             if let Some(Reply::Integer(left)) = answer {
                 self.cluster
-                    .set_slot(slot, node, true, Some(now + ms(left)));
+                    .set_slot(slot, node, losses, true, Some(now + ms(left)));
                 written += 1;
             }
         }
