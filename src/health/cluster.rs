@@ -369,3 +369,75 @@ pub(super) async fn look_at_every_slot(
     }
     Markers::combine(looks)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::health::Deployment;
+
+    /// A slot's markers on the node that serves it: the single master's steps, where a stamp
+    /// of another node (or none) is a loss.
+    #[test]
+    fn a_slot_armed_by_another_node_is_quarantined() {
+        let armed_by = |stamp: Option<&str>, left| Markers::Armed {
+            quarantine_left_ms: left,
+            stamp: stamp.map(str::to_string),
+        };
+        let live = Some(Deployment::Live);
+        let quarantined = |step: MarkerStep| matches!(step, MarkerStep::Quarantine(_));
+        assert_eq!(
+            slot_step(&armed_by(Some("me"), 0), "me", live, "t", None),
+            MarkerStep::Ready
+        );
+        // A quarantine under way on its own stamp: ready, the fence from the marker's time.
+        assert_eq!(
+            slot_step(&armed_by(Some("me"), 900), "me", live, "t", None),
+            MarkerStep::Ready
+        );
+        assert!(quarantined(slot_step(
+            &armed_by(Some("other"), 0),
+            "me",
+            live,
+            "t",
+            None
+        )));
+        assert!(quarantined(slot_step(
+            &armed_by(None, 0),
+            "me",
+            live,
+            "t",
+            None
+        )));
+        // Its primary lost data: quarantined whatever the stamp.
+        let lost = Some("restarted".to_string());
+        assert!(quarantined(slot_step(
+            &armed_by(Some("me"), 0),
+            "me",
+            live,
+            "t",
+            lost
+        )));
+        // Founding: unarmed waits while undecided, joins through a quarantine once decided.
+        assert!(matches!(
+            slot_step(&Markers::Unarmed, "me", None, "t", None),
+            MarkerStep::Wait(_)
+        ));
+        assert!(quarantined(slot_step(
+            &Markers::Unarmed,
+            "me",
+            live,
+            "t",
+            None
+        )));
+        let mine = Markers::Claimed {
+            tag: "t".into(),
+            left_ms: 5,
+        };
+        let fresh = Some(Deployment::Fresh);
+        assert_eq!(slot_step(&mine, "me", fresh, "t", None), MarkerStep::Lift);
+        assert_eq!(
+            slot_step(&mine, "me", fresh, "u", None),
+            MarkerStep::Claimed
+        );
+    }
+}

@@ -452,6 +452,64 @@ mod tests {
         }
     }
 
+    /// A cluster's slots taken together for the founding: armed wins, then a claim only if
+    /// every slot carries the same one, then unarmed; a slot without an answer is none.
+    #[test]
+    fn a_clusters_slots_combine_into_one_masters_markers() {
+        let armed = || Markers::Armed {
+            quarantine_left_ms: 0,
+            stamp: Some("n1".into()),
+        };
+        let claimed = |tag: &str, left_ms| Markers::Claimed {
+            tag: tag.into(),
+            left_ms,
+        };
+        let mixed = format!("{CLAIM_PREFIX}(several proxies)");
+        let cases: Vec<(Vec<Option<Markers>>, Option<Markers>)> = vec![
+            (vec![Some(Markers::Unarmed), Some(armed())], Some(armed())),
+            (
+                vec![
+                    Some(claimed("founding:a", 9)),
+                    Some(claimed("founding:a", 5)),
+                ],
+                Some(claimed("founding:a", 5)),
+            ),
+            (
+                vec![Some(claimed("founding:a", 9)), Some(Markers::Unarmed)],
+                Some(Markers::Unarmed),
+            ),
+            (
+                vec![
+                    Some(claimed("founding:a", 9)),
+                    Some(claimed("founding:b", 7)),
+                ],
+                Some(claimed(&mixed, 7)),
+            ),
+            (
+                vec![Some(Markers::Unarmed), Some(Markers::Unarmed)],
+                Some(Markers::Unarmed),
+            ),
+            (vec![Some(claimed("founding:a", 9)), None], None),
+            (vec![None, Some(armed())], None),
+        ];
+        for (slots, combined) in cases {
+            assert_eq!(Markers::combine(slots.clone()), combined, "{slots:?}");
+        }
+        // The founding counts a mixed claim as another proxy's, never as this one's.
+        let mixed_look = [Markers::combine([
+            Some(claimed("founding:a", 1)),
+            Some(claimed("founding:b", 1)),
+        ])];
+        assert_eq!(
+            founding_round(&mixed_look, "founding:a", 1),
+            Founding::Short {
+                mine: 0,
+                others: 1,
+                silent: 0
+            }
+        );
+    }
+
     /// Fuzzing regressions: a master's absurd numbers give no reading instead of an overflow.
     #[test]
     fn absurd_numbers_do_not_overflow() {
