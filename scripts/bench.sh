@@ -19,8 +19,11 @@
 #                                              # the proxy over 5 masters (issue 27, target 4)
 #   BENCH_NODE_HOGS=1 scripts/bench.sh node    # node redlock beside a CPU hog (issue 27, target 3)
 #
+#   scripts/bench.sh shards                    # the proxy over single masters vs Redis Clusters of
+#                                              # 1 and 3 shards: CPU per acquire per primary (issue 26)
+#
 # Sections: cycles, clientside, node, redis-benchmark, cpu, memory, contention, fencing, metrics,
-# wakeup, latency, masters. Every knob is listed in BENCHMARKS.md.
+# wakeup, latency, masters, confirm, shards. Every knob is listed in BENCHMARKS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
