@@ -17,7 +17,8 @@
 //!    client's script runs under on the masters), [`error`] (every error reply the
 //!    proxy makes), [`lease`] (a reply that promises a lock until a deadline), [`secret`] (a
 //!    password that never prints), [`backend`] (a master's address as configured), [`auth`]
-//!    (users, password checks, key patterns), [`live`] (durations a reload changes).
+//!    (users, password checks, key patterns), [`live`] (durations a reload changes),
+//!    [`cluster`] (Redis Cluster's hash slots, the proxy's keys per slot, the slot map).
 //! 2. [`transport`]: one pipelined FIFO connection per master (send, replies in order,
 //!    reconnect, watchdog, clean-ups that survive reconnects). Knows nothing of votes.
 //!    [`dial`] opens its streams: TCP or TLS, `AUTH`. Beside it [`pubsub`]: the clients'
@@ -25,7 +26,9 @@
 //!    TLS material of both sides (rustls). Beside them [`config`]: the defaults, a TOML file
 //!    and flags on top, whose checks build the users and load the masters' TLS files.
 //! 3. [`health`]: whether each master may vote (the monitor, quarantine of masters that lost
-//!    data, clock readings), behind [`health::MasterHealth`].
+//!    data, clock readings), behind [`health::MasterHealth`]; for a master that is a Redis
+//!    Cluster, its primaries' links and health and each slot's, behind
+//!    [`health::ClusterMaster`].
 //! 4. [`masters`]: the voting set, one voter (link + health) per master, and the fan-out into
 //!    a slot vector of votes.
 //! 5. [`lock`] (the acquire: single flight, rollback, its scripts) and [`script_cache`].

@@ -18,9 +18,10 @@
 //! - Every missing vote carries its reason, counted per master ([`VoteStats`], `INFO`).
 
 use crate::backend::Backend;
-use crate::cluster::{self, master::ClusterMaster, slots::SLOTS};
+use crate::cluster::{self, slots::SLOTS};
 use crate::config::Config;
 use crate::dial::{Dial, PASSWORD_ENV};
+use crate::health::ClusterMaster;
 use crate::health::{self, MasterHealth};
 use crate::live::LiveDuration;
 use crate::on_master::{self, ARMED_KEY, QUARANTINE_KEY};

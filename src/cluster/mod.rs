@@ -4,5 +4,4 @@
 
 pub mod keys;
 pub mod map;
-pub mod master;
 pub mod slots;

@@ -14,9 +14,9 @@
 
 use super::judge::{marker_step, MarkerStep, Markers};
 use super::{info_command, DeploymentView, Monitor, MonitorConfig, Role};
+use super::{ClusterMaster, ClusterNode};
 use crate::cluster::keys::markers;
 use crate::cluster::map::SlotMap;
-use crate::cluster::master::{ClusterMaster, ClusterNode};
 use crate::cluster::slots::SLOTS;
 use crate::on_master::{
     script_sha, CLUSTER_LOCK_SCRIPT, CLUSTER_QUARANTINE_SCRIPT, LIFT_SCRIPT, STATUS_SCRIPT,

@@ -62,9 +62,11 @@
 //! Parsing and judging are pure functions, table-tested; the task only does the polling.
 
 pub(crate) mod cluster;
+mod cluster_master;
 pub(crate) mod judge;
 mod state;
 
+pub use cluster_master::{ClusterMaster, ClusterNode};
 pub use judge::Deployment;
 use judge::{
     check_stamp, first_sight_wait, founding_round, marker_step, parse_info, parse_time, Founding,
@@ -72,7 +74,6 @@ use judge::{
 };
 pub use state::{MasterHealth, QUARANTINE_CAUSES};
 
-use crate::cluster::master::ClusterMaster;
 use crate::live::LiveDuration;
 use crate::on_master::{
     CLAIM_PREFIX, CLAIM_SCRIPT, CLUSTER_CLAIM_SCRIPT, LIFT_SCRIPT, QUARANTINE_SCRIPT,

@@ -1,7 +1,7 @@
 //! One Redlock master that is a Redis Cluster ([`ClusterMaster`]): its slot map, a link and a
 //! health record per primary ([`ClusterNode`]), and what the proxy knows of each slot's markers
 //! (whether the slot's owner may vote for it now). The keeper task that reads the map and the
-//! markers is in [`crate::health::cluster`]; this module only holds the state and answers the
+//! markers is in [`super::cluster`]; this module only holds the state and answers the
 //! routing questions of a fan-out.
 //!
 //! Invariants:
@@ -14,12 +14,12 @@
 //! - Nodes are never dropped: a cluster has a bounded set of them, and a primary that became a
 //!   replica may come back.
 
-use super::keys;
-use super::map::{Redirect, SlotMap};
-use super::slots::SLOTS;
+use super::MasterHealth;
 use crate::backend::Backend;
+use crate::cluster::keys;
+use crate::cluster::map::{Redirect, SlotMap};
+use crate::cluster::slots::SLOTS;
 use crate::dial::Dial;
-use crate::health::MasterHealth;
 use crate::live::LiveDuration;
 use crate::on_master::{script_sha, CLUSTER_LOCK_SCRIPT};
 use crate::protocol::Reply;
