@@ -11,13 +11,11 @@ use redlock_proxy::fuzzing::{decode_reply, encode_command, Reply as ProxyReply};
 use redlock_proxy::Config;
 use redlock_testkit::cluster::RedisCluster;
 use redlock_testkit::key;
-use redlock_testkit::launcher::{master_state, Proxy};
+use redlock_testkit::launcher::{master_state, wait_for_info_within, Proxy};
 use redlock_testkit::masters::{master_cmd, master_get, signal};
 use redlock_testkit::resp::{blocking_cmd, Reply};
 use redlock_testkit::rig::run;
-use redlock_testkit::workload::{
-    contend_until, grant_behind_a_cut_replica, wait_grantable, Workload,
-};
+use redlock_testkit::workload::{contend_until, grant_behind_a_cut_replica, Workload};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -252,8 +250,18 @@ fn cluster_backends(clusters: &[RedisCluster]) -> Vec<String> {
         .collect()
 }
 
-/// How long a fresh proxy over clusters may take to grant its first lock (bounded wait: it
-/// returns at the first grant; founding claims every slot of every cluster).
+/// A proxy over `clusters` (the default configuration, then `tweak`), once every slot of
+/// every cluster may vote: a grant needs only two of the three clusters, and a scenario that
+/// needs a given one must not start before it is up.
+async fn proxy_over(clusters: &[RedisCluster], tweak: impl FnOnce(&mut Config)) -> Proxy {
+    let proxy = Proxy::start(cluster_backends(clusters), tweak).await;
+    let every_slot = "16384 of 16384 slots usable";
+    wait_for_info_within(&mut proxy.client().await, every_slot, 3, READY_LIMIT).await;
+    proxy
+}
+
+/// How long a fresh proxy over clusters may take to have every slot usable (a bounded wait:
+/// it returns as soon as they are; founding claims and lifts every slot of every cluster).
 const READY_LIMIT: Duration = Duration::from_secs(60);
 
 /// The lock path through three clusters of three primaries: an acquire lands on its slot's
@@ -264,9 +272,7 @@ const READY_LIMIT: Duration = Duration::from_secs(60);
 fn locks_through_three_clusters() {
     run(async {
         let clusters = tokio::task::block_in_place(|| three_clusters(3, 0));
-        let proxy = Proxy::start(cluster_backends(&clusters), |_| {}).await;
-        let ready = wait_grantable(proxy.port, &key("probe"), 1000, READY_LIMIT).await;
-        assert!(ready.is_some(), "proxy never ready");
+        let proxy = proxy_over(&clusters, |_| {}).await;
         let mut c = proxy.client().await;
         let k = key("through-clusters");
         assert_eq!(c.cmd(&["SET", &k, "v1", "NX", "PX", "10000"]).await, "+OK");
@@ -337,10 +343,8 @@ async fn contender_after_a_lossy_cluster_failover(quarantine: bool) -> usize {
         c.quarantine = quarantine;
         c.max_lock_ttl_ms = ttl_a;
     };
-    let proxy = Proxy::start(cluster_backends(&clusters), tweak).await;
+    let proxy = proxy_over(&clusters, tweak).await;
     let k = key(&format!("cluster-failover-{quarantine}"));
-    let ready = wait_grantable(proxy.port, &format!("{{{k}}}:probe"), 1000, READY_LIMIT).await;
-    assert!(ready.is_some(), "proxy never ready");
     let slot = key_slot(k.as_bytes());
     let owners: Vec<u16> = clusters
         .iter()
@@ -493,9 +497,7 @@ fn reshard(cluster: &RedisCluster, slots: usize) {
 fn failovers_a_reshard_and_a_cluster_down_keep_mutual_exclusion() {
     run(async {
         let clusters = Arc::new(tokio::task::block_in_place(|| three_clusters(3, 1)));
-        let proxy = Proxy::start(cluster_backends(&clusters), |c| c.max_lock_ttl_ms = 1000).await;
-        let ready = wait_grantable(proxy.port, &key("probe"), 500, READY_LIMIT).await;
-        assert!(ready.is_some(), "proxy never ready");
+        let proxy = proxy_over(&clusters, |c| c.max_lock_ttl_ms = 1000).await;
         let mut workload = Workload::new(vec![proxy.port], "cluster", 11).with_keys(12);
         workload.duration = Duration::from_secs(25);
         workload.lock_acquire_chance = 0.3;

@@ -81,18 +81,20 @@ impl Keeper {
                 entry.1.push(slot);
             }
         }
-        let mut complete = true;
-        for (node, slots) in work.into_values() {
-            // A primary is looked at once its own monitor judged it on this connection.
-            if !node.eligible() {
-                complete = false;
-                continue;
-            }
+        // Every primary at once (each has its own link); one is looked at once its own monitor
+        // judged it on this connection.
+        let looks = work.into_values().map(|(node, slots)| {
             let loss = losses.get(&node.id).cloned();
-            if self.examine(&node, &slots, verdict, loss).await {
-                losses.remove(&node.id);
-            } else {
-                complete = false;
+            async move {
+                let done = node.eligible() && self.examine(&node, &slots, verdict, loss).await;
+                (node.id.clone(), done)
+            }
+        });
+        let mut complete = true;
+        for (id, done) in futures::future::join_all(looks).await {
+            match done {
+                true => drop(losses.remove(&id)),
+                false => complete = false,
             }
         }
         if verdict.is_some() && complete {
