@@ -337,7 +337,7 @@ fn locks_through_three_clusters() {
 /// Returns B's grants.
 async fn contender_after_a_lossy_cluster_failover(quarantine: bool) -> usize {
     // Long enough that B still has most of it after the failover (a few cluster node timeouts).
-    let ttl_a: u64 = 15_000;
+    let ttl_a: u64 = 10_000;
     let mut clusters = tokio::task::block_in_place(|| three_clusters(3, 1));
     let tweak = |c: &mut Config| {
         c.quarantine = quarantine;
@@ -471,6 +471,28 @@ fn fail_over(cluster: &RedisCluster, how: &str) -> u16 {
     port
 }
 
+/// Kills (SIGKILL) a primary of `cluster` that has a replica and waits until the cluster has
+/// promoted one in its place (after its node timeout, an election).
+fn kill_a_primary(cluster: &RedisCluster) {
+    let (_, port) = (primaries(cluster).into_iter())
+        .find(|(_, port)| cluster.replica_of(*port).is_some())
+        .expect("a primary with a replica");
+    let node = cluster
+        .nodes
+        .iter()
+        .find(|n| n.port == port)
+        .expect("its node");
+    signal(node.pid().expect("running"), "KILL");
+    let deadline = std::time::Instant::now() + FAILOVER_LIMIT;
+    while primaries(cluster).len() < 3 || primaries(cluster).iter().any(|(_, p)| *p == port) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no replica of {port} was promoted"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Moves `slots` slots of cluster `c` from its first primary to its second with
 /// `redis-cli --cluster reshard` (keys and all: `MIGRATE`, so `ASK` and `TRYAGAIN` in flight).
 fn reshard(cluster: &RedisCluster, slots: usize) {
@@ -490,9 +512,10 @@ fn reshard(cluster: &RedisCluster, slots: usize) {
 /// three primaries with a replica each, while a fault driver forces a failover in cluster 0
 /// (`CLUSTER FAILOVER FORCE`: the replica may lack the last writes), takes a primary over in
 /// cluster 1 (`TAKEOVER`), moves 2000 slots of cluster 2 with `redis-cli --cluster reshard`,
-/// and pauses every node of cluster 1 (a whole cluster down: a minority of the masters) for
-/// 3 s. The checker: no two holders at once, no token given twice or going backwards, no OK
-/// after its lease.
+/// pauses every node of cluster 1 (a whole cluster down: a minority of the masters) for 3 s,
+/// and kills a primary of cluster 2 (its replica promoted by the cluster's own election).
+/// The checker: no two holders at once, no token given twice or going backwards, no OK after
+/// its lease.
 #[test]
 fn failovers_a_reshard_and_a_cluster_down_keep_mutual_exclusion() {
     run(async {
@@ -507,22 +530,25 @@ fn failovers_a_reshard_and_a_cluster_down_keep_mutual_exclusion() {
         let (report, faults, took) = workload
             .run_beside(move || {
                 let mut done = Vec::new();
-                std::thread::sleep(Duration::from_secs(2));
+                std::thread::sleep(Duration::from_secs(1));
                 fail_over(&clusters_[0], "FORCE");
                 done.push("failover force");
-                std::thread::sleep(Duration::from_secs(2));
+                std::thread::sleep(Duration::from_secs(1));
                 fail_over(&clusters_[1], "TAKEOVER");
                 done.push("takeover");
-                std::thread::sleep(Duration::from_secs(2));
+                std::thread::sleep(Duration::from_secs(1));
                 reshard(&clusters_[2], 2000);
                 done.push("reshard");
-                std::thread::sleep(Duration::from_secs(2));
+                std::thread::sleep(Duration::from_secs(1));
                 let pids: Vec<u32> = clusters_[1].nodes.iter().filter_map(|n| n.pid()).collect();
                 pids.iter().for_each(|pid| signal(*pid, "STOP"));
                 std::thread::sleep(Duration::from_secs(3));
                 pids.iter().for_each(|pid| signal(*pid, "CONT"));
                 done.push("cluster down");
-                std::thread::sleep(Duration::from_secs(4));
+                std::thread::sleep(Duration::from_secs(1));
+                kill_a_primary(&clusters_[2]);
+                done.push("primary killed, replica promoted");
+                std::thread::sleep(Duration::from_secs(3));
                 done
             })
             .await;
@@ -530,7 +556,7 @@ fn failovers_a_reshard_and_a_cluster_down_keep_mutual_exclusion() {
             "[cluster] {:.1} s, faults {faults:?}: {report}",
             took.as_secs_f64()
         );
-        assert_eq!(faults.len(), 4, "every fault took effect");
+        assert_eq!(faults.len(), 5, "every fault took effect");
         report.assert_safe(50);
     });
 }
