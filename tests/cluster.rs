@@ -94,9 +94,13 @@ fn slots_tags_and_maps_agree_with_a_real_cluster() {
             String::from_utf8_lossy(key)
         );
     }
-    let shards = SlotMap::from_cluster_shards(&proxy_reply(port, &["CLUSTER", "SHARDS"]), false)
-        .expect("CLUSTER SHARDS");
-    let slots = SlotMap::from_cluster_slots(&proxy_reply(port, &["CLUSTER", "SLOTS"]))
+    let shards = SlotMap::from_cluster_shards(
+        &proxy_reply(port, &["CLUSTER", "SHARDS"]),
+        false,
+        "127.0.0.1",
+    )
+    .expect("CLUSTER SHARDS");
+    let slots = SlotMap::from_cluster_slots(&proxy_reply(port, &["CLUSTER", "SLOTS"]), "127.0.0.1")
         .expect("CLUSTER SLOTS");
     assert_eq!(shards.uncovered(), 0);
     assert_eq!(shards.primaries.len(), 3);

@@ -76,8 +76,11 @@ impl SlotMap {
         Ok(())
     }
 
-    /// From `CLUSTER SLOTS`: `[[first, last, [host, port, id, …], replicas…], …]`.
-    pub fn from_cluster_slots(reply: &Reply) -> Result<SlotMap, MapError> {
+    /// From `CLUSTER SLOTS`: `[[first, last, [host, port, id, …], replicas…], …]`. A node
+    /// whose address is unknown to the cluster (empty or `?`: a node that never met another,
+    /// as a cluster of one) is at `asked`, the host the reply came from (Redis' documented
+    /// rule for clients).
+    pub fn from_cluster_slots(reply: &Reply, asked: &str) -> Result<SlotMap, MapError> {
         let Reply::Array(ranges) = reply else {
             return Err(MapError("CLUSTER SLOTS is not an array"));
         };
@@ -102,6 +105,7 @@ impl SlotMap {
                 return Err(MapError("a CLUSTER SLOTS primary lacks host, port or id"));
             };
             let port = u16::try_from(*port).map_err(|_| MapError("a port out of range"))?;
+            let host = known_or(host, asked);
             map.assign(Node { host, port, id }, &[(*first, *last)])?;
         }
         Ok(map)
@@ -112,7 +116,7 @@ impl SlotMap {
     /// `health`, …). The shard's primary is its node with `role` `master`; its address is its
     /// `endpoint` (what clients are to use), else its `ip`. A shard without slots (a primary
     /// being added) serves nothing.
-    pub fn from_cluster_shards(reply: &Reply, tls: bool) -> Result<SlotMap, MapError> {
+    pub fn from_cluster_shards(reply: &Reply, tls: bool, asked: &str) -> Result<SlotMap, MapError> {
         let Reply::Array(shards) = reply else {
             return Err(MapError("CLUSTER SHARDS is not an array"));
         };
@@ -145,7 +149,7 @@ impl SlotMap {
                 .iter()
                 .filter_map(|name| field(&primary, name).and_then(text))
                 .find(|host| !host.is_empty() && host != "?")
-                .ok_or(MapError("a shard's primary has no address"))?;
+                .unwrap_or_else(|| asked.to_string());
             let port = match field(&primary, if tls { "tls-port" } else { "port" }) {
                 Some(Reply::Integer(port)) => {
                     u16::try_from(*port).map_err(|_| MapError("a port out of range"))?
@@ -158,6 +162,14 @@ impl SlotMap {
             map.assign(Node { host, port, id }, &ranges)?;
         }
         Ok(map)
+    }
+}
+
+/// `host`, unless the cluster does not know it (empty or `?`): then `asked`.
+fn known_or(host: String, asked: &str) -> String {
+    match host.as_str() {
+        "" | "?" => asked.to_string(),
+        _ => host,
     }
 }
 
@@ -273,19 +285,19 @@ mod tests {
                 node("127.0.0.1", 48067, "aaaa"),
             ]),
         ]);
-        let map = SlotMap::from_cluster_slots(&reply).unwrap();
+        let map = SlotMap::from_cluster_slots(&reply, "h").unwrap();
         assert_eq!(map.owner(0).unwrap().port, 48066);
         assert_eq!(map.owner(5460).unwrap().id, "9cb9");
         assert_eq!(map.owner(5461).unwrap().port, 48067);
         assert_eq!(map.uncovered(), 0);
         assert_eq!(map.primaries.len(), 2);
-        assert!(SlotMap::from_cluster_slots(&Reply::Integer(1)).is_err());
+        assert!(SlotMap::from_cluster_slots(&Reply::Integer(1), "h").is_err());
         let out_of_range = Reply::Array(vec![Reply::Array(vec![
             Reply::Integer(0),
             Reply::Integer(16384),
             node("h", 1, "x"),
         ])]);
-        assert!(SlotMap::from_cluster_slots(&out_of_range).is_err());
+        assert!(SlotMap::from_cluster_slots(&out_of_range, "h").is_err());
     }
 
     #[test]
@@ -333,14 +345,35 @@ mod tests {
             // A primary added without slots yet.
             shard(&[], vec![node("new0", 48090, "master")]),
         ]);
-        let map = SlotMap::from_cluster_shards(&reply, false).unwrap();
+        let map = SlotMap::from_cluster_shards(&reply, false, "h").unwrap();
         assert_eq!(map.owner(16383).unwrap().id, "2693");
         assert_eq!(map.owner(3300).unwrap().port, 48067);
         assert_eq!(map.owner(3299).unwrap().port, 48066);
         assert_eq!(map.uncovered(), 0);
         assert_eq!(map.primaries.len(), 3);
         let no_primary = Reply::Array(vec![shard(&[0, 1], vec![node("r", 1, "replica")])]);
-        assert!(SlotMap::from_cluster_shards(&no_primary, false).is_err());
+        assert!(SlotMap::from_cluster_shards(&no_primary, false, "h").is_err());
+        // A cluster of one node never learnt its own address (`ip` and `endpoint` empty, as
+        // redis-server 7 answers): it is where the answer came from.
+        let alone = Reply::Array(vec![Reply::Array(vec![
+            bulk("slots"),
+            Reply::Array(vec![Reply::Integer(0), Reply::Integer(16383)]),
+            bulk("nodes"),
+            Reply::Array(vec![Reply::Array(vec![
+                bulk("id"),
+                bulk("8a15"),
+                bulk("port"),
+                Reply::Integer(7555),
+                bulk("ip"),
+                bulk(""),
+                bulk("endpoint"),
+                bulk(""),
+                bulk("role"),
+                bulk("master"),
+            ])]),
+        ])]);
+        let map = SlotMap::from_cluster_shards(&alone, false, "10.1.2.3").unwrap();
+        assert_eq!(map.owner(42).unwrap().host, "10.1.2.3");
     }
 
     #[test]

@@ -111,13 +111,16 @@ impl Keeper {
             .filter(|l| l.is_connected());
         let tls = self.cluster.tls();
         for link in links {
+            // A node the cluster knows no address of is where the answer came from.
+            let asked = link.addr.rsplit_once(':').map_or("", |(host, _)| host);
+            let asked = asked.trim_start_matches('[').trim_end_matches(']');
             let shards = ask(&link, encode_command(&["CLUSTER", "SHARDS"]), 1).await;
             let map = match shards {
                 Some(Reply::Error(_)) => {
                     let slots = ask(&link, encode_command(&["CLUSTER", "SLOTS"]), 1).await;
-                    slots.and_then(|r| SlotMap::from_cluster_slots(&r).ok())
+                    slots.and_then(|r| SlotMap::from_cluster_slots(&r, asked).ok())
                 }
-                Some(reply) => SlotMap::from_cluster_shards(&reply, tls).ok(),
+                Some(reply) => SlotMap::from_cluster_shards(&reply, tls, asked).ok(),
                 None => None,
             };
             if map.is_some() {

@@ -347,6 +347,21 @@ impl ClusterMaster {
         self.seeds.iter().all(|l| l.attempted())
     }
 
+    /// Waits (at most a node timeout) until, if a seed is connected, the keeper has loaded a
+    /// map and every primary's link had its first connection attempt: the founding's first
+    /// claims then reach the whole cluster instead of finding it silent.
+    pub async fn wait_primaries_attempted(&self) {
+        let loaded = async {
+            while self.seeds.iter().any(|l| l.is_connected())
+                && (self.routing().map.is_none()
+                    || !self.nodes().iter().all(|n| n.link.attempted()))
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        };
+        let _ = tokio::time::timeout(self.node_timeout.get(), loaded).await;
+    }
+
     /// Slots that may vote now, of [`SLOTS`].
     pub fn usable_slots(&self) -> usize {
         let routing = self.routing();

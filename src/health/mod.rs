@@ -363,8 +363,13 @@ impl Place {
         }
     }
 
+    /// Until its first connection attempts are over (a cluster: its seeds', then, if one
+    /// answered, its map's primaries'), so that the first claims find it.
     async fn wait_attempted(&self) {
         futures::future::join_all(self.links().iter().map(|l| l.wait_attempted())).await;
+        if let Place::Cluster(cluster) = self {
+            cluster.wait_primaries_attempted().await;
+        }
     }
 
     /// Why the master refused the proxy's credentials, if it did.
