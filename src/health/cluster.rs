@@ -48,11 +48,23 @@ impl Keeper {
         // Losses seen by the primaries' monitors, kept until their slots are quarantined.
         let mut losses = HashMap::new();
         loop {
+            let seeds = &self.cluster.seeds;
+            let seen: Vec<u64> = seeds.iter().map(|l| l.connect_count()).collect();
             self.round(&mut losses, &stop).await;
+            // Until a map is loaded, a seed's connection is worth a round at once: the
+            // founding waits for the map.
+            let unmapped = self.cluster.routing().map.is_none();
+            let seed_connected = futures::future::select_all(
+                seeds
+                    .iter()
+                    .zip(seen)
+                    .map(|(l, s)| Box::pin(l.wait_new_connection(s))),
+            );
             tokio::select! {
                 _ = tokio::time::sleep(self.policy.interval.get()) => {}
                 _ = self.cluster.wake.notified() => {}
                 _ = verdict.changed() => {}
+                _ = seed_connected, if unmapped => {}
                 _ = stop.wait_for(|s| *s) => return,
             }
         }

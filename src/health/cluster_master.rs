@@ -347,9 +347,9 @@ impl ClusterMaster {
         self.seeds.iter().all(|l| l.attempted())
     }
 
-    /// Waits (at most a node timeout) until, if a seed is connected, the keeper has loaded a
-    /// map and every primary's link had its first connection attempt: the founding's first
-    /// claims then reach the whole cluster instead of finding it silent.
+    /// Waits (at most a node timeout, and at least 1 s) until, if a seed is connected, the
+    /// keeper has loaded a map and every primary's link had its first connection attempt: the
+    /// founding's first claims then reach the whole cluster instead of finding it silent.
     pub async fn wait_primaries_attempted(&self) {
         let loaded = async {
             while self.seeds.iter().any(|l| l.is_connected())
@@ -359,7 +359,11 @@ impl ClusterMaster {
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             }
         };
-        let _ = tokio::time::timeout(self.node_timeout.get(), loaded).await;
+        let limit = self
+            .node_timeout
+            .get()
+            .max(std::time::Duration::from_secs(1));
+        let _ = tokio::time::timeout(limit, loaded).await;
     }
 
     /// Slots that may vote now, of [`SLOTS`].
