@@ -282,12 +282,12 @@ impl Voter {
         }
     }
 
-    /// The merged lock script this master runs for `slot`: `single` (a single master's), or
-    /// on a cluster the slot's own ([`ClusterMaster::lock_script`]).
-    pub fn lock_script(&self, slot: u16, single: &Arc<SharedScript>) -> Arc<SharedScript> {
+    /// The merged lock script this master runs: `single` (a single master's), or a cluster's
+    /// ([`ClusterMaster::lock_script`]).
+    pub fn lock_script(&self, single: &Arc<SharedScript>) -> Arc<SharedScript> {
         match &self.place {
             Place::Single { .. } => single.clone(),
-            Place::Cluster(cluster) => cluster.lock_script(slot),
+            Place::Cluster(cluster) => cluster.lock_script(),
         }
     }
 

@@ -154,26 +154,34 @@ fn the_cluster_lock_script_grants_only_on_a_slot_this_node_armed() {
         other => panic!("TIME: {other:?}"),
     };
     let deadline = ((secs + 60) * 1000).to_string();
+    // The single-master form declares its 4 keys; the cluster form passes them counted in
+    // its arguments (a node merges calls of several slots into one).
     let acquire = |script: &str, value: &str| {
+        let names: &[&str] = match script == LOCK_SCRIPT.text() {
+            true => &["4"],
+            false => &["0", "4"],
+        };
+        let head = [&["EVAL", script][..], names].concat();
         proxy_reply(
             owner,
             &[
-                "EVAL",
-                script,
-                "4",
-                &armed,
-                &quarantine,
-                key,
-                &counter,
-                "a",
-                value,
-                "30000",
-                "0000000000000001:test",
-                &deadline,
-                "0000000000000001",
-                "0",
-                "60000",
-            ],
+                &head[..],
+                &[
+                    &armed,
+                    &quarantine,
+                    key,
+                    &counter,
+                    "a",
+                    value,
+                    "30000",
+                    "0000000000000001:test",
+                    &deadline,
+                    "0000000000000001",
+                    "0",
+                    "60000",
+                ],
+            ]
+            .concat(),
         )
     };
     let element = |reply: ProxyReply| match reply {

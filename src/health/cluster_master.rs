@@ -16,7 +16,6 @@
 
 use super::MasterHealth;
 use crate::backend::Backend;
-use crate::cluster::keys;
 use crate::cluster::map::{Redirect, SlotMap};
 use crate::cluster::slots::SLOTS;
 use crate::dial::Dial;
@@ -27,7 +26,7 @@ use crate::secret::Secret;
 use crate::transport::{Driver, Link, SharedScript};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
@@ -86,8 +85,9 @@ pub struct ClusterMaster {
     /// proxy's founding claim); 0: not fenced.
     fenced_until: Box<[AtomicU64]>,
     epoch: Instant,
-    /// Per slot, the merged lock script whose shared keys are that slot's markers.
-    lock_scripts: Box<[OnceLock<Arc<SharedScript>>]>,
+    /// The merged lock script of every node: a link merges the calls of any slots its node
+    /// serves, each operation naming its own slot's markers.
+    lock_script: Arc<SharedScript>,
     /// Wakes the keeper: a redirection (the map changed) or a slot answered unarmed.
     pub wake: Notify,
     /// Nodes whose health monitor found they lost data, with the reason: every slot they own
@@ -147,7 +147,12 @@ impl ClusterMaster {
             ready: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
             fenced_until: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
             epoch: Instant::now(),
-            lock_scripts: (0..SLOTS).map(|_| OnceLock::new()).collect(),
+            lock_script: Arc::new(SharedScript {
+                sha: script_sha(CLUSTER_LOCK_SCRIPT.text().as_bytes()),
+                body: CLUSTER_LOCK_SCRIPT.text(),
+                shared_keys: Vec::new(),
+                names_in_argv: true,
+            }),
             wake: Notify::new(),
             lost: Mutex::default(),
             judged: Default::default(),
@@ -292,18 +297,10 @@ impl ClusterMaster {
             .unwrap_or_default()
     }
 
-    /// The merged lock script of `slot` (its markers as shared keys): the link merges calls of
-    /// one slot only.
-    pub fn lock_script(&self, slot: u16) -> Arc<SharedScript> {
-        self.lock_scripts[usize::from(slot)]
-            .get_or_init(|| {
-                Arc::new(SharedScript {
-                    sha: script_sha(CLUSTER_LOCK_SCRIPT.text().as_bytes()),
-                    body: CLUSTER_LOCK_SCRIPT.text(),
-                    shared_keys: keys::markers(slot).to_vec(),
-                })
-            })
-            .clone()
+    /// The merged lock script ([`CLUSTER_LOCK_SCRIPT`]): an acquire's call names its slot's
+    /// markers itself ([`crate::cluster::keys::markers`]).
+    pub fn lock_script(&self) -> Arc<SharedScript> {
+        self.lock_script.clone()
     }
 
     /// Counts a quarantine of some slots, under `cause` ([`crate::health::QUARANTINE_CAUSES`]).

@@ -3,6 +3,7 @@
 
 use super::rollback::{RollbackPlan, Undo};
 use super::{AcquireResult, Acquirer};
+use crate::cluster::keys::markers;
 use crate::cluster::slots::{key_slot, slot_tag};
 use crate::config::NoQuorumReply;
 use crate::error::ProxyError;
@@ -33,6 +34,7 @@ pub fn lock_script() -> Arc<SharedScript> {
             Bytes::from_static(ARMED_KEY.as_bytes()),
             Bytes::from_static(QUARANTINE_KEY.as_bytes()),
         ],
+        names_in_argv: false,
     })
 }
 
@@ -318,9 +320,9 @@ impl Request {
             .as_bytes();
         let slot = key_slot(key);
         // Encoded once per kind of master: only the deadline differs from master to master.
-        let call = |counter: &[&[u8]]| {
+        let call = |keys: &[&[&[u8]]]| {
             ScriptCall::with_number_between(
-                &[&[key], counter],
+                keys,
                 &[b"a", value, px, record.as_bytes()],
                 &[token_arg, earliest, counter_px],
             )
@@ -328,10 +330,13 @@ impl Request {
         let masters = &acquirer.masters;
         let operation = match masters.quarantine() {
             true => Operation::Script {
-                single: call(&[TOKEN_KEY_PREFIX.as_bytes(), key]),
+                single: call(&[&[key], &[TOKEN_KEY_PREFIX.as_bytes(), key]]),
+                // Each operation names its slot's markers: a node merges calls of all its slots.
                 cluster: masters.any_cluster().then(|| {
+                    let [armed, quarantine] = markers(slot);
                     let tag = slot_tag(slot).as_bytes();
-                    call(&[TOKEN_KEY_PREFIX.as_bytes(), b"{", tag, b"}:", key])
+                    let counter: &[&[u8]] = &[TOKEN_KEY_PREFIX.as_bytes(), b"{", tag, b"}:", key];
+                    call(&[&[&armed], &[&quarantine], &[key], counter])
                 }),
             },
             false => Operation::Set(encode_command(&[
@@ -390,7 +395,7 @@ async fn fan_out(acquirer: &Acquirer, request: &Request) -> Ballot {
         deadlines[i].store(deadline, Ordering::Relaxed);
         let (script, call) = match voter.cluster() {
             None => (acquirer.script.clone(), single),
-            Some(c) => (c.lock_script(request.slot), cluster.as_ref()?),
+            Some(c) => (c.lock_script(), cluster.as_ref()?),
         };
         Some(Ask::Script(script, call.with_number(deadline)))
     };

@@ -105,7 +105,7 @@ impl Acquirer {
         let slot = key_slot(key);
         let voters = self.masters.voters();
         let ask = |i: usize| {
-            let script = voters[i].lock_script(slot, &self.script);
+            let script = voters[i].lock_script(&self.script);
             Some(Ask::Script(script, call.clone()))
         };
         self.masters.quorum_reply_each(slot, ask, rule).await

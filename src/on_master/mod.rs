@@ -38,14 +38,26 @@ pub fn token_key(key: &[u8]) -> Bytes {
 }
 
 /// `source` as a master receives it: comment lines dropped, lines trimmed and joined by one
-/// space (see the module doc).
+/// space (see the module doc); a shebang line (`#!lua flags=…`, Redis 7's script flags) stays
+/// the first line of its own.
 pub fn compact(source: &str) -> String {
-    source
+    let (shebang, body) = match source.strip_prefix("#!") {
+        Some(rest) => match rest.split_once('\n') {
+            Some((flags, body)) => (Some(flags), body),
+            None => (Some(rest), ""),
+        },
+        None => (None, source),
+    };
+    let body = body
         .lines()
         .map(str::trim)
         .filter(|line| !line.is_empty() && !line.starts_with("--"))
         .collect::<Vec<_>>()
-        .join(" ")
+        .join(" ");
+    match shebang {
+        Some(flags) => format!("#!{}\n{body}", flags.trim()),
+        None => body,
+    }
 }
 
 /// Lower-case hex SHA1 of a script body, as Redis computes it for `EVALSHA`.
@@ -96,6 +108,10 @@ on_master! {
     CLAIM_SCRIPT = "claim.lua";
     /// Lifts this proxy's founding claim.
     LIFT_SCRIPT = "lift_claim.lua";
+    /// [`LOCK_SCRIPT`] on a Redis Cluster node: one merged call for operations of any slots of
+    /// the node, each acquire checking its own slot's markers against the node's id
+    /// (docs/SAFETY.md, "Cluster masters").
+    CLUSTER_LOCK_SCRIPT = "cluster_lock.lua";
     /// Re-stamps the armed marker of a server whose data was judged its own (docs/SAFETY.md,
     /// "Failovers").
     RESTAMP_SCRIPT = "restamp.lua";
@@ -156,11 +172,6 @@ macro_rules! on_cluster {
 }
 
 on_cluster! {
-    /// [`LOCK_SCRIPT`] for a slot: armed means stamped by this node.
-    CLUSTER_LOCK_SCRIPT = LOCK_SCRIPT, [(
-        "local armed = m[1] and not m[2]",
-        "local armed = m[1] == redis.call('cluster', 'myid') and not m[2]",
-    )];
     /// [`EXTEND_SCRIPT`] for a slot.
     CLUSTER_EXTEND_SCRIPT = EXTEND_SCRIPT, [(
         "redis.call('exists', KEYS[3]) == 0",
@@ -203,10 +214,6 @@ mod tests {
     #[test]
     fn every_cluster_form_is_pinned() {
         let pinned: &[(&str, &str)] = &[
-            (
-                "CLUSTER_LOCK_SCRIPT",
-                "a99cc48008bb57ddc735a8bfe23be178aed3a900",
-            ),
             (
                 "CLUSTER_EXTEND_SCRIPT",
                 "a5b58e3b307e9eca5835b9ba2a512fc033935bd7",
@@ -322,6 +329,13 @@ mod tests {
                 2,
                 1,
                 false,
+            ),
+            (
+                "cluster_lock.lua",
+                "c80d121f2938415befba6c8b36f0eec67c32791b",
+                0,
+                1,
+                true,
             ),
             (
                 "restamp.lua",

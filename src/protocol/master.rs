@@ -114,12 +114,17 @@ pub enum Invoke<'a> {
 pub fn encode_script_call<'a>(
     out: &mut BytesMut,
     invoke: Invoke<'_>,
-    shared_keys: &[Bytes],
+    names: Names<'_>,
     calls: impl Iterator<Item = &'a ScriptCall> + Clone,
 ) {
+    let shared_keys = match names {
+        Names::Declared(shared) => shared,
+        Names::Counted => &[],
+    };
     let keys = shared_keys.len() + calls.clone().map(|c| c.keys).sum::<usize>();
     let args = calls.clone().map(|c| c.args).sum::<usize>();
-    header(out, b'*', 3 + keys + args);
+    let counted = matches!(names, Names::Counted);
+    header(out, b'*', 3 + keys + args + usize::from(counted));
     match invoke {
         Invoke::Sha(sha) => {
             bulk(out, b'$', b"EVALSHA");
@@ -130,7 +135,14 @@ pub fn encode_script_call<'a>(
             bulk(out, b'$', body.as_bytes());
         }
     }
-    bulk(out, b'$', itoa::Buffer::new().format(keys).as_bytes());
+    match counted {
+        // `0` declared keys, then their number as the first argument.
+        true => {
+            bulk(out, b'$', b"0");
+            bulk(out, b'$', itoa::Buffer::new().format(keys).as_bytes());
+        }
+        false => bulk(out, b'$', itoa::Buffer::new().format(keys).as_bytes()),
+    }
     for key in shared_keys {
         bulk(out, b'$', key);
     }
@@ -140,6 +152,16 @@ pub fn encode_script_call<'a>(
     for call in calls {
         call.encode_args(out);
     }
+}
+
+/// How a merged script call passes the names of the keys it touches.
+#[derive(Debug, Clone, Copy)]
+pub enum Names<'a> {
+    /// As declared keys (`KEYS`): these shared ones, then each call's.
+    Declared(&'a [Bytes]),
+    /// In the arguments, led by their number (`0` declared keys): for a Redis Cluster node's
+    /// call whose keys span slots, which the node refuses as declared keys (`CROSSSLOT`).
+    Counted,
 }
 
 /// A master's reply stream broke the protocol: the connection cannot be trusted further.
@@ -195,7 +217,12 @@ mod tests {
         let a = ScriptCall::new(&[&[b"a"], &[b"t", b"a"]], &[b"1", b"x\r\n"]);
         let b = ScriptCall::new(&[&[b"b"], &[b"tb"]], &[b"2", b""]);
         let mut out = BytesMut::new();
-        encode_script_call(&mut out, Invoke::Sha("f00"), &shared, [&a, &b].into_iter());
+        encode_script_call(
+            &mut out,
+            Invoke::Sha("f00"),
+            Names::Declared(&shared),
+            [&a, &b].into_iter(),
+        );
         assert_eq!(
             out.freeze(),
             encode_command(&[
@@ -203,29 +230,63 @@ mod tests {
             ])
         );
         let mut out = BytesMut::new();
-        encode_script_call(&mut out, Invoke::Body("return 1"), &[], [&a].into_iter());
+        encode_script_call(
+            &mut out,
+            Invoke::Body("return 1"),
+            Names::Declared(&[]),
+            [&a].into_iter(),
+        );
         assert_eq!(
             out.freeze(),
             encode_command(&["EVAL", "return 1", "2", "a", "ta", "1", "x\r\n"])
+        );
+        // A cluster node's call: no declared key, the names counted in the arguments.
+        let mut out = BytesMut::new();
+        encode_script_call(
+            &mut out,
+            Invoke::Sha("f00"),
+            Names::Counted,
+            [&a, &b].into_iter(),
+        );
+        assert_eq!(
+            out.freeze(),
+            encode_command(&[
+                "EVALSHA", "f00", "0", "4", "a", "ta", "b", "tb", "1", "x\r\n", "2", ""
+            ])
         );
         // One template, a number per master: the rest is shared, the number in its place.
         let template = ScriptCall::with_number_between(&[&[b"c"]], &[b"p", b"q"], &[b"z"]);
         let (first, second) = (template.with_number(7), template.with_number(1_000_000));
         let mut out = BytesMut::new();
-        encode_script_call(&mut out, Invoke::Sha("f00"), &[], [&first, &b].into_iter());
+        encode_script_call(
+            &mut out,
+            Invoke::Sha("f00"),
+            Names::Declared(&[]),
+            [&first, &b].into_iter(),
+        );
         assert_eq!(
             out.freeze(),
             encode_command(&["EVALSHA", "f00", "3", "c", "b", "tb", "p", "q", "7", "z", "2", ""])
         );
         let mut out = BytesMut::new();
-        encode_script_call(&mut out, Invoke::Sha("f00"), &[], [&second].into_iter());
+        encode_script_call(
+            &mut out,
+            Invoke::Sha("f00"),
+            Names::Declared(&[]),
+            [&second].into_iter(),
+        );
         assert_eq!(
             out.freeze(),
             encode_command(&["EVALSHA", "f00", "1", "c", "p", "q", "1000000", "z"])
         );
         let trailing = ScriptCall::with_number_between(&[], &[b"p"], &[]).with_number(3);
         let mut out = BytesMut::new();
-        encode_script_call(&mut out, Invoke::Sha("f00"), &[], [&trailing].into_iter());
+        encode_script_call(
+            &mut out,
+            Invoke::Sha("f00"),
+            Names::Declared(&[]),
+            [&trailing].into_iter(),
+        );
         assert_eq!(
             out.freeze(),
             encode_command(&["EVALSHA", "f00", "0", "p", "3"])

@@ -89,7 +89,7 @@ impl Merging {
             true => Invoke::Body(script.body),
             false => Invoke::Sha(&script.sha),
         };
-        encode_script_call(buf, invoke, &script.shared_keys, self.calls.iter());
+        encode_script_call(buf, invoke, script.names(), self.calls.iter());
         let merged = MergedCalls {
             script,
             by_body,

@@ -67,6 +67,7 @@ mod writer;
 pub use driver::Driver;
 pub use link::{Link, Pending};
 
+use crate::protocol::Names;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::io;
@@ -116,6 +117,19 @@ pub struct SharedScript {
     pub sha: String,
     pub body: &'static str,
     pub shared_keys: Vec<Bytes>,
+    /// Its calls' key names go in the arguments, counted (a Redis Cluster node's merged call,
+    /// whose keys span slots: [`Names::Counted`]); then it shares no key.
+    pub names_in_argv: bool,
+}
+
+impl SharedScript {
+    /// How its merged calls pass their key names.
+    pub(crate) fn names(&self) -> Names<'_> {
+        match self.names_in_argv {
+            true => Names::Counted,
+            false => Names::Declared(&self.shared_keys),
+        }
+    }
 }
 
 #[cfg(test)]

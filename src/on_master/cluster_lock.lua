@@ -1,0 +1,62 @@
+#!lua flags=allow-cross-slot-keys
+-- lock.lua for a Redis Cluster node: the lock operations of every acquire and release a link
+-- merged into this call, whatever their slots (all served by this node), run in order
+-- (docs/SAFETY.md, "Cluster masters"). A call's keys may span slots, which a node refuses for
+-- declared keys (CROSSSLOT): every name comes in ARGV, and the flag above lets the script
+-- reach keys of several slots of this node (a key another node serves fails the whole call).
+-- ARGV[1]: the number n of names; ARGV[2..n+1]: each operation's names; then each operation,
+-- led by its kind, as lock.lua's:
+--   acquire 'a': names: its slot's armed and quarantine markers, lock key, token counter;
+--     then value, PX, counter record, deadline, proposed token, earliest clock, counter PX.
+--   release 'r': names: lock key; then value.
+-- Reply: lock.lua's, where armed means stamped with this node's id (CLUSTER MYID), unquarantined.
+local n = tonumber(ARGV[1])
+local t = redis.call('time')
+local now = t[1] * 1000 + t[2] / 1000
+local me = redis.call('cluster', 'myid')
+-- armed: each slot's marker state, read once per call.
+local r, armed, i, k, a = {}, {}, 1, 2, n + 2
+while a <= #ARGV do
+  if ARGV[a] == 'a' then
+    local marker, lock, counter_key = ARGV[k], ARGV[k + 2], ARGV[k + 3]
+    if armed[marker] == nil then
+      armed[marker] = redis.call('get', marker) == me and not redis.call('get', ARGV[k + 1])
+    end
+    if now > ARGV[a + 4] + 0 then
+      r[i] = -2
+    elseif now < ARGV[a + 6] + 0 then
+      r[i] = {-3, t[1] * 1000000 + t[2]}
+    elseif not armed[marker] then
+      r[i] = -1
+    else
+      -- Read at its turn: an earlier operation of this call may have set it.
+      local counter = redis.call('get', counter_key)
+      if counter and counter >= ARGV[a + 5] then
+        -- Records start with the zero-padded token: string order is token order.
+        r[i] = {-4, tonumber(string.sub(counter, 1, 16))}
+      else
+        -- pcall: one acquire's error (OOM) is its answer, not the end of the others'.
+        local ok = redis.pcall('set', lock, ARGV[a + 1], 'NX', 'PX', ARGV[a + 2])
+        if ok and not ok.err then
+          redis.call('set', counter_key, ARGV[a + 3], 'PX', ARGV[a + 7])
+        end
+        r[i] = ok
+      end
+    end
+    k = k + 4
+    a = a + 8
+  else
+    local v = redis.pcall('get', ARGV[k])
+    if type(v) == 'table' and v.err then
+      r[i] = v
+    elseif v == ARGV[a + 1] then
+      r[i] = redis.call('del', ARGV[k])
+    else
+      r[i] = 0
+    end
+    k = k + 1
+    a = a + 2
+  end
+  i = i + 1
+end
+return r
