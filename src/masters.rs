@@ -385,10 +385,9 @@ impl Voter {
     ) -> Option<R> {
         match &self.place {
             Place::Single { link, health } => Some(f(link, health, true)),
-            Place::Cluster(cluster) => {
-                let node = cluster.owner(slot)?;
-                Some(f(&node.link, &node.health, cluster.slot_ready(slot, &node)))
-            }
+            Place::Cluster(cluster) => cluster.with_owner(slot, |node| {
+                f(&node.link, &node.health, cluster.slot_ready(slot, node))
+            }),
         }
     }
 

@@ -1,12 +1,13 @@
 //! `shards`: what masters that are Redis Clusters cost and save (issue 26). Each round, fresh
 //! masters and a fresh proxy for each cell, under the `cpu` section's redis-benchmark load
-//! (`SET key:__rand_int__ v NX PX`, `-c 50 -P 1`, `BENCH_CPU_REQUESTS` measured after
-//! `BENCH_CPU_WARMUP_REQUESTS`): the proxy over 3 single masters, over 3 clusters of 1 shard,
-//! and over 3 clusters of 3 shards (every cluster a fresh `RedisCluster`, no replicas). Per
-//! cell: the proxy's CPU µs per request, and each primary's CPU µs per granted acquire (the
-//! busiest primary's, and the mean). Targets: the busiest primary's cost per acquire at 3
-//! shards ≤ 0.4× that at 1 shard (the per-shard load falls with the shard count), and the
-//! proxy's own CPU per request over clusters within 1.2× of over single masters.
+//! (`SET key:__rand_int__ v NX PX`, `-c 50`, at `-P 1` and `-P 16`, `BENCH_CPU_REQUESTS`
+//! measured after `BENCH_CPU_WARMUP_REQUESTS`): the proxy over 3 single masters, over 3
+//! clusters of 1 shard, and over 3 clusters of 3 shards (every cluster a fresh `RedisCluster`,
+//! no replicas). Per cell: the proxy's CPU µs per request, and each primary's CPU µs per
+//! granted acquire (the busiest primary's, and the mean). Targets: the busiest primary's cost
+//! per acquire at 3 shards ≤ 0.4× that at 1 shard (the per-shard load falls with the shard
+//! count), and the proxy's own CPU per request over clusters within 1.2× of over single
+//! masters.
 
 use crate::external::{acquire_counters, redis_benchmark, GRANTED};
 use crate::procs::CpuProbe;
@@ -17,6 +18,9 @@ use redlock_proxy::{LocalCluster, LocalMaster};
 use redlock_testkit::cluster::RedisCluster;
 use redlock_testkit::launcher::ProxyProcess;
 use std::fmt::Write;
+
+/// redis-benchmark's pipeline depths of the cells.
+pub const DEPTHS: [usize; 2] = [1, 16];
 
 /// The masters of a cell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +45,8 @@ impl Masters {
 
 pub struct Cell {
     pub masters: Masters,
+    /// redis-benchmark's `-P`.
+    pub depth: usize,
     pub round: usize,
     pub rps: f64,
     pub granted: u64,
@@ -98,6 +104,7 @@ impl Running {
 fn run_cell(
     settings: &Settings,
     masters: Masters,
+    depth: usize,
     round: usize,
     hz: f64,
     prepare: impl Fn(u16),
@@ -109,7 +116,7 @@ fn run_cell(
     prepare(proxy.port);
     let ttl = settings.ttl_ms;
     if settings.cpu_warmup_requests > 0 {
-        redis_benchmark(proxy.port, 1, settings.cpu_warmup_requests, ttl)?;
+        redis_benchmark(proxy.port, depth, settings.cpu_warmup_requests, ttl)?;
     }
     let pids = running.primaries();
     let whole = CpuProbe::new(Some(proxy.pid()), &[], hz);
@@ -121,7 +128,7 @@ fn run_cell(
     let granted_before = granted().unwrap_or(0);
     let before = whole.snap();
     let before_each: Vec<_> = each.iter().map(CpuProbe::snap).collect();
-    let run = redis_benchmark(proxy.port, 1, settings.cpu_requests, ttl)?;
+    let run = redis_benchmark(proxy.port, depth, settings.cpu_requests, ttl)?;
     let after = whole.snap();
     let primary_secs: Vec<f64> = (each.iter().zip(before_each))
         .map(|(probe, b)| probe.seconds(b, probe.snap()).masters)
@@ -134,6 +141,7 @@ fn run_cell(
     let proxy_secs = whole.seconds(before, after).proxy.unwrap_or(0.0);
     Ok(Cell {
         masters,
+        depth,
         round,
         rps: run.rps,
         granted,
@@ -154,11 +162,14 @@ pub fn run(
 ) -> Vec<Cell> {
     let mut cells = Vec::new();
     for round in 1..=settings.rounds {
-        for masters in Masters::ALL {
-            match run_cell(settings, masters, round, hz, &prepare) {
+        for (depth, masters) in DEPTHS
+            .into_iter()
+            .flat_map(|d| Masters::ALL.map(|m| (d, m)))
+        {
+            match run_cell(settings, masters, depth, round, hz, &prepare) {
                 Ok(cell) => {
                     progress(&format!(
-                        "shards {} round {round}: {} SET/s, {} granted, proxy {:.1} µs/request, busiest primary {:.1} µs/acquire (mean {:.1} over {})",
+                        "shards {} -P {depth} round {round}: {} SET/s, {} granted, proxy {:.1} µs/request, busiest primary {:.1} µs/acquire (mean {:.1} over {})",
                         masters.label(),
                         fmt_rate(cell.rps),
                         cell.granted,
@@ -169,7 +180,10 @@ pub fn run(
                     ));
                     cells.push(cell);
                 }
-                Err(err) => skip(format!("shards {} round {round}: {err}", masters.label())),
+                Err(err) => skip(format!(
+                    "shards {} -P {depth} round {round}: {err}",
+                    masters.label()
+                )),
             }
         }
     }
@@ -184,16 +198,17 @@ pub fn render(md: &mut String, settings: &Settings, cells: &[Cell]) {
     );
     let _ = writeln!(
         md,
-        "redis-benchmark `SET key:__rand_int__ v NX PX {}` at `-c 50 -P 1`, {} measured requests per cell through a fresh proxy over fresh masters: 3 single redis-servers, 3 Redis Clusters of 1 shard, 3 of 3 shards (no replicas; each acquire is one script run per master, on the primary of the key's slot). CPU is utime + stime from /proc: the proxy's per request, each primary's per granted acquire.\n",
+        "redis-benchmark `SET key:__rand_int__ v NX PX {}` at `-c 50`, `-P 1` and `-P 16`, {} measured requests per cell through a fresh proxy over fresh masters: 3 single redis-servers, 3 Redis Clusters of 1 shard, 3 of 3 shards (no replicas; each acquire is one lock operation per master, on the primary of the key's slot, merged with others into one script call per node). CPU is utime + stime from /proc: the proxy's per request, each primary's per granted acquire.\n",
         settings.ttl_ms, settings.cpu_requests
     );
-    let _ = writeln!(md, "| masters | round | SET/s | granted | proxy µs/request | busiest primary µs/acquire | mean primary µs/acquire |");
-    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(md, "| masters | -P | round | SET/s | granted | proxy µs/request | busiest primary µs/acquire | mean primary µs/acquire |");
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|");
     for c in cells {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {:.1} | {:.1} | {:.1} (of {}) |",
+            "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} (of {}) |",
             c.masters.label(),
+            c.depth,
             c.round,
             fmt_rate(c.rps),
             c.granted,
@@ -203,42 +218,34 @@ pub fn render(md: &mut String, settings: &Settings, cells: &[Cell]) {
             c.primaries
         );
     }
-    let med = |masters: Masters, of: fn(&Cell) -> f64| {
-        let values: Vec<f64> = cells
-            .iter()
-            .filter(|c| c.masters == masters)
-            .map(of)
-            .collect();
-        (!values.is_empty()).then(|| median(values))
-    };
-    let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b.max(f64::EPSILON));
-    let per_shard = ratio(
-        med(Masters::Clusters(3), |c| c.busiest_us),
-        med(Masters::Clusters(1), |c| c.busiest_us),
-    );
-    let proxy_1 = ratio(
-        med(Masters::Clusters(1), |c| c.proxy_us),
-        med(Masters::Single, |c| c.proxy_us),
-    );
-    let proxy_3 = ratio(
-        med(Masters::Clusters(3), |c| c.proxy_us),
-        med(Masters::Single, |c| c.proxy_us),
-    );
     let verdict = |r: Option<f64>, target: f64| match r {
         Some(r) if r <= target => format!("{} (target ≤ {target}×: met)", fmt_ratio(r)),
         Some(r) => format!("{} (target ≤ {target}×: **not met**)", fmt_ratio(r)),
         None => "– (cells missing)".into(),
     };
     let _ = writeln!(md, "\nMedians over the rounds:\n");
-    let _ = writeln!(
-        md,
-        "- busiest primary's CPU per acquire, 3 shards / 1 shard: {}",
-        verdict(per_shard, 0.4)
-    );
-    let _ = writeln!(
-        md,
-        "- the proxy's CPU per request, clusters of 1 shard / single masters: {}; clusters of 3 shards / single masters: {}\n",
-        verdict(proxy_1, 1.2),
-        verdict(proxy_3, 1.2)
-    );
+    for depth in DEPTHS {
+        let med = |masters: Masters, of: fn(&Cell) -> f64| {
+            let values: Vec<f64> = (cells.iter())
+                .filter(|c| c.masters == masters && c.depth == depth)
+                .map(of)
+                .collect();
+            (!values.is_empty()).then(|| median(values))
+        };
+        let ratio = |a: Masters, b: Masters, of: fn(&Cell) -> f64| {
+            med(a, of)
+                .zip(med(b, of))
+                .map(|(a, b)| a / b.max(f64::EPSILON))
+        };
+        let busiest = |c: &Cell| c.busiest_us;
+        let proxy = |c: &Cell| c.proxy_us;
+        let _ = writeln!(
+            md,
+            "- `-P {depth}`: busiest primary's CPU per acquire, 3 shards / 1 shard: {}; the proxy's CPU per request, clusters of 1 shard / single masters: {}, clusters of 3 shards / single masters: {}",
+            verdict(ratio(Masters::Clusters(3), Masters::Clusters(1), busiest), 0.4),
+            verdict(ratio(Masters::Clusters(1), Masters::Single, proxy), 1.2),
+            verdict(ratio(Masters::Clusters(3), Masters::Single, proxy), 1.2),
+        );
+    }
+    let _ = writeln!(md);
 }

@@ -213,6 +213,13 @@ impl ClusterMaster {
         self.routing().owner(slot).cloned()
     }
 
+    /// `f` on the node that serves `slot` now, if the map names one: on every request's path,
+    /// so under the map's read lock, without reference counts.
+    pub fn with_owner<R>(&self, slot: u16, f: impl FnOnce(&ClusterNode) -> R) -> Option<R> {
+        let routing = self.routing.read().ok()?;
+        routing.owner(slot).map(|node| f(node))
+    }
+
     /// Whether `slot` may vote through `node` now: found armed by it, not fenced.
     pub fn slot_ready(&self, slot: u16, node: &ClusterNode) -> bool {
         let at = usize::from(slot);

@@ -14,24 +14,22 @@ local n = tonumber(ARGV[1])
 local t = redis.call('time')
 local now = t[1] * 1000 + t[2] / 1000
 local me = redis.call('cluster', 'myid')
--- armed: each slot's marker state, read once per call.
-local r, armed, i, k, a = {}, {}, 1, 2, n + 2
+local r, i, k, a = {}, 1, 2, n + 2
 while a <= #ARGV do
   if ARGV[a] == 'a' then
-    local marker, lock, counter_key = ARGV[k], ARGV[k + 2], ARGV[k + 3]
-    if armed[marker] == nil then
-      armed[marker] = redis.call('get', marker) == me and not redis.call('get', ARGV[k + 1])
-    end
+    local lock, counter_key = ARGV[k + 2], ARGV[k + 3]
     if now > ARGV[a + 4] + 0 then
       r[i] = -2
     elseif now < ARGV[a + 6] + 0 then
       r[i] = {-3, t[1] * 1000000 + t[2]}
-    elseif not armed[marker] then
-      r[i] = -1
     else
-      -- Read at its turn: an earlier operation of this call may have set it.
-      local counter = redis.call('get', counter_key)
-      if counter and counter >= ARGV[a + 5] then
+      -- The slot's markers and the counter (one slot: one MGET), read at the operation's turn:
+      -- an earlier operation of this call may have set the counter.
+      local m = redis.call('mget', ARGV[k], ARGV[k + 1], counter_key)
+      local counter = m[3]
+      if m[1] ~= me or m[2] then
+        r[i] = -1
+      elseif counter and counter >= ARGV[a + 5] then
         -- Records start with the zero-padded token: string order is token order.
         r[i] = {-4, tonumber(string.sub(counter, 1, 16))}
       else

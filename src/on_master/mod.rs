@@ -332,7 +332,7 @@ mod tests {
             ),
             (
                 "cluster_lock.lua",
-                "c80d121f2938415befba6c8b36f0eec67c32791b",
+                "71f03840db45776524c8e9141364914bef99695c",
                 0,
                 1,
                 true,
