@@ -812,6 +812,11 @@ impl Masters {
         merged(&votes, rule)
     }
 
+    /// Whether some master is a single server (not a Redis Cluster).
+    pub fn any_single(&self) -> bool {
+        self.voters.iter().any(|v| v.cluster().is_none())
+    }
+
     /// Whether some master is a Redis Cluster.
     pub fn any_cluster(&self) -> bool {
         self.voters.iter().any(|v| v.cluster().is_some())

@@ -7,27 +7,32 @@
 
 use super::slots::{key_slot, slot_tag};
 use crate::on_master::{ARMED_KEY, QUARANTINE_KEY, TOKEN_KEY_PREFIX};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 /// The markers of slot `slot`: `redlock-proxy:armed:{T}` (the node id of the node that armed
 /// it) and `redlock-proxy:quarantine:{T}`.
 pub fn markers(slot: u16) -> [Bytes; 2] {
-    let tag = slot_tag(slot);
-    [ARMED_KEY, QUARANTINE_KEY].map(|name| Bytes::from(format!("{name}:{{{tag}}}")))
+    marker_pieces(slot).map(|pieces| Bytes::from(pieces.concat()))
+}
+
+/// [`markers`] as the pieces each name is the concatenation of (an acquire writes them
+/// without building them: [`crate::protocol::ScriptCall`]).
+pub fn marker_pieces(slot: u16) -> [[&'static [u8]; 4]; 2] {
+    let tag = slot_tag(slot).as_bytes();
+    [ARMED_KEY, QUARANTINE_KEY].map(|name| [name.as_bytes(), b":{", tag, b"}"])
 }
 
 /// Where a cluster master keeps the fencing token counter of `key`:
 /// `redlock-proxy:token:{T}:<key>`, `T` the tag of the key's slot (a `{key}` form would be
 /// wrong for keys holding `}`; the tag is right for every key).
 pub fn token_key(key: &[u8]) -> Bytes {
-    let tag = slot_tag(key_slot(key));
-    let mut name = BytesMut::with_capacity(TOKEN_KEY_PREFIX.len() + tag.len() + 3 + key.len());
-    name.extend_from_slice(TOKEN_KEY_PREFIX.as_bytes());
-    name.extend_from_slice(b"{");
-    name.extend_from_slice(tag.as_bytes());
-    name.extend_from_slice(b"}:");
-    name.extend_from_slice(key);
-    name.freeze()
+    Bytes::from(token_key_pieces(key_slot(key), key).concat())
+}
+
+/// [`token_key`] of `key`, of slot `slot`, as its pieces.
+pub fn token_key_pieces(slot: u16, key: &[u8]) -> [&[u8]; 5] {
+    let tag = slot_tag(slot).as_bytes();
+    [TOKEN_KEY_PREFIX.as_bytes(), b"{", tag, b"}:", key]
 }
 
 #[cfg(test)]

@@ -3,8 +3,8 @@
 
 use super::rollback::{RollbackPlan, Undo};
 use super::{AcquireResult, Acquirer};
-use crate::cluster::keys::markers;
-use crate::cluster::slots::{key_slot, slot_tag};
+use crate::cluster::keys::{marker_pieces, token_key_pieces};
+use crate::cluster::slots::key_slot;
 use crate::config::NoQuorumReply;
 use crate::error::ProxyError;
 use crate::health::instance_name;
@@ -284,10 +284,11 @@ struct Request {
 /// How the acquire writes on a master.
 enum Operation {
     /// With quarantine on: an acquire operation of [`LOCK_SCRIPT`] (markers, deadline,
-    /// token), whose number is the master's write deadline; and its form for cluster masters
-    /// (their token counter is in the key's slot), where some master is one.
+    /// token), whose number is the master's write deadline, where some master is a single
+    /// server; and its form for cluster masters (its slot's markers, the token counter in the
+    /// key's slot), where some master is one.
     Script {
-        single: ScriptCall,
+        single: Option<ScriptCall>,
         cluster: Option<ScriptCall>,
     },
     /// With quarantine off (tests only): `SET key value NX PX`, which carries no token.
@@ -330,13 +331,14 @@ impl Request {
         let masters = &acquirer.masters;
         let operation = match masters.quarantine() {
             true => Operation::Script {
-                single: call(&[&[key], &[TOKEN_KEY_PREFIX.as_bytes(), key]]),
-                // Each operation names its slot's markers: a node merges calls of all its slots.
+                single: masters
+                    .any_single()
+                    .then(|| call(&[&[key], &[TOKEN_KEY_PREFIX.as_bytes(), key]])),
+                // Each operation names its slot's markers (as `cluster::keys` names them, from
+                // their pieces): a node merges calls of all its slots.
                 cluster: masters.any_cluster().then(|| {
-                    let [armed, quarantine] = markers(slot);
-                    let tag = slot_tag(slot).as_bytes();
-                    let counter: &[&[u8]] = &[TOKEN_KEY_PREFIX.as_bytes(), b"{", tag, b"}:", key];
-                    call(&[&[&armed], &[&quarantine], &[key], counter])
+                    let [armed, quarantine] = marker_pieces(slot);
+                    call(&[&armed, &quarantine, &[key], &token_key_pieces(slot, key)])
                 }),
             },
             false => Operation::Set(encode_command(&[
@@ -394,7 +396,7 @@ async fn fan_out(acquirer: &Acquirer, request: &Request) -> Ballot {
             .min(request.latest);
         deadlines[i].store(deadline, Ordering::Relaxed);
         let (script, call) = match voter.cluster() {
-            None => (acquirer.script.clone(), single),
+            None => (acquirer.script.clone(), single.as_ref()?),
             Some(c) => (c.lock_script(), cluster.as_ref()?),
         };
         Some(Ask::Script(script, call.with_number(deadline)))
