@@ -21,8 +21,8 @@ use crate::backend::Backend;
 use crate::cluster::{self, slots::SLOTS};
 use crate::config::Config;
 use crate::dial::{Dial, PASSWORD_ENV};
-use crate::health::ClusterMaster;
 use crate::health::{self, MasterHealth};
+use crate::health::{ClusterMaster, Place};
 use crate::live::LiveDuration;
 use crate::on_master::{self, ARMED_KEY, QUARANTINE_KEY};
 use crate::protocol::{Reply, ScriptCall};
@@ -182,18 +182,6 @@ impl VoteStats {
         .map(|c| c.load(Ordering::Relaxed))
         .sum()
     }
-}
-
-/// Where a master is: one server, or a Redis Cluster whose slots are served by its primaries.
-#[derive(Debug)]
-pub enum Place {
-    /// One redis-server (or a Sentinel group's primary): its link and health record.
-    Single {
-        link: Arc<Link>,
-        health: Arc<MasterHealth>,
-    },
-    /// A Redis Cluster ([`ClusterMaster`]).
-    Cluster(Arc<ClusterMaster>),
 }
 
 /// The server of a master that serves one slot: its link and health record.
@@ -647,8 +635,8 @@ impl Masters {
                 Arc::new(Voter { place, stats })
             })
             .collect();
-        let watched: Vec<_> = voters.iter().map(|v| v.place.watched()).collect();
-        let startup = health::spawn_monitors(&watched, settings.health.clone(), stop_rx);
+        let places: Vec<Place> = voters.iter().map(|v| v.place.clone()).collect();
+        let startup = health::spawn_monitors(&places, settings.health.clone(), stop_rx);
         Arc::new(Masters {
             voters,
             settings,
@@ -862,19 +850,9 @@ impl Drop for Masters {
     }
 }
 
-impl Place {
-    /// What the health monitors watch of this master.
-    fn watched(&self) -> health::Watched {
-        match self {
-            Place::Single { link, health } => health::Watched::Single(link.clone(), health.clone()),
-            Place::Cluster(cluster) => health::Watched::Cluster(cluster.clone()),
-        }
-    }
-}
-
 /// A request in the forms the kinds of master need: a single master's, and a cluster's where
 /// some master is one (the proxy's keys and scripts differ: [`Voter::markers`],
-/// [`Voter::script`]).
+/// [`Voter::token_key`]).
 #[derive(Clone)]
 pub struct Forms {
     single: Bytes,

@@ -229,17 +229,23 @@ pub struct MonitorConfig {
     pub wait_replicas: u32,
 }
 
-/// What the monitors watch of one master.
-pub enum Watched {
-    /// One server: its link and the health record its voter reads.
-    Single(Arc<Link>, Arc<MasterHealth>),
+/// Where a master is, as its voter routes to it and the monitors watch it: one server, or a
+/// Redis Cluster whose slots are served by its primaries.
+#[derive(Debug, Clone)]
+pub enum Place {
+    /// One redis-server (or a Sentinel group's primary): its link and the health record its
+    /// monitor keeps.
+    Single {
+        link: Arc<Link>,
+        health: Arc<MasterHealth>,
+    },
     /// A Redis Cluster: its keeper watches the map, every primary and every slot.
     Cluster(Arc<ClusterMaster>),
 }
 
 /// Watches every master until `stop` becomes true, and founds the deployment if it is new.
 pub fn spawn_monitors(
-    masters: &[Watched],
+    masters: &[Place],
     policy: MonitorConfig,
     stop: watch::Receiver<bool>,
 ) -> Startup {
@@ -256,17 +262,15 @@ pub fn spawn_monitors(
         .map(|script| encode_command(&["SCRIPT", "LOAD", script]))
         .collect();
     let policy = Arc::new(policy);
-    let places: Vec<Place> = masters
-        .iter()
-        .map(|watched| match watched {
-            Watched::Single(link, _) => Place::Single(link.clone()),
-            Watched::Cluster(cluster) => Place::Cluster(cluster.clone()),
-        })
-        .collect();
-    tokio::spawn(found(places, view.clone(), policy.clone(), stop.clone()));
-    for (index, watched) in masters.iter().enumerate() {
-        match watched {
-            Watched::Single(link, health) => {
+    tokio::spawn(found(
+        masters.to_vec(),
+        view.clone(),
+        policy.clone(),
+        stop.clone(),
+    ));
+    for (index, place) in masters.iter().enumerate() {
+        match place {
+            Place::Single { link, health } => {
                 let monitor = Monitor {
                     role: Role::Master {
                         index,
@@ -281,7 +285,7 @@ pub fn spawn_monitors(
                 };
                 tokio::spawn(monitor.run(stop.clone()));
             }
-            Watched::Cluster(cluster) => {
+            Place::Cluster(cluster) => {
                 let keeper = cluster::Keeper {
                     cluster: cluster.clone(),
                     view: view.clone(),
@@ -328,13 +332,6 @@ fn markers_command(script: &str, args: &[&str]) -> Bytes {
     encode_command(&parts)
 }
 
-/// A master as the founding sees it: one server's markers, or a cluster's (every slot's,
-/// taken together: [`Markers::combine`]).
-enum Place {
-    Single(Arc<Link>),
-    Cluster(Arc<ClusterMaster>),
-}
-
 /// A markers script to run on every master: on a single master its form and the command, on
 /// a cluster its cluster form and arguments (run on every slot).
 struct MarkersScript {
@@ -343,11 +340,13 @@ struct MarkersScript {
     args: Vec<String>,
 }
 
+/// A master as the founding sees it: one server's markers, or a cluster's (every slot's,
+/// taken together: [`Markers::combine`]).
 impl Place {
     /// The master's markers after `script` (`None`: no usable answer).
     async fn look(&self, script: &MarkersScript) -> Option<Markers> {
         match self {
-            Place::Single(link) => {
+            Place::Single { link, .. } => {
                 let answer = link.send(script.single.clone(), 1).wait().await.ok()?;
                 Markers::parse(&answer)
             }
@@ -358,7 +357,7 @@ impl Place {
     /// The links whose new connections wake the founding (a cluster: its seeds).
     fn links(&self) -> Vec<Arc<Link>> {
         match self {
-            Place::Single(link) => vec![link.clone()],
+            Place::Single { link, .. } => vec![link.clone()],
             Place::Cluster(cluster) => cluster.seeds.clone(),
         }
     }
