@@ -24,7 +24,6 @@ use crate::dial::{Dial, PASSWORD_ENV};
 use crate::health::{self, MasterHealth};
 use crate::health::{ClusterMaster, Place};
 use crate::live::LiveDuration;
-use crate::on_master::{self, ARMED_KEY, QUARANTINE_KEY};
 use crate::protocol::{Reply, ScriptCall};
 use crate::redlock::{merge, merged, quorum, MergeRule, MissingReason, Vote};
 use crate::secret::Secret;
@@ -322,20 +321,12 @@ impl Voter {
 
     /// The markers a script checks for `slot`: the master's, or on a cluster the slot's.
     pub fn markers(&self, slot: u16) -> [Bytes; 2] {
-        match &self.place {
-            Place::Single { .. } => {
-                [ARMED_KEY, QUARANTINE_KEY].map(|k| Bytes::from_static(k.as_bytes()))
-            }
-            Place::Cluster(_) => cluster::keys::markers(slot),
-        }
+        cluster::keys::markers_on(self.cluster().is_some(), slot)
     }
 
     /// Where this master keeps the fencing token counter of `key`.
     pub fn token_key(&self, key: &[u8]) -> Bytes {
-        match &self.place {
-            Place::Single { .. } => on_master::token_key(key),
-            Place::Cluster(_) => cluster::keys::token_key(key),
-        }
+        cluster::keys::token_key_on(self.cluster().is_some(), key)
     }
 
     /// The deadline (ms in the master's clock) of a write for `slot` sent at `sent`: the latest

@@ -9,6 +9,25 @@ use super::slots::{key_slot, slot_tag};
 use crate::on_master::{ARMED_KEY, QUARANTINE_KEY, TOKEN_KEY_PREFIX};
 use bytes::Bytes;
 
+/// The markers a script checks for a key of `slot` on a master that is a cluster
+/// (`on_cluster`: the slot's, [`markers`]) or a single server (its own, [`ARMED_KEY`] and
+/// [`QUARANTINE_KEY`]).
+pub fn markers_on(on_cluster: bool, slot: u16) -> [Bytes; 2] {
+    match on_cluster {
+        true => markers(slot),
+        false => [ARMED_KEY, QUARANTINE_KEY].map(|k| Bytes::from_static(k.as_bytes())),
+    }
+}
+
+/// Where a master that is a cluster (`on_cluster`: [`token_key`]) or a single server
+/// ([`crate::on_master::token_key`]) keeps the fencing token counter of `key`.
+pub fn token_key_on(on_cluster: bool, key: &[u8]) -> Bytes {
+    match on_cluster {
+        true => token_key(key),
+        false => crate::on_master::token_key(key),
+    }
+}
+
 /// The markers of slot `slot`: `redlock-proxy:armed:{T}` (the node id of the node that armed
 /// it) and `redlock-proxy:quarantine:{T}`.
 pub fn markers(slot: u16) -> [Bytes; 2] {

@@ -12,10 +12,11 @@
 
 use super::set::{acquire, refuse_acquire};
 use super::{Action, Ctx, Session};
+use crate::cluster::keys::token_key_on;
 use crate::error::ProxyError;
 use crate::lease::Outcome;
 use crate::masters::{slot_of, Ask, Forms};
-use crate::on_master::{token_key, TOKEN_SCRIPT};
+use crate::on_master::TOKEN_SCRIPT;
 use crate::protocol::{encode_command, Request};
 use crate::redlock::MergeRule;
 use bytes::Bytes;
@@ -47,10 +48,7 @@ pub fn lock_token(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Ac
     let masters = ctx.masters();
     // The counter's name differs on a cluster master (in the key's slot).
     let payload = Forms::new(&masters, |cluster| {
-        let token_key = match cluster {
-            false => token_key(key),
-            true => crate::cluster::keys::token_key(key),
-        };
+        let token_key = token_key_on(cluster, key);
         let script = TOKEN_SCRIPT.text().as_bytes();
         encode_command(&[b"EVAL", script, b"2", key, &token_key, value])
     });

@@ -37,14 +37,14 @@ mod hash_lock;
 use super::keys::forward_request;
 use super::{Action, Ctx, Session};
 use crate::auth::KeyPatterns;
-use crate::cluster::keys::markers;
+use crate::cluster::keys::markers_on;
 use crate::error::ProxyError;
 use crate::lease::{Granted, Lease, Outcome};
 use crate::lease_script::KnownLock;
 use crate::lock::Acquirer;
 use crate::lock::Attempt;
 use crate::masters::{slot_of, Ask, Forms, LateVotes, Masters, Voter};
-use crate::on_master::{script_sha, ARMED_KEY, CLUSTER_GUARD_SCRIPT, GUARD_SCRIPT, QUARANTINE_KEY};
+use crate::on_master::{script_sha, CLUSTER_GUARD_SCRIPT, GUARD_SCRIPT};
 use crate::protocol::{encode_command, Reply, Request};
 use crate::redlock::{
     merge, merged, quorum, token_refusal, validity_window, MergeRule, MissingReason, Policy, Vote,
@@ -456,13 +456,11 @@ fn script_vote(vote: &Vote) -> (Vote, Report) {
 pub(crate) fn guard_command(keys: &[Bytes], policy: &Policy, cluster: bool) -> Bytes {
     let count = (keys.len() + 2).to_string();
     let bound = policy.lease_bound().as_millis().to_string();
-    let (script, [armed, quarantine]) = match cluster {
-        false => (
-            GUARD_SCRIPT.text(),
-            [ARMED_KEY, QUARANTINE_KEY].map(|k| Bytes::from_static(k.as_bytes())),
-        ),
-        true => (CLUSTER_GUARD_SCRIPT.text(), markers(slot_of(keys))),
+    let script = match cluster {
+        false => GUARD_SCRIPT.text(),
+        true => CLUSTER_GUARD_SCRIPT.text(),
     };
+    let [armed, quarantine] = markers_on(cluster, slot_of(keys));
     let mut parts: Vec<&[u8]> = vec![
         b"EVAL",
         script.as_bytes(),

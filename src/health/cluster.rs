@@ -13,7 +13,7 @@
 //! node) or its owner's monitor sees a loss, before anything else may vote for it.
 
 use super::judge::{marker_step, MarkerStep, Markers};
-use super::{info_command, DeploymentView, Monitor, MonitorConfig, Role};
+use super::{ask, info_command, DeploymentView, Monitor, MonitorConfig, Role};
 use super::{ClusterMaster, ClusterNode};
 use crate::cluster::keys::markers;
 use crate::cluster::map::SlotMap;
@@ -322,11 +322,6 @@ fn ms(left: i64) -> Duration {
     Duration::from_millis(left.max(0) as u64)
 }
 
-/// One request on `link` (whatever the node's health: the keeper is what judges its slots).
-async fn ask(link: &Link, payload: Bytes, replies: usize) -> Option<Reply> {
-    link.send(payload, replies).wait().await.ok()
-}
-
 /// Runs `script` (with `args`) on each of `slots`, its markers as its two keys, pipelined
 /// after one `SCRIPT LOAD`: each slot's answer (`None`: an error answer), or `None` if the
 /// batch got no answer.
@@ -401,51 +396,27 @@ mod tests {
             stamp: stamp.map(str::to_string),
         };
         let live = Some(Deployment::Live);
+        // On node "me" of a live deployment, this proxy's tag "t".
+        let step = |markers: &Markers, lost: Option<&str>| {
+            slot_step(markers, "me", live, "t", lost.map(str::to_string))
+        };
         let quarantined = |step: MarkerStep| matches!(step, MarkerStep::Quarantine(_));
-        assert_eq!(
-            slot_step(&armed_by(Some("me"), 0), "me", live, "t", None),
-            MarkerStep::Ready
-        );
+        assert_eq!(step(&armed_by(Some("me"), 0), None), MarkerStep::Ready);
         // A quarantine under way on its own stamp: ready, the fence from the marker's time.
-        assert_eq!(
-            slot_step(&armed_by(Some("me"), 900), "me", live, "t", None),
-            MarkerStep::Ready
-        );
-        assert!(quarantined(slot_step(
-            &armed_by(Some("other"), 0),
-            "me",
-            live,
-            "t",
-            None
-        )));
-        assert!(quarantined(slot_step(
-            &armed_by(None, 0),
-            "me",
-            live,
-            "t",
-            None
-        )));
+        assert_eq!(step(&armed_by(Some("me"), 900), None), MarkerStep::Ready);
+        assert!(quarantined(step(&armed_by(Some("other"), 0), None)));
+        assert!(quarantined(step(&armed_by(None, 0), None)));
         // Its primary lost data: quarantined whatever the stamp.
-        let lost = Some("restarted".to_string());
-        assert!(quarantined(slot_step(
+        assert!(quarantined(step(
             &armed_by(Some("me"), 0),
-            "me",
-            live,
-            "t",
-            lost
+            Some("restarted")
         )));
         // Founding: unarmed waits while undecided, joins through a quarantine once decided.
         assert!(matches!(
             slot_step(&Markers::Unarmed, "me", None, "t", None),
             MarkerStep::Wait(_)
         ));
-        assert!(quarantined(slot_step(
-            &Markers::Unarmed,
-            "me",
-            live,
-            "t",
-            None
-        )));
+        assert!(quarantined(step(&Markers::Unarmed, None)));
         let mine = Markers::Claimed {
             tag: "t".into(),
             left_ms: 5,

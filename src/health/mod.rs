@@ -347,7 +347,7 @@ impl Place {
     async fn look(&self, script: &MarkersScript) -> Option<Markers> {
         match self {
             Place::Single { link, .. } => {
-                let answer = link.send(script.single.clone(), 1).wait().await.ok()?;
+                let answer = ask(link, script.single.clone(), 1).await?;
                 Markers::parse(&answer)
             }
             Place::Cluster(c) => cluster::look_at_every_slot(c, script.cluster, &script.args).await,
@@ -376,6 +376,16 @@ impl Place {
         self.links().iter().find_map(|l| l.auth_refused())
     }
 }
+
+/// `replies` requests to a server at once, whatever its health (the monitors and keepers are
+/// what judge it): their replies (as an array when more than one), or `None` without them.
+async fn ask(link: &Link, payload: Bytes, replies: usize) -> Option<Reply> {
+    link.send(payload, replies).wait().await.ok()
+}
+
+/// The loss of a server first seen less than the lease bound after it loaded its data from
+/// disk ([`first_sight_wait`]): it may have lost its last writes.
+const LOADED_FROM_DISK: &str = "loaded its data from disk recently (may have lost its last writes)";
 
 /// Asks every master at once; each answer read as markers (`None`: no usable answer).
 async fn look_at_all(places: &[Place], script: &MarkersScript) -> Vec<Option<Markers>> {
@@ -542,7 +552,7 @@ impl Monitor {
 
     /// `replies` requests at once: their replies as an array.
     async fn ask_n(&self, payload: Bytes, replies: usize) -> Option<Reply> {
-        self.link.send(payload, replies).wait().await.ok()
+        ask(&self.link, payload, replies).await
     }
 
     /// Reads the server's clock into its health record, for the deadline of every acquire
@@ -601,11 +611,7 @@ impl Monitor {
         let first = health.first_sight();
         let waited = first_sight_wait(&obs, self.policy.lease_bound).filter(|_| first);
         let lost = health.observe(&self.link.addr, obs, None, self.policy.wait_replicas);
-        let lost = lost.or_else(|| {
-            waited.map(|_| {
-                "loaded its data from disk recently (may have lost its last writes)".to_string()
-            })
-        });
+        let lost = lost.or_else(|| waited.map(|_| LOADED_FROM_DISK.to_string()));
         if let Some(reason) = lost {
             cluster.node_lost(id, reason);
         }
@@ -665,9 +671,7 @@ impl Monitor {
         }
         if policy.quarantine {
             if lost.is_none() && waited.is_some() {
-                lost = Some(
-                    "loaded its data from disk recently (may have lost its last writes)".into(),
-                );
+                lost = Some(LOADED_FROM_DISK.into());
             }
             health.end_quarantine(&link.addr);
             if let Markers::Armed {

@@ -5,10 +5,11 @@
 
 use super::acquire::Record;
 use super::LockStats;
+use crate::cluster::keys::token_key_on;
 use crate::cluster::slots::key_slot;
 use crate::lease::Rollback;
 use crate::masters::{Forms, LateVotes, Masters};
-use crate::on_master::{token_key, COMPARE_AND_DELETE, UNDO_HASH_SCRIPT, UNDO_SCRIPT};
+use crate::on_master::{COMPARE_AND_DELETE, UNDO_HASH_SCRIPT, UNDO_SCRIPT};
 use crate::protocol::encode_command;
 use crate::redlock::Vote;
 use bytes::Bytes;
@@ -82,10 +83,7 @@ impl Undo {
     /// counter is the one in the key's slot.
     fn payload(&self, cluster: bool) -> Bytes {
         let eval = b"EVAL".as_ref();
-        let token_key = |key: &[u8]| match cluster {
-            false => token_key(key),
-            true => crate::cluster::keys::token_key(key),
-        };
+        let token_key = |key: &[u8]| token_key_on(cluster, key);
         match self {
             Undo::Lock {
                 key,
