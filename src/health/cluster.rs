@@ -53,7 +53,7 @@ impl Keeper {
             self.round(&mut losses, &stop).await;
             // Until a map is loaded, a seed's connection is worth a round at once: the
             // founding waits for the map.
-            let unmapped = self.cluster.routing().map.is_none();
+            let unmapped = self.cluster.map().is_none();
             let seed_connected = futures::future::select_all(
                 seeds
                     .iter()
@@ -77,13 +77,12 @@ impl Keeper {
             self.install(map, stop);
         }
         losses.extend(self.cluster.take_losses());
-        let routing = self.cluster.routing();
-        if routing.map.is_none() {
+        if self.cluster.map().is_none() {
             return;
         }
         let mut work: HashMap<String, (Arc<ClusterNode>, Vec<u16>)> = HashMap::new();
         for slot in 0..SLOTS as u16 {
-            let Some(node) = routing.owner(slot) else {
+            let Some(node) = self.cluster.owner_ref(slot) else {
                 continue;
             };
             if losses.contains_key(&node.id) || self.cluster.slot_unknown(slot, node) {
@@ -144,7 +143,7 @@ impl Keeper {
 
     /// Makes a node (and its health monitor) for every new primary of `map`, and routes by it.
     fn install(&self, map: SlotMap, stop: &watch::Receiver<bool>) {
-        if self.cluster.routing().map.as_ref() == Some(&map) {
+        if self.cluster.map().as_deref() == Some(&map) {
             return;
         }
         for primary in &map.primaries {
@@ -361,11 +360,10 @@ pub(super) async fn look_at_every_slot(
     script: &str,
     args: &[String],
 ) -> Option<Markers> {
-    let routing = cluster.routing();
-    routing.map.as_ref()?;
+    cluster.map()?;
     let mut by_node: HashMap<String, (Arc<ClusterNode>, Vec<u16>)> = HashMap::new();
     for slot in 0..SLOTS as u16 {
-        let node = routing.owner(slot)?;
+        let node = cluster.owner_ref(slot)?;
         let entry = by_node
             .entry(node.id.clone())
             .or_insert_with(|| (node.clone(), vec![]));

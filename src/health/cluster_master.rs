@@ -77,8 +77,8 @@ pub struct ClusterMaster {
     stop: watch::Receiver<bool>,
     /// The seed nodes' links, for the map until primaries are known.
     pub seeds: Vec<Arc<Link>>,
-    /// The current map and, per slot, its owner's node.
-    routing: RwLock<Arc<Routing>>,
+    /// The current map (each slot's owner is also in `owner_serial`).
+    map: RwLock<Option<Arc<SlotMap>>>,
     /// Every node met, by id.
     nodes: Mutex<HashMap<String, Arc<ClusterNode>>>,
     next_serial: AtomicU64,
@@ -106,19 +106,6 @@ pub struct ClusterMaster {
     /// Quarantines begun (one per primary and cause at a time, whatever the slots), by cause
     /// (for the metrics).
     quarantines: Mutex<std::collections::BTreeMap<&'static str, u64>>,
-}
-
-/// A map with each slot's owner resolved to its node.
-#[derive(Default)]
-pub struct Routing {
-    pub map: Option<SlotMap>,
-    owners: Vec<Option<Arc<ClusterNode>>>,
-}
-
-impl Routing {
-    pub fn owner(&self, slot: u16) -> Option<&Arc<ClusterNode>> {
-        self.owners.get(usize::from(slot))?.as_ref()
-    }
 }
 
 impl ClusterMaster {
@@ -149,7 +136,7 @@ impl ClusterMaster {
             node_timeout,
             stop,
             seeds,
-            routing: RwLock::default(),
+            map: RwLock::default(),
             nodes: Mutex::default(),
             next_serial: AtomicU64::new(1),
             by_serial: (0..=MAX_NODES).map(|_| OnceLock::new()).collect(),
@@ -170,9 +157,9 @@ impl ClusterMaster {
         })
     }
 
-    /// The current routing.
-    pub fn routing(&self) -> Arc<Routing> {
-        self.routing.read().map(|r| r.clone()).unwrap_or_default()
+    /// The current slot map, once one was read.
+    pub fn map(&self) -> Option<Arc<SlotMap>> {
+        self.map.read().ok()?.clone()
     }
 
     /// The node of id `id` at `host:port`, made (its link connecting, its driver running until
@@ -209,39 +196,38 @@ impl ClusterMaster {
 
     /// Installs `map` (its primaries already made nodes with [`ClusterMaster::node`]).
     pub fn set_map(&self, map: SlotMap) {
-        let owners: Vec<Option<Arc<ClusterNode>>> = {
+        {
             let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
-            (0..SLOTS as u16)
-                .map(|slot| map.owner(slot).and_then(|n| nodes.get(&n.id).cloned()))
-                .collect()
-        };
-        for (serial, owner) in self.owner_serial.iter().zip(&owners) {
-            serial.store(owner.as_ref().map_or(0, |n| n.serial), Ordering::Release);
+            for (slot, serial) in (0..SLOTS as u16).zip(self.owner_serial.iter()) {
+                let owner = map.owner(slot).and_then(|n| nodes.get(&n.id));
+                serial.store(owner.map_or(0, |n| n.serial), Ordering::Release);
+            }
         }
-        let routing = Arc::new(Routing {
-            map: Some(map),
-            owners,
-        });
-        if let Ok(mut current) = self.routing.write() {
-            *current = routing;
+        if let Ok(mut current) = self.map.write() {
+            *current = Some(Arc::new(map));
         }
     }
 
-    /// The node that serves `slot` now, if the map names one.
-    pub fn owner(&self, slot: u16) -> Option<Arc<ClusterNode>> {
-        self.routing().owner(slot).cloned()
-    }
-
-    /// `f` on the node that serves `slot` now, if the map names one: on every request's path,
-    /// so without a lock (a read-write lock's shared counter bounced between the cores: 7 % of
-    /// the proxy's CPU under load) and without reference counts.
-    pub fn with_owner<R>(&self, slot: u16, f: impl FnOnce(&ClusterNode) -> R) -> Option<R> {
+    /// The node that serves `slot` now, if the map names one: read without a lock (on every
+    /// request's path, a read-write lock's shared counter bounced between the cores: 7 % of
+    /// the proxy's CPU under load).
+    pub fn owner_ref(&self, slot: u16) -> Option<&Arc<ClusterNode>> {
         let serial = self
             .owner_serial
             .get(usize::from(slot))?
             .load(Ordering::Acquire);
-        let node = self.by_serial.get(usize::try_from(serial).ok()?)?.get()?;
-        Some(f(node))
+        self.by_serial.get(usize::try_from(serial).ok()?)?.get()
+    }
+
+    /// [`ClusterMaster::owner_ref`], counted.
+    pub fn owner(&self, slot: u16) -> Option<Arc<ClusterNode>> {
+        self.owner_ref(slot).cloned()
+    }
+
+    /// `f` on the node that serves `slot` now, if the map names one (no reference count
+    /// taken: this is on every request's path).
+    pub fn with_owner<R>(&self, slot: u16, f: impl FnOnce(&ClusterNode) -> R) -> Option<R> {
+        self.owner_ref(slot).map(|node| f(node))
     }
 
     /// Whether `slot` may vote through `node` now: found armed by it, not fenced.
@@ -381,8 +367,7 @@ impl ClusterMaster {
     pub async fn wait_primaries_attempted(&self) {
         let loaded = async {
             while self.seeds.iter().any(|l| l.is_connected())
-                && (self.routing().map.is_none()
-                    || !self.nodes().iter().all(|n| n.link.attempted()))
+                && (self.map().is_none() || !self.nodes().iter().all(|n| n.link.attempted()))
             {
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             }
@@ -396,12 +381,10 @@ impl ClusterMaster {
 
     /// Slots that may vote now, of [`SLOTS`].
     pub fn usable_slots(&self) -> usize {
-        let routing = self.routing();
         (0..SLOTS as u16)
             .filter(|&slot| {
-                routing
-                    .owner(slot)
-                    .is_some_and(|n| n.eligible() && self.slot_ready(slot, n))
+                self.with_owner(slot, |n| n.eligible() && self.slot_ready(slot, n))
+                    .unwrap_or(false)
             })
             .count()
     }
@@ -409,10 +392,9 @@ impl ClusterMaster {
     /// `up (…)`, `partial (…)` or `down (…)`, for `INFO`: how many slots may vote, how many
     /// are fenced, and the primaries.
     pub fn state(&self) -> String {
-        let routing = self.routing();
         let usable = self.usable_slots();
         let fenced = (0..SLOTS as u16).filter(|&s| self.slot_fenced(s)).count();
-        let primaries = routing.map.as_ref().map_or(0, |m| m.primaries.len());
+        let primaries = self.map().map_or(0, |m| m.primaries.len());
         let word = match usable {
             SLOTS => "up",
             0 if fenced > 0 => "quarantined",
