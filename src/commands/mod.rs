@@ -562,15 +562,15 @@ fn cluster_checks(spec: &Spec, keys: &[Bytes]) -> Result<(), ProxyError> {
         return Err(ProxyError::NotOnCluster(spec.name.to_ascii_uppercase()));
     }
     match keys.split_first() {
-        Some((first, rest)) if rest.iter().any(|k| !same_slot(first, k)) => {
-            Err(ProxyError::CrossSlot)
+        Some((first, rest)) => {
+            let slot = key_slot(first);
+            match rest.iter().all(|k| key_slot(k) == slot) {
+                true => Ok(()),
+                false => Err(ProxyError::CrossSlot),
+            }
         }
-        _ => Ok(()),
+        None => Ok(()),
     }
-}
-
-fn same_slot(a: &[u8], b: &[u8]) -> bool {
-    key_slot(a) == key_slot(b)
 }
 
 /// Sleeps until `deadline`, or forever without one. Lazy: a branch of the loop's `select!`
