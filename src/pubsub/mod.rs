@@ -3,8 +3,10 @@
 //!
 //! - One subscriber connection per master ([`link`]), shared by every client of the proxy: a
 //!   topic costs the masters one subscription per proxy, whatever the number of subscribers.
-//! - A message reaches a client as soon as the first master delivers it; the copies of the
-//!   other masters are dropped ([`dedup`]): one message per publish, not N.
+//! - A message reaches a client once a quorum of masters delivered it (the publish ran on a
+//!   quorum: a lock waiter woken by a release's message finds the lock released on a quorum),
+//!   or a node timeout after its first copy when fewer do; the other copies are dropped
+//!   ([`dedup`]): one message per publish, not N.
 //! - A subscription is confirmed to the client once a quorum of masters confirmed it (or
 //!   [`CONFIRM_WAIT`] passed without): a publish answered after that by a quorum of masters
 //!   shares a master with it, so it reaches the subscriber (docs/PROTOCOL.md §13).
@@ -29,7 +31,7 @@ use crate::protocol::Reply;
 use crate::redlock::quorum;
 use crate::transport::Connect;
 use bytes::Bytes;
-use dedup::Dedup;
+use dedup::{Dedup, Verdict};
 use link::LinkCommand;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -293,13 +295,14 @@ struct Table {
     /// another connection) still counts this proxy's subscription there, so
     /// [`Hub::receivers`] counts it as this proxy's own.
     leaving: HashMap<(Kind, Bytes), u64>,
-    dedup: Dedup,
+    dedup: Dedup<Message>,
 }
 
 /// What the hub counts, for `INFO` and the metrics.
 #[derive(Default)]
 pub struct PubSubStats {
-    /// Messages passed on to subscribers (a first copy), and copies dropped as duplicates.
+    /// Messages passed on to subscribers, and copies that passed nothing on (copies of a
+    /// message passed on by others, or short of their quorum).
     pub delivered: AtomicU64,
     pub duplicates: AtomicU64,
     /// Blocked pops waiting now (`INFO`'s `blocked_clients`).
@@ -314,6 +317,9 @@ pub struct Hub {
     quorum: usize,
     node_timeout: LiveDuration,
     stop: watch::Sender<bool>,
+    /// Wakes the task that passes on messages short of their quorum when they are due: a
+    /// delivery began waiting.
+    due_changed: Arc<Notify>,
     /// The next waiter's id.
     next_waiter: AtomicU64,
 }
@@ -336,15 +342,17 @@ impl Hub {
             table: Mutex::new(Table {
                 topics: HashMap::new(),
                 leaving: HashMap::new(),
-                // A master answering later than the node timeout is missing from votes; its
-                // late copies are delivered again (duplicates), and a short window keeps two
-                // publishes of the same bytes apart (see `dedup`).
-                dedup: Dedup::new(node_timeout.get()),
+                // A master answering later than the node timeout is missing from votes: a
+                // message waits that long for a quorum's copies, late copies are delivered
+                // again (duplicates), and a short window keeps two publishes of the same
+                // bytes apart (see `dedup`).
+                dedup: Dedup::new(node_timeout.get(), quorum(masters)),
             }),
             links,
             quorum: quorum(masters),
             node_timeout,
             stop,
+            due_changed: Arc::default(),
             next_waiter: AtomicU64::new(WAITER_IDS),
             stats: PubSubStats::default(),
         });
@@ -352,6 +360,8 @@ impl Hub {
             let link = link::SubscriberLink::new(Arc::downgrade(&hub), master, connect);
             tokio::spawn(link.run(commands, stopped.clone()));
         }
+        let due_changed = hub.due_changed.clone();
+        tokio::spawn(pass_on_when_due(Arc::downgrade(&hub), due_changed, stopped));
         hub
     }
 
@@ -531,22 +541,69 @@ impl Hub {
         forget_leaving(&mut table.leaving, master);
     }
 
-    /// Master `master` delivered `message`: the first copy of a publish goes to every
-    /// subscriber of its topic.
+    /// Master `master` delivered `message`: the copy that brings a publish to a quorum of
+    /// masters passes it on to every subscriber of its topic.
     fn deliver(&self, master: usize, message: Message) {
         let mut table = self.table();
         let Table { topics, dedup, .. } = &mut *table;
         let Some(topic) = topics.get_mut(&message.topic()) else {
             return;
         };
-        if !dedup.admit(master, &message, Instant::now()) {
-            self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
-            return;
+        match dedup.admit(master, &message, Instant::now()) {
+            Verdict::Pass => self.pass_on(topic, &message),
+            Verdict::Wait => {
+                self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                self.due_changed.notify_one();
+            }
+            Verdict::Drop => {
+                self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+            }
         }
+    }
+
+    /// Passes on the messages due without their quorum; when the next one will be due.
+    fn pass_on_due(&self) -> Option<Instant> {
+        let mut table = self.table();
+        let Table { topics, dedup, .. } = &mut *table;
+        for message in dedup.due(Instant::now()) {
+            if let Some(topic) = topics.get_mut(&message.topic()) {
+                self.pass_on(topic, &message);
+            }
+        }
+        dedup.next_due()
+    }
+
+    /// Hands `message` to every subscriber of `topic`.
+    fn pass_on(&self, topic: &mut Topic, message: &Message) {
         self.stats.delivered.fetch_add(1, Ordering::Relaxed);
         topic
             .subscribers
-            .retain(|_, subscriber| subscriber.deliver(&message));
+            .retain(|_, subscriber| subscriber.deliver(message));
+    }
+}
+
+/// Passes on each message short of its quorum when it is due ([`Hub::pass_on_due`]), until
+/// `stop` or the hub is gone.
+async fn pass_on_when_due(
+    hub: std::sync::Weak<Hub>,
+    due_changed: Arc<Notify>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let Some(next) = hub.upgrade().map(|hub| hub.pass_on_due()) else {
+            return;
+        };
+        let until_due = async {
+            match next {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = until_due => {}
+            _ = due_changed.notified() => {}
+            _ = stop.changed() => return,
+        }
     }
 }
 
