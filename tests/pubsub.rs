@@ -1,8 +1,9 @@
 //! Pub/sub through the proxy (docs/PROTOCOL.md, "Pub/sub"): RESP2's subscribed mode and RESP3's
 //! pushes compared frame by frame with one redis-server's; one message per publish with two
 //! proxies over five masters (a client's `PUBLISH` and a script's `redis.call('publish', …)`);
-//! messages while a master is paused; a master that dies mid-subscription subscribed again
-//! when it returns.
+//! a message passed on once a quorum of masters delivered it (a minority's, a node timeout
+//! later); messages while a master is paused; a master that dies mid-subscription subscribed
+//! again when it returns.
 
 use redlock_proxy::{Config, LocalMaster};
 use redlock_testkit::key;
@@ -213,6 +214,62 @@ async fn one_message_per_publish_with_two_proxies_over_five_masters() {
     }
 }
 
+/// A message is passed on once a quorum of masters delivered it (the publish ran on a
+/// quorum: a lock waiter woken by a release's message finds the lock released there), not at
+/// its first copy; one that only a minority delivers is passed on a node timeout after its
+/// first copy. Before (the first copy passed on at once) the subscriber had the message after
+/// the first master's copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_waits_for_a_quorum_of_masters_or_a_node_timeout() {
+    // The wait for a quorum's copies: one no scheduler hiccup reaches.
+    const WINDOW: Duration = Duration::from_secs(5);
+    let window = |c: &mut Config| c.node_timeout_ms = WINDOW.as_millis() as u64;
+    let env = Env::start_with(5, window).await;
+    let ports = env.ports();
+    let channel = key("quorum");
+    let mut sub = env.proxy.client().await;
+    sub.cmd(&["SUBSCRIBE", &channel]).await;
+    // Subscribed on every master (the reply came once a quorum was).
+    let subscribed = format!("*[${channel},:1]");
+    let deadline = Instant::now() + PATIENCE;
+    for port in &ports {
+        while master_cmd(*port, &["PUBSUB", "NUMSUB", &channel]).await != subscribed {
+            assert!(Instant::now() < deadline, "not subscribed on {port}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // Two of five masters publish (as a release's script runs on them first): nothing yet.
+    let first = Instant::now();
+    for port in &ports[..2] {
+        assert_eq!(master_cmd(*port, &["PUBLISH", &channel, "0"]).await, ":1");
+    }
+    assert_eq!(
+        sub.try_read(WINDOW / 5).await,
+        None,
+        "passed on before a quorum of masters published"
+    );
+    // The third: passed on now, long before the node timeout would have.
+    assert_eq!(
+        master_cmd(ports[2], &["PUBLISH", &channel, "0"]).await,
+        ":1"
+    );
+    assert_eq!(payloads(&mut sub, 1).await, ["0"]);
+    assert!(first.elapsed() < WINDOW, "{:?}", first.elapsed());
+    // The last two copies are copies.
+    for port in &ports[3..] {
+        assert_eq!(master_cmd(*port, &["PUBLISH", &channel, "0"]).await, ":1");
+    }
+    assert_eq!(sub.try_read(WINDOW / 5).await, None, "a copy got through");
+    // A publish on one master only: passed on once the node timeout has run out, not before.
+    let alone = Instant::now();
+    assert_eq!(
+        master_cmd(ports[4], &["PUBLISH", &channel, "1"]).await,
+        ":1"
+    );
+    assert_eq!(payloads(&mut sub, 1).await, ["1"]);
+    assert!(alone.elapsed() >= WINDOW / 2, "{:?}", alone.elapsed());
+}
+
 #[tokio::test]
 async fn messages_flow_with_a_master_paused_and_after_one_returns() {
     let mut env = Env::start(3).await;
@@ -227,7 +284,8 @@ async fn messages_flow_with_a_master_paused_and_after_one_returns() {
     assert_eq!(payloads(&mut sub, 1).await, ["one"]);
     signal(pid, "CONT");
     // Killed mid-subscription and restarted: the proxy subscribes there again, so a publish
-    // on that master alone reaches the subscriber.
+    // on that master alone reaches the subscriber (a node timeout later: one master of three
+    // is not a quorum).
     env.masters.masters[0].kill();
     assert_eq!(publisher.cmd(&["PUBLISH", &channel, "two"]).await, ":1");
     assert_eq!(payloads(&mut sub, 1).await, ["two"]);

@@ -261,7 +261,7 @@ impl Collector for ProxyCollector {
         family(
             e,
             "redlock_proxy_pubsub_messages",
-            "Pub/sub messages from the masters: the first copy of a publish (delivered) and the other masters' copies (duplicate, dropped).",
+            "Pub/sub messages from the masters: passed on once a quorum of masters delivered them, or a node timeout after the first copy (delivered), and the copies that passed nothing on (duplicate).",
             MetricType::Counter,
             [
                 ("delivered", &pubsub.delivered),
