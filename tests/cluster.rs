@@ -14,7 +14,7 @@ use redlock_testkit::key;
 use redlock_testkit::launcher::{master_state, wait_for_info_within, Proxy};
 use redlock_testkit::masters::{master_cmd, master_get, signal};
 use redlock_testkit::resp::{blocking_cmd, Reply};
-use redlock_testkit::rig::run;
+use redlock_testkit::rig::run_alone;
 use redlock_testkit::workload::{contend_until, grant_behind_a_cut_replica, Workload};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -282,7 +282,7 @@ const READY_LIMIT: Duration = Duration::from_secs(60);
 /// Redis Cluster's own text, and `INFO` shows every slot usable.
 #[test]
 fn locks_through_three_clusters() {
-    run(async {
+    run_alone(async {
         let clusters = tokio::task::block_in_place(|| three_clusters(3, 0));
         let proxy = proxy_over(&clusters, |_| {}).await;
         let mut c = proxy.client().await;
@@ -410,13 +410,13 @@ const FAILOVER_LIMIT: Duration = Duration::from_secs(30);
 /// off, the promoted node votes for B while A holds.
 #[test]
 fn a_replica_promoted_without_a_held_lock_is_quarantined_per_slot() {
-    run(async {
+    run_alone(async {
         assert!(
             contender_after_a_lossy_cluster_failover(false).await > 0,
             "negative control: without the quarantine B must get A's lock"
         );
     });
-    run(async {
+    run_alone(async {
         assert_eq!(
             contender_after_a_lossy_cluster_failover(true).await,
             0,
@@ -530,7 +530,7 @@ fn reshard(cluster: &RedisCluster, slots: usize) {
 /// its lease.
 #[test]
 fn failovers_a_reshard_and_a_cluster_down_keep_mutual_exclusion() {
-    run(async {
+    run_alone(async {
         let clusters = Arc::new(tokio::task::block_in_place(|| three_clusters(3, 1)));
         let proxy = proxy_over(&clusters, |c| c.max_lock_ttl_ms = 1000).await;
         let mut workload = Workload::new(vec![proxy.port], "cluster", 11).with_keys(12);

@@ -54,7 +54,8 @@
 //! (see `Nemesis::heal`). Fault steps keep at most ⌊(N−1)/2⌋ masters crashed, partitioned or
 //! freshly restarted at a time.
 //!
-//! Scenarios run one at a time (they measure latencies on a 2-core machine). Durations scale
+//! Scenarios run two at a time (they mostly wait); those that bound a latency run alone
+//! (`run_alone`: they measure latencies on a 2-core machine). Durations scale
 //! with `FAULTS_SCALE` (default 1.0); `SEED` replays a fault schedule. `soak_mixed_faults` is
 //! `#[ignore]`d: `SOAK_SECS=600 cargo test --release --test faults soak -- --ignored --nocapture`
 //! (`SOAK_NO_FLUSH=1` leaves `FLUSHALL` out).
@@ -76,8 +77,8 @@ use redlock_testkit::nemesis::{
 use redlock_testkit::relay::{Mode, Relay};
 use redlock_testkit::resp::{encode_str, Client, Silent};
 use redlock_testkit::rig::{
-    faults_before_violations, late_holds, logged_at, render, run, scaled, scenario, verdict,
-    with_quarantine, Expect, Rig, STARTING,
+    faults_before_violations, late_holds, logged_at, render, run, run_alone, scaled, scenario,
+    verdict, with_quarantine, Expect, Rig, STARTING,
 };
 use redlock_testkit::scripts::semaphore_acquire;
 use redlock_testkit::workload::{
@@ -631,7 +632,7 @@ fn link_faults_on_a_minority() {
 /// 4 × node timeout + 250 ms.
 #[test]
 fn slow_links_near_the_ttl() {
-    run(async {
+    run_alone(async {
         let seed = seed();
         let ttl = 300;
         let mut rig = Rig::start(3, true, 1, seed, |c| {
@@ -690,7 +691,7 @@ fn slow_links_near_the_ttl() {
 /// null, within 2 × node timeout + 250 ms.
 #[test]
 fn hot_key_pollers_over_slow_masters_answered_promptly() {
-    run(async {
+    run_alone(async {
         let node_timeout = 400;
         let rig = Rig::start(3, true, 1, seed(), |c| c.node_timeout_ms = node_timeout).await;
         rig.wait_ready(1000, Duration::from_secs(5)).await;
@@ -781,7 +782,7 @@ fn two_proxies_share_the_masters_under_faults() {
 /// machine.) A master that hangs would show as replies of seconds, far beyond it.
 #[test]
 fn majority_down_grants_nothing_and_answers_fast() {
-    run(async {
+    run_alone(async {
         let seed = seed();
         let mut rig = Rig::start(5, true, 1, seed, with_quarantine(TTL_MS)).await;
         let limit = Duration::from_millis(3 * NODE_TIMEOUT_MS);

@@ -11,7 +11,7 @@ use redlock_testkit::checker::{overlaps, Hold};
 use redlock_testkit::key;
 use redlock_testkit::nemesis::{step_mixed_no_flush, Nemesis};
 use redlock_testkit::redisson::{channel_name, Attempt, Redisson, Subscription};
-use redlock_testkit::rig::{run, scaled, with_quarantine, Rig};
+use redlock_testkit::rig::{run_alone, scaled, with_quarantine, Rig};
 use redlock_testkit::workload::{now_ns, seed, Rng};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -182,7 +182,7 @@ fn lost_wakeups(logs: &[Log], keys: &[String]) -> Vec<(u64, String)> {
 
 #[test]
 fn redisson_waiters_under_mixed_faults() {
-    run(async {
+    run_alone(async {
         let seed = seed();
         let lease_ms = LEASE.as_millis() as u64;
         let mut rig = Rig::start(5, true, 2, seed, with_quarantine(lease_ms)).await;

@@ -16,7 +16,7 @@ use redlock_testkit::key;
 use redlock_testkit::launcher::{master_number, master_state, wait_for_info_where, Proxy};
 use redlock_testkit::masters::{master_cmd, master_get, signal};
 use redlock_testkit::resp::Client;
-use redlock_testkit::rig::run;
+use redlock_testkit::rig::run_alone;
 use redlock_testkit::sentinel::SentinelGroups;
 use redlock_testkit::workload::{
     contend_until, grant_behind_a_cut_replica, wait_grantable, Workload,
@@ -141,7 +141,7 @@ async fn a_failover_no_proxy_watched_is_quarantined_by_the_next_proxy() {
 
 #[test]
 fn failovers_under_load_keep_mutual_exclusion() {
-    run(async {
+    run_alone(async {
         let groups = Arc::new(tokio::task::block_in_place(|| SentinelGroups::start(3, 3)));
         let proxy = Proxy::start(groups.backends(), |c| c.max_lock_ttl_ms = 1000).await;
         let probe = key("probe");
