@@ -192,6 +192,12 @@ impl<M: Hash + Clone> Dedup<M> {
         None
     }
 
+    /// Whether a delivery waits to be passed on when due (possibly one its quorum passed on
+    /// meanwhile, until [`Dedup::due`] or [`Dedup::next_due`] lets it go).
+    pub fn waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
     /// Delivery `seq` of message `id`, unless forgotten.
     fn delivery(&mut self, id: u64, seq: u64) -> Option<&mut Delivery> {
         let recent = self.deliveries.get_mut(&id)?;
@@ -331,7 +337,9 @@ mod tests {
         let at = |ms| start + Duration::from_millis(ms);
         let mut dedup = Dedup::new(WINDOW, 2);
         assert_eq!(dedup.next_due(), None);
+        assert!(!dedup.waiting());
         assert_eq!(dedup.admit(0, &"a", at(0)), Verdict::Wait);
+        assert!(dedup.waiting());
         assert_eq!(dedup.admit(0, &"b", at(10)), Verdict::Wait);
         assert_eq!(dedup.next_due(), Some(at(500)));
         // `a` reached its quorum: `b` is the next one due.
@@ -340,6 +348,7 @@ mod tests {
         assert!(dedup.due(at(509)).is_empty());
         assert_eq!(dedup.due(at(510)), ["b"]);
         assert_eq!(dedup.next_due(), None);
+        assert!(!dedup.waiting());
         assert!(dedup.due(at(2000)).is_empty());
     }
 

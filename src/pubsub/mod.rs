@@ -318,7 +318,7 @@ pub struct Hub {
     node_timeout: LiveDuration,
     stop: watch::Sender<bool>,
     /// Wakes the task that passes on messages short of their quorum when they are due: a
-    /// delivery began waiting.
+    /// delivery began waiting while none did.
     due_changed: Arc<Notify>,
     /// The next waiter's id.
     next_waiter: AtomicU64,
@@ -549,14 +549,16 @@ impl Hub {
         let Some(topic) = topics.get_mut(&message.topic()) else {
             return;
         };
+        // Deliveries become due in the order they began: the timer sleeps until the first
+        // one waiting, and needs waking only when none was.
+        let timer_idle = !dedup.waiting();
         match dedup.admit(master, &message, Instant::now()) {
             Verdict::Pass => self.pass_on(topic, &message),
-            Verdict::Wait => {
+            verdict => {
                 self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
-                self.due_changed.notify_one();
-            }
-            Verdict::Drop => {
-                self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                if verdict == Verdict::Wait && timer_idle {
+                    self.due_changed.notify_one();
+                }
             }
         }
     }

@@ -1,7 +1,7 @@
 //! The fault-suite rig: N masters (optionally each behind a fault [`Relay`]), proxies over
 //! them and a [`Nemesis`] acting on them; scenarios run two at a time, those that bound a
-//! latency alone, each on its own 2-thread runtime ([`run`], [`run_alone`]), their durations scaled by `FAULTS_SCALE`; the workload runs while a fault
-//! step loops on a blocking thread; the verdict on the history (no overlap, no duplicate live
+//! latency alone, each on its own 2-thread runtime ([`run`], [`run_alone`]), their durations
+//! scaled by `FAULTS_SCALE`; the workload runs while a fault step loops on a blocking thread; the verdict on the history (no overlap, no duplicate live
 //! token, no late `OK`, a minimum of grants and of faults that took effect), with the fault log
 //! around what went wrong.
 
