@@ -9,9 +9,9 @@ use redlock_proxy::cluster::map::{Redirect, SlotMap};
 use redlock_proxy::cluster::slots::{key_slot, slot_tag, SLOTS};
 use redlock_proxy::fuzzing::{decode_reply, encode_command, Reply as ProxyReply};
 use redlock_proxy::Config;
-use redlock_testkit::cluster::RedisCluster;
+use redlock_testkit::cluster::{proxy_over, three_clusters, RedisCluster};
 use redlock_testkit::key;
-use redlock_testkit::launcher::{master_state, wait_for_info_within, Proxy};
+use redlock_testkit::launcher::{master_state, wait_for_info_where};
 use redlock_testkit::masters::{master_cmd, master_get, signal};
 use redlock_testkit::resp::{blocking_cmd, Reply};
 use redlock_testkit::rig::run_alone;
@@ -240,42 +240,6 @@ fn the_cluster_lock_script_grants_only_on_a_slot_this_node_armed() {
     );
 }
 
-/// Three independent clusters of `primaries` primaries (with `replicas` replicas each), started
-/// side by side.
-fn three_clusters(primaries: usize, replicas: usize) -> Vec<RedisCluster> {
-    std::thread::scope(|s| {
-        let starts: Vec<_> = (0..3)
-            .map(|_| s.spawn(move || RedisCluster::start(primaries, replicas)))
-            .collect();
-        starts
-            .into_iter()
-            .map(|h| h.join().expect("a cluster"))
-            .collect()
-    })
-}
-
-/// `cluster://` addresses of `clusters`.
-fn cluster_backends(clusters: &[RedisCluster]) -> Vec<String> {
-    clusters
-        .iter()
-        .map(|c| format!("cluster://{}", c.seeds().join(",")))
-        .collect()
-}
-
-/// A proxy over `clusters` (the default configuration, then `tweak`), once every slot of
-/// every cluster may vote: a grant needs only two of the three clusters, and a scenario that
-/// needs a given one must not start before it is up.
-async fn proxy_over(clusters: &[RedisCluster], tweak: impl FnOnce(&mut Config)) -> Proxy {
-    let proxy = Proxy::start(cluster_backends(clusters), tweak).await;
-    let every_slot = "16384 of 16384 slots usable";
-    wait_for_info_within(&mut proxy.client().await, every_slot, 3, READY_LIMIT).await;
-    proxy
-}
-
-/// How long a fresh proxy over clusters may take to have every slot usable (a bounded wait:
-/// it returns as soon as they are; founding claims and lifts every slot of every cluster).
-const READY_LIMIT: Duration = Duration::from_secs(60);
-
 /// The lock path through three clusters of three primaries: an acquire lands on its slot's
 /// primary in every cluster (armed with that node's id), a second is refused, reads and the
 /// compare-and-delete release are answered by the majority, keys of two slots are refused with
@@ -425,6 +389,87 @@ fn a_replica_promoted_without_a_held_lock_is_quarantined_per_slot() {
     });
 }
 
+/// A holds `k` on every cluster with `wait_replicas` (1, or 0: the negative control); the
+/// primary of `k`'s slot in cluster 0 then hands its slots to its replica (`CLUSTER FAILOVER`,
+/// planned: the replica has every write). Returns the `PTTL` of the slot's quarantine marker on
+/// the promoted node once the proxy re-stamped the slot with that node's id (with or without a
+/// quarantine), and master 0's state then.
+async fn planned_failover_in_a_cluster(wait_replicas: u32) -> (String, String) {
+    let clusters = tokio::task::block_in_place(|| three_clusters(3, 1));
+    let proxy = proxy_over(&clusters, |c| {
+        c.wait_replicas = wait_replicas;
+        // `WAIT` answers within half of it: far above a replica's round trip on a busy machine.
+        c.node_timeout_ms = 1000;
+        c.max_lock_ttl_ms = 20_000;
+    })
+    .await;
+    let k = key(&format!("planned-failover-{wait_replicas}"));
+    let slot = key_slot(k.as_bytes());
+    let mut a = proxy.client().await;
+    assert_eq!(
+        a.cmd(&["SET", &k, "tok-a", "NX", "PX", "20000"]).await,
+        "+OK"
+    );
+    let old = clusters[0].primary_of(slot).expect("an owner");
+    let promoted = tokio::task::block_in_place(|| fail_over(&clusters[0], old, ""));
+    assert_eq!(
+        master_get(promoted, &k).await.as_deref(),
+        Some("tok-a"),
+        "the replica had A's lock"
+    );
+    let id = match cmd(promoted, &[b"CLUSTER", b"MYID"]) {
+        Reply::Bulk(id) => String::from_utf8_lossy(&id).into_owned(),
+        other => panic!("CLUSTER MYID: {other:?}"),
+    };
+    let [armed, quarantine] = redlock_proxy::cluster::keys::markers(slot);
+    let (armed, quarantine) = (
+        String::from_utf8_lossy(&armed).into_owned(),
+        String::from_utf8_lossy(&quarantine).into_owned(),
+    );
+    let started = std::time::Instant::now();
+    while master_get(promoted, &armed).await.as_deref() != Some(id.as_str()) {
+        assert!(
+            started.elapsed() < FAILOVER_LIMIT,
+            "the proxy never re-stamped the slot on the promoted node"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pttl = master_cmd(promoted, &["PTTL", &quarantine]).await;
+    // The keeper records what it wrote once the node answered: every slot up, or some fenced.
+    let judged = |info: &str| {
+        master_state(info, 0).is_some_and(|s| s.starts_with("up (") || !s.ends_with(" 0 fenced)"))
+    };
+    let info = wait_for_info_where(&mut a, FAILOVER_LIMIT, "master0 judged", judged).await;
+    let state = master_state(&info, 0).expect("master0").to_string();
+    // Safety either way: A's lock is held on every cluster.
+    let b = a.cmd(&["SET", &k, "tok-b", "NX", "PX", "1000"]).await;
+    assert_eq!(b, "$nil", "B must not get the lock A holds");
+    (pttl, state)
+}
+
+/// `wait_replicas` 1: a planned failover inside a cluster hands the slots to a replica that
+/// confirmed every vote, so the proxy re-stamps them with no quarantine and they vote at once.
+/// Negative control, `wait_replicas` 0: the same failover is amnesia, quarantined per slot.
+#[test]
+fn a_planned_failover_to_a_replica_that_confirmed_every_vote_needs_no_quarantine() {
+    run_alone(async {
+        let (pttl, state) = planned_failover_in_a_cluster(1).await;
+        assert_eq!(pttl, ":-2", "a quarantine on the promoted node: {state}");
+        assert!(
+            state.starts_with("up (cluster: 3 primaries, 16384 of 16384"),
+            "{state}"
+        );
+    });
+    run_alone(async {
+        let (pttl, state) = planned_failover_in_a_cluster(0).await;
+        let left: i64 = pttl[1..].parse().expect(&pttl);
+        assert!(
+            left > 0,
+            "negative control: without wait_replicas the failover is quarantined: {pttl}, {state}"
+        );
+    });
+}
+
 /// The node ids and ports of a cluster's primaries, by what the first answering node says.
 fn primaries(cluster: &RedisCluster) -> Vec<(String, u16)> {
     let Some(reply) = cluster.nodes.iter().find_map(|n| {
@@ -459,13 +504,13 @@ fn primaries(cluster: &RedisCluster) -> Vec<(String, u16)> {
         .collect()
 }
 
-/// Promotes a replica of cluster `c`'s first primary with `CLUSTER FAILOVER <how>` and waits
-/// until it serves that primary's slots; the promoted port.
-fn fail_over(cluster: &RedisCluster, how: &str) -> u16 {
-    let (_, old) = primaries(cluster)[0].clone();
+/// Promotes a replica of `cluster`'s primary on port `old` with `CLUSTER FAILOVER <how>`
+/// (`""`: a planned failover) and waits until it is a primary; the promoted port.
+fn fail_over(cluster: &RedisCluster, old: u16, how: &str) -> u16 {
     let replica = cluster.replica_of(old).expect("a replica");
     let port = cluster.nodes[replica].port;
-    let args: Vec<&[u8]> = vec![b"CLUSTER", b"FAILOVER", how.as_bytes()];
+    let mut args: Vec<&[u8]> = vec![b"CLUSTER", b"FAILOVER", how.as_bytes()];
+    args.retain(|a| !a.is_empty());
     let reply = blocking_cmd(port, &args, Duration::from_secs(5)).expect("a reply");
     assert_eq!(
         reply,
@@ -543,10 +588,10 @@ fn failovers_a_reshard_and_a_cluster_down_keep_mutual_exclusion() {
             .run_beside(move || {
                 let mut done = Vec::new();
                 std::thread::sleep(Duration::from_secs(1));
-                fail_over(&clusters_[0], "FORCE");
+                fail_over(&clusters_[0], primaries(&clusters_[0])[0].1, "FORCE");
                 done.push("failover force");
                 std::thread::sleep(Duration::from_secs(1));
-                fail_over(&clusters_[1], "TAKEOVER");
+                fail_over(&clusters_[1], primaries(&clusters_[1])[0].1, "TAKEOVER");
                 done.push("takeover");
                 std::thread::sleep(Duration::from_secs(1));
                 reshard(&clusters_[2], 2000);

@@ -12,14 +12,15 @@
 //! ([`Markers::combine`]). A slot's readiness is cleared the moment its owner changes (a new
 //! node) or its owner's monitor sees a loss, before anything else may vote for it.
 
-use super::judge::{marker_step, MarkerStep, Markers};
+use super::judge::{kept_every_confirmed_write, marker_step, MarkerStep, Markers};
 use super::{ask, info_command, DeploymentView, Monitor, MonitorConfig, Role};
 use super::{ClusterMaster, ClusterNode};
 use crate::cluster::keys::markers;
 use crate::cluster::map::SlotMap;
 use crate::cluster::slots::SLOTS;
 use crate::on_master::{
-    script_sha, CLUSTER_LOCK_SCRIPT, CLUSTER_QUARANTINE_SCRIPT, LIFT_SCRIPT, STATUS_SCRIPT,
+    script_sha, CLUSTER_LOCK_SCRIPT, CLUSTER_QUARANTINE_SCRIPT, CLUSTER_RESTAMP_SCRIPT,
+    LIFT_SCRIPT, STATUS_SCRIPT,
 };
 use crate::protocol::{encode_command, Reply};
 use crate::transport::Link;
@@ -189,6 +190,12 @@ impl Keeper {
         let mut complete = true;
         // A loss the node's monitor sees from now on undoes what this look finds ready.
         let losses = node.losses();
+        // The node it was promoted in place of, if it holds every write whose vote counted
+        // there (`wait_replicas`): that node's slots need re-stamping, no quarantine.
+        let kept = node.health.last().and_then(|now| {
+            let (from, primary) = self.cluster.predecessor(&node.id, &now)?;
+            kept_every_confirmed_write(&primary, &now, self.policy.wait_replicas).then_some(from)
+        });
         for batch in slots.chunks(BATCH) {
             let Some(looks) = run_on_slots(&node.link, STATUS_SCRIPT.text(), batch, &[]).await
             else {
@@ -196,7 +203,7 @@ impl Keeper {
                 continue;
             };
             let now = Instant::now();
-            let (mut lift, mut quarantine) = (Vec::new(), Vec::new());
+            let (mut lift, mut quarantine, mut restamp) = (Vec::new(), Vec::new(), Vec::new());
             for (&slot, look) in batch.iter().zip(&looks) {
                 let Some(markers) = look.as_ref().and_then(Markers::parse) else {
                     complete = false;
@@ -206,7 +213,16 @@ impl Keeper {
                     self.view
                         .decide(super::Deployment::Live, "a master is armed");
                 }
-                match slot_step(&markers, &node.id, verdict, &self.view.tag, loss.clone()) {
+                let (tag, lost) = (&self.view.tag, loss.clone());
+                let step = match slot_step(&markers, &node.id, kept.as_deref(), verdict, tag, lost)
+                {
+                    SlotStep::Restamp => {
+                        restamp.push(slot);
+                        continue;
+                    }
+                    SlotStep::Marker(step) => step,
+                };
+                match step {
                     MarkerStep::Ready => {
                         let left = match markers {
                             Markers::Armed {
@@ -231,6 +247,9 @@ impl Keeper {
                 }
             }
             self.lift(node, &lift, losses).await;
+            if let Some(from) = &kept {
+                complete &= self.restamp(node, &restamp, from, losses).await;
+            }
             complete &= self.quarantine(node, &quarantine, now, losses).await;
         }
         complete
@@ -250,6 +269,29 @@ impl Keeper {
                 self.cluster.set_slot(slot, node, losses, true, None);
             }
         }
+    }
+
+    /// Re-stamps `slots`, armed by node `from`, with `node`'s id (where they still carry
+    /// `from`'s stamp and `node` still serves them); whether every one was written. They are
+    /// then ready; a slot whose stamp changed meanwhile is looked at again next round.
+    async fn restamp(&self, node: &ClusterNode, slots: &[u16], from: &str, losses: u64) -> bool {
+        if slots.is_empty() {
+            return true;
+        }
+        let script = CLUSTER_RESTAMP_SCRIPT.text();
+        let args = [from, node.id.as_str()];
+        let Some(answers) = run_on_slots(&node.link, script, slots, &args).await else {
+            return false;
+        };
+        let mut written = 0;
+        for (&slot, answer) in slots.iter().zip(answers) {
+            if answer == Some(Reply::Integer(1)) {
+                self.cluster.set_slot(slot, node, losses, true, None);
+                written += 1;
+            }
+        }
+        tracing::info!(master = %self.cluster.name, node = %node.link.addr, slots = written, from, "cluster slots re-stamped, no quarantine: the node took over from a primary whose every confirmed write it holds");
+        written == slots.len()
     }
 
     /// Quarantines and re-stamps `slots` (each with the reason it lost data) for the lease
@@ -300,24 +342,42 @@ impl Keeper {
     }
 }
 
-/// What to do about a slot's markers on the node that serves it: the single master's rule
+/// What to do about a slot's markers on the node that serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum SlotStep {
+    /// The single master's step ([`marker_step`]).
+    Marker(MarkerStep),
+    /// Armed by the node this one was promoted in place of, whose every confirmed write it
+    /// holds (`wait_replicas`): re-stamp with this node's id, no quarantine.
+    Restamp,
+}
+
+/// What to do about a slot's markers on node `node_id`: the single master's rule
 /// ([`marker_step`]), where a marker stamped by another node is a loss (its data came by a
-/// failover or a migration: docs/SAFETY.md "Cluster masters").
+/// failover or a migration: docs/SAFETY.md "Cluster masters"), unless that node is
+/// `kept_from`, the primary this one was promoted in place of, holding every write whose vote
+/// counted there, and no loss was seen since.
 pub(super) fn slot_step(
     markers: &Markers,
     node_id: &str,
+    kept_from: Option<&str>,
     verdict: Option<super::Deployment>,
     tag: &str,
     lost: Option<String>,
-) -> MarkerStep {
+) -> SlotStep {
     let foreign = match markers {
-        Markers::Armed { stamp, .. } if stamp.as_deref() != Some(node_id) => Some(format!(
-            "armed by another node ({}): its data came by a failover or a slot migration",
-            stamp.as_deref().unwrap_or("unstamped")
-        )),
+        Markers::Armed { stamp, .. } if stamp.as_deref() != Some(node_id) => {
+            if lost.is_none() && stamp.is_some() && stamp.as_deref() == kept_from {
+                return SlotStep::Restamp;
+            }
+            Some(format!(
+                "armed by another node ({}): its data came by a failover or a slot migration",
+                stamp.as_deref().unwrap_or("unstamped")
+            ))
+        }
         _ => None,
     };
-    marker_step(markers, false, verdict, tag, lost.or(foreign))
+    SlotStep::Marker(marker_step(markers, false, verdict, tag, lost.or(foreign)))
 }
 
 fn ms(left: i64) -> Duration {
@@ -389,22 +449,39 @@ mod tests {
     use crate::health::Deployment;
 
     /// A slot's markers on the node that serves it: the single master's steps, where a stamp
-    /// of another node (or none) is a loss.
+    /// of another node (or none) is a loss, unless that node is the one this node took every
+    /// confirmed write over from.
     #[test]
-    fn a_slot_armed_by_another_node_is_quarantined() {
+    fn a_slot_armed_by_another_node_is_quarantined_unless_its_writes_were_kept() {
         let armed_by = |stamp: Option<&str>, left| Markers::Armed {
             quarantine_left_ms: left,
             stamp: stamp.map(str::to_string),
         };
         let live = Some(Deployment::Live);
-        // On node "me" of a live deployment, this proxy's tag "t".
-        let step = |markers: &Markers, lost: Option<&str>| {
-            slot_step(markers, "me", live, "t", lost.map(str::to_string))
+        // On node "me" of a live deployment, this proxy's tag "t", taken over from "old".
+        let kept_step = |markers: &Markers, kept: Option<&str>, lost: Option<&str>| match slot_step(
+            markers,
+            "me",
+            kept,
+            live,
+            "t",
+            lost.map(str::to_string),
+        ) {
+            SlotStep::Marker(step) => Some(step),
+            SlotStep::Restamp => None,
         };
-        let quarantined = |step: MarkerStep| matches!(step, MarkerStep::Quarantine(_));
-        assert_eq!(step(&armed_by(Some("me"), 0), None), MarkerStep::Ready);
+        let step = |markers: &Markers, lost: Option<&str>| kept_step(markers, None, lost);
+        let quarantined =
+            |step: Option<MarkerStep>| matches!(step, Some(MarkerStep::Quarantine(_)));
+        assert_eq!(
+            step(&armed_by(Some("me"), 0), None),
+            Some(MarkerStep::Ready)
+        );
         // A quarantine under way on its own stamp: ready, the fence from the marker's time.
-        assert_eq!(step(&armed_by(Some("me"), 900), None), MarkerStep::Ready);
+        assert_eq!(
+            step(&armed_by(Some("me"), 900), None),
+            Some(MarkerStep::Ready)
+        );
         assert!(quarantined(step(&armed_by(Some("other"), 0), None)));
         assert!(quarantined(step(&armed_by(None, 0), None)));
         // Its primary lost data: quarantined whatever the stamp.
@@ -412,10 +489,27 @@ mod tests {
             &armed_by(Some("me"), 0),
             Some("restarted")
         )));
+        // Taken over from "old" with every confirmed write: its slots are re-stamped; slots
+        // of any other node, unstamped ones, and any slot after a loss are still quarantined.
+        let old = Some("old");
+        assert_eq!(kept_step(&armed_by(Some("old"), 0), old, None), None);
+        assert!(quarantined(kept_step(
+            &armed_by(Some("other"), 0),
+            old,
+            None
+        )));
+        assert!(quarantined(kept_step(&armed_by(None, 0), old, None)));
+        let lost = Some("restarted");
+        assert!(quarantined(kept_step(&armed_by(Some("old"), 0), old, lost)));
+        assert_eq!(
+            kept_step(&armed_by(Some("me"), 0), old, None),
+            Some(MarkerStep::Ready)
+        );
+        assert!(quarantined(kept_step(&Markers::Unarmed, old, None)));
         // Founding: unarmed waits while undecided, joins through a quarantine once decided.
         assert!(matches!(
-            slot_step(&Markers::Unarmed, "me", None, "t", None),
-            MarkerStep::Wait(_)
+            slot_step(&Markers::Unarmed, "me", None, None, "t", None),
+            SlotStep::Marker(MarkerStep::Wait(_))
         ));
         assert!(quarantined(step(&Markers::Unarmed, None)));
         let mine = Markers::Claimed {
@@ -423,10 +517,8 @@ mod tests {
             left_ms: 5,
         };
         let fresh = Some(Deployment::Fresh);
-        assert_eq!(slot_step(&mine, "me", fresh, "t", None), MarkerStep::Lift);
-        assert_eq!(
-            slot_step(&mine, "me", fresh, "u", None),
-            MarkerStep::Claimed
-        );
+        let founding = |tag| slot_step(&mine, "me", old, fresh, tag, None);
+        assert_eq!(founding("t"), SlotStep::Marker(MarkerStep::Lift));
+        assert_eq!(founding("u"), SlotStep::Marker(MarkerStep::Claimed));
     }
 }

@@ -14,6 +14,7 @@
 //! - Nodes are never dropped: a cluster has a bounded set of them, and a primary that became a
 //!   replica may come back.
 
+use super::judge::Observation;
 use super::MasterHealth;
 use crate::backend::Backend;
 use crate::cluster::map::{Redirect, SlotMap};
@@ -192,6 +193,21 @@ impl ClusterMaster {
     pub fn nodes(&self) -> Vec<Arc<ClusterNode>> {
         let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
         nodes.values().cloned().collect()
+    }
+
+    /// The node whose replication history `now` (node `id`'s `INFO` as a primary) continues,
+    /// with this proxy's last look at it while it was a primary: the primary `id` was promoted
+    /// in place of (docs/SAFETY.md, "Cluster masters"). `None` if `id` was never promoted, or
+    /// its old primary was not watched as one.
+    pub fn predecessor(&self, id: &str, now: &Observation) -> Option<(String, Observation)> {
+        if !now.promoted() {
+            return None;
+        }
+        self.nodes().into_iter().find_map(|node| {
+            let primary = node.health.last_primary()?;
+            (node.id != id && primary.master_replid == now.master_replid2)
+                .then(|| (node.id.clone(), primary))
+        })
     }
 
     /// Installs `map` (its primaries already made nodes with [`ClusterMaster::node`]).

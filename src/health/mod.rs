@@ -69,8 +69,8 @@ mod state;
 pub use cluster_master::{ClusterMaster, ClusterNode};
 pub use judge::Deployment;
 use judge::{
-    check_stamp, first_sight_wait, founding_round, marker_step, parse_info, parse_time, Founding,
-    MarkerStep, Markers, StampCheck,
+    check_stamp, first_sight_wait, founding_round, kept_every_confirmed_write, marker_step,
+    parse_info, parse_time, Founding, MarkerStep, Markers, StampCheck,
 };
 pub use state::{MasterHealth, QUARANTINE_CAUSES};
 
@@ -599,18 +599,26 @@ impl Monitor {
         }
     }
 
-    /// A primary of a cluster: judged on its `INFO` as a master is; a loss (a restart, wiped
-    /// data, data loaded from disk recently) takes every slot it serves out of the vote at
-    /// once and has the keeper quarantine them. It is then ready on connection `connect`: its
+    /// A primary of a cluster: judged on its `INFO` as a master is (a node promoted in place
+    /// of another, against that one's last look as a primary: with `wait_replicas`, a failback
+    /// that kept every confirmed write is no loss); a loss (a restart, wiped data, data loaded
+    /// from disk recently) takes every slot it serves out of the vote at once and has the
+    /// keeper quarantine them. It is then ready on connection `connect`: its
     /// slots vote as the keeper finds them.
     async fn poll_node(&self, connect: u64, cluster: &ClusterMaster, id: &str) {
         let Some(obs) = self.read_info().await else {
             return;
         };
-        let health = &self.health;
-        let first = health.first_sight();
+        let (health, addr, replicas) = (&self.health, &self.link.addr, self.policy.wait_replicas);
+        let took_over = cluster.predecessor(id, &obs).map(|(_, primary)| primary);
+        // Promoted with every confirmed write of the primary it replaced, it holds what counted
+        // there, however its dataset was loaded (a replica's full sync reads like a load from
+        // disk): no wait at first sight.
+        let kept = (took_over.as_ref())
+            .is_some_and(|primary| kept_every_confirmed_write(primary, &obs, replicas));
+        let first = health.first_sight() && !kept;
         let waited = first_sight_wait(&obs, self.policy.lease_bound).filter(|_| first);
-        let lost = health.observe(&self.link.addr, obs, None, self.policy.wait_replicas);
+        let lost = health.observe(addr, obs, None, replicas, took_over.as_ref());
         let lost = lost.or_else(|| waited.map(|_| LOADED_FROM_DISK.to_string()));
         if let Some(reason) = lost {
             cluster.node_lost(id, reason);
@@ -655,7 +663,7 @@ impl Monitor {
             )
         });
         let judged = obs.clone();
-        let mut lost = health.observe(&link.addr, obs, twin, policy.wait_replicas);
+        let mut lost = health.observe(&link.addr, obs, twin, policy.wait_replicas, None);
         if armed {
             self.view.decide(Deployment::Live, "a master is armed");
         }

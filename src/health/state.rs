@@ -240,23 +240,23 @@ impl MasterHealth {
     }
 
     /// Records an `INFO` observation; returns the loss it shows, if any. `also_unsafe`: a
-    /// reason beyond the observation not to let the master vote.
+    /// reason beyond the observation not to let the master vote. `took_over`: the last look
+    /// at the primary whose history this one continues, where another record holds it (a
+    /// cluster node promoted in place of another: [`super::ClusterMaster::predecessor`]);
+    /// otherwise this master's own last look while a primary.
     pub(super) fn observe(
         &self,
         addr: &str,
         obs: Observation,
         also_unsafe: Option<String>,
         wait_replicas: u32,
+        took_over: Option<&Observation>,
     ) -> Option<String> {
         let Ok(mut h) = self.state.lock() else {
             return None;
         };
-        let mut verdict = judge(
-            h.last.as_ref(),
-            &obs,
-            h.last_primary.as_ref(),
-            wait_replicas,
-        );
+        let last_primary = took_over.or(h.last_primary.as_ref());
+        let mut verdict = judge(h.last.as_ref(), &obs, last_primary, wait_replicas);
         verdict.unsafe_config = verdict.unsafe_config.or(also_unsafe);
         if verdict.unsafe_config != h.unsafe_reason {
             match &verdict.unsafe_config {
@@ -272,6 +272,16 @@ impl MasterHealth {
         }
         h.last = Some(obs);
         verdict.lost
+    }
+
+    /// This master's last observation, if any.
+    pub(super) fn last(&self) -> Option<Observation> {
+        self.state.lock().ok()?.last.clone()
+    }
+
+    /// This master's last observation while it was a primary, if any.
+    pub(super) fn last_primary(&self) -> Option<Observation> {
+        self.state.lock().ok()?.last_primary.clone()
     }
 
     /// The `run_id` of this master's last observation, if any.

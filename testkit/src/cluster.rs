@@ -2,8 +2,9 @@
 //! (no persistence, each with its own node file), joined by `redis-cli --cluster create` into
 //! primaries with replicas. Stopped, and their files removed, when dropped.
 
+use crate::launcher::{wait_for_info_within, Proxy};
 use crate::resp::{blocking_cmd, Reply};
-use redlock_proxy::LocalMaster;
+use redlock_proxy::{Config, LocalMaster};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -166,3 +167,39 @@ impl RedisCluster {
         })
     }
 }
+
+/// Three independent clusters of `primaries` primaries (with `replicas` replicas each), started
+/// side by side.
+pub fn three_clusters(primaries: usize, replicas: usize) -> Vec<RedisCluster> {
+    std::thread::scope(|s| {
+        let starts: Vec<_> = (0..3)
+            .map(|_| s.spawn(move || RedisCluster::start(primaries, replicas)))
+            .collect();
+        starts
+            .into_iter()
+            .map(|h| h.join().expect("a cluster"))
+            .collect()
+    })
+}
+
+/// `cluster://` addresses of `clusters`.
+pub fn cluster_backends(clusters: &[RedisCluster]) -> Vec<String> {
+    clusters
+        .iter()
+        .map(|c| format!("cluster://{}", c.seeds().join(",")))
+        .collect()
+}
+
+/// A proxy over `clusters` (the default configuration, then `tweak`), once every slot of
+/// every cluster may vote: a grant needs only two of the three clusters, and a scenario that
+/// needs a given one must not start before it is up.
+pub async fn proxy_over(clusters: &[RedisCluster], tweak: impl FnOnce(&mut Config)) -> Proxy {
+    let proxy = Proxy::start(cluster_backends(clusters), tweak).await;
+    let every_slot = "16384 of 16384 slots usable";
+    wait_for_info_within(&mut proxy.client().await, every_slot, 3, READY_LIMIT).await;
+    proxy
+}
+
+/// How long a fresh proxy over clusters may take to have every slot usable (a bounded wait:
+/// it returns as soon as they are; founding claims and lifts every slot of every cluster).
+pub const READY_LIMIT: Duration = Duration::from_secs(60);
