@@ -111,7 +111,7 @@ pub enum ProxyError {
     #[error("CROSSSLOT Keys in request don't hash to the same slot")]
     CrossSlot,
     /// A command the cluster backend does not serve yet.
-    #[error("ERR {0} is refused by redlock-proxy: a master is a Redis Cluster, and lists and hash locks need every master to be a single server (not served over clusters yet)")]
+    #[error("ERR {0} is refused by redlock-proxy: a master is a Redis Cluster, and lists need every master to be a single server (not served over clusters yet)")]
     NotOnCluster(String),
     /// A script that could get around the key checks of its `redis.call`s
     /// ([`crate::script_keys`]).

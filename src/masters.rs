@@ -778,6 +778,12 @@ impl Masters {
             .await
     }
 
+    /// [`Masters::quorum_reply`] of each master's form of a request.
+    pub async fn quorum_reply_forms(&self, slot: u16, forms: &Forms, rule: MergeRule) -> Reply {
+        let ask = |i: usize| Some(Ask::Commands(forms.for_voter(&self.voters[i])));
+        self.quorum_reply_each(slot, ask, rule).await
+    }
+
     /// [`Masters::quorum_reply`] on `ask(i)` ([`Masters::fan_out_each`]).
     pub async fn quorum_reply_each(
         &self,

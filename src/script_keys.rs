@@ -28,7 +28,7 @@
 
 use crate::auth::KeyPatterns;
 use crate::error::ProxyError;
-use crate::on_master::{compact, PRELUDE_SOURCE, RESERVED_PREFIX};
+use crate::on_master::{compact, PRELUDE_SOURCE, RESERVED_PREFIX, TOKEN_KEY_PREFIX};
 use bytes::{Bytes, BytesMut};
 use std::sync::LazyLock;
 
@@ -282,8 +282,11 @@ pub fn checked_body(body: &[u8], report_leases: bool) -> Bytes {
     out.freeze()
 }
 
+/// Where [`access_args`] puts the token counters' prefix among its entries (set per master:
+/// [`crate::cluster::keys::token_prefix_on`]).
+pub const COUNTERS_AT: usize = 0;
 /// Where [`access_args`] puts the write deadline among its entries (set per master).
-pub const DEADLINE_AT: usize = 5;
+pub const DEADLINE_AT: usize = 6;
 
 /// The fencing token a client script's run may take on a master when it makes a new holder of
 /// a key (docs/SAFETY.md, "Tokens for locks taken by scripts"): the counter record
@@ -308,8 +311,9 @@ pub struct TokenOffer {
 /// a script that reaches the master past it (held up in a paused master's socket buffer, a
 /// slow link) runs no command, so it writes nothing ([`LATE`]) ([`DEADLINE_AT`] places it).
 /// Before it, the drift factor leases are padded by (`0`: none, and no lease is reported; see
-/// `src/on_master/prelude.lua`); first the fencing token the run may take ([`TokenOffer`]; four `0`s:
-/// none).
+/// `src/on_master/prelude.lua`); before it the fencing token the run may take ([`TokenOffer`];
+/// four `0`s: none); first what the key's token counter is named with before the key (a
+/// single master's, [`COUNTERS_AT`]: a cluster master's names the slot).
 pub fn access_args(
     keys: &KeyPatterns,
     drift_factor: f64,
@@ -327,7 +331,11 @@ pub fn access_args(
         None => [0, 0, 0, 0].map(number),
     };
     let pad = Bytes::from(drift_factor.to_string());
-    let fixed = token.into_iter().chain([pad, number(deadline_ms)]);
+    let counters = Bytes::from_static(TOKEN_KEY_PREFIX.as_bytes());
+    let fixed = [counters]
+        .into_iter()
+        .chain(token)
+        .chain([pad, number(deadline_ms)]);
     let KeyPatterns::Some(patterns) = keys else {
         return fixed.chain([Bytes::from_static(b"-1")]).collect();
     };
@@ -428,7 +436,7 @@ mod tests {
 
     #[test]
     fn patterns_travel_as_trailing_argv() {
-        let none = ["0", "0", "0", "0"];
+        let none = ["redlock-proxy:token:", "0", "0", "0", "0"];
         assert_eq!(
             access_args(&KeyPatterns::All, 0.01, 0, None),
             none.iter()
@@ -452,6 +460,7 @@ mod tests {
         assert_eq!(
             args,
             [
+                "redlock-proxy:token:",
                 "0001764140000000:p.1.0",
                 "1764139985000",
                 "1764140015000",

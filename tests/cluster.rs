@@ -10,12 +10,12 @@ use redlock_proxy::cluster::slots::{key_slot, slot_tag, SLOTS};
 use redlock_proxy::fuzzing::{decode_reply, encode_command, Reply as ProxyReply};
 use redlock_proxy::Config;
 use redlock_testkit::cluster::{proxy_over, three_clusters, RedisCluster};
-use redlock_testkit::key;
 use redlock_testkit::launcher::{master_state, wait_for_info_where};
 use redlock_testkit::masters::{master_cmd, master_get, signal};
 use redlock_testkit::resp::{blocking_cmd, Reply};
 use redlock_testkit::rig::run_alone;
 use redlock_testkit::workload::{contend_until, grant_behind_a_cut_replica, Workload};
+use redlock_testkit::{key, lock_grant};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -296,6 +296,22 @@ fn locks_through_three_clusters() {
         let extended = c.cmd(&["LOCK.EXTEND", &k, "v3", "20000"]).await;
         let validity: i64 = extended[1..].parse().expect(&extended);
         assert!(validity > 10_000, "{extended}");
+        // A lock taken by a client script takes a token too, its counter in the slot.
+        let (by_script, acquire) = (
+            format!("{k}-script"),
+            "return redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])",
+        );
+        let taken = c
+            .cmd(&["EVAL", acquire, "1", &by_script, "v4", "10000"])
+            .await;
+        assert_eq!(taken, "+OK");
+        let token = c.cmd(&["LOCK.TOKEN", &by_script, "v4"]).await;
+        let token: i64 = token.trim_start_matches(':').parse().expect(&token);
+        // Tokens are one order over every key: a later acquire's is above it.
+        let later = format!("{k}-later");
+        let granted = c.cmd(&["LOCK.ACQUIRE", &later, "v5", "10000"]).await;
+        let (after, _) = lock_grant(&granted).expect(&granted);
+        assert!(after as i64 > token, "{after} <= {token}");
         let info = c.cmd(&["INFO", "masters"]).await;
         for i in 0..3 {
             let state = master_state(&info, i).expect("a master line");

@@ -1,4 +1,5 @@
-//! Redisson's locks through the proxy over 3 and 5 real masters, driven by the test kit's
+//! Redisson's locks through the proxy over 3 and 5 real masters and over 3 Redis Clusters of 3
+//! primaries each (hash locks, their tokens and roll-backs per slot), driven by the test kit's
 //! Redisson client (`testkit/src/redisson.rs`: Redisson's exact scripts, key and channel names,
 //! latch and waiter protocol): lock and re-entry, a contender refused while held, the unlock
 //! latch, the `PUBLISH` inside the unlock on every master, the watchdog keeping a lock past
@@ -9,8 +10,10 @@
 //!
 //! Timing bounds here are derived from the leases and generous (behaviour, not latency).
 
+use redlock_proxy::cluster::slots::key_slot;
 use redlock_proxy::on_master::UNDO_HASH_SCRIPT;
 use redlock_proxy::{LocalCluster, LocalMaster};
+use redlock_testkit::cluster::{proxy_over, three_clusters, RedisCluster};
 use redlock_testkit::key;
 use redlock_testkit::launcher::{Env, Proxy};
 use redlock_testkit::masters::{master_cmd, signal};
@@ -27,26 +30,48 @@ const LONG: Option<Duration> = Some(Duration::from_secs(20));
 /// How long the checks on the masters may wait for the last master's copy of a write.
 const SETTLE: Duration = Duration::from_secs(10);
 
-/// Where a scenario runs: one plain redis-server (the baseline), or a proxy and its masters.
+/// Where a scenario runs: one plain redis-server (the baseline), or a proxy and what is behind
+/// it.
 struct Target {
     label: String,
     port: u16,
-    /// The masters behind the proxy (empty for the baseline: the server itself).
-    masters: Vec<u16>,
+    behind: Behind,
+}
+
+/// What holds the data of a [`Target`].
+enum Behind {
+    /// The baseline: the server itself.
+    Itself,
+    /// Single masters, by port.
+    Masters(Vec<u16>),
+    /// Redis Clusters, each a master: a key lives on its slot's primary.
+    Clusters(Vec<RedisCluster>),
 }
 
 impl Target {
-    /// The servers that hold the data: the masters, or the plain server.
-    fn servers(&self) -> Vec<u16> {
-        match self.masters.is_empty() {
-            true => vec![self.port],
-            false => self.masters.clone(),
+    /// The servers that hold `key`: a master's, each cluster's primary of its slot, or the
+    /// plain server.
+    fn servers(&self, key: &str) -> Vec<u16> {
+        match &self.behind {
+            Behind::Itself => vec![self.port],
+            Behind::Masters(ports) => ports.clone(),
+            Behind::Clusters(clusters) => {
+                let slot = key_slot(key.as_bytes());
+                let owner = |c: &RedisCluster| c.primary_of(slot).expect("an owner of the slot");
+                tokio::task::block_in_place(|| clusters.iter().map(owner).collect())
+            }
         }
     }
 
-    /// Waits (bounded) until `check` holds for `args` on every server.
+    /// Whether a proxy serves it (the baseline is a plain redis-server).
+    fn proxied(&self) -> bool {
+        !matches!(self.behind, Behind::Itself)
+    }
+
+    /// Waits (bounded) until `check` holds for `args` (`args[1]` a key) on every server
+    /// holding that key.
     async fn on_every_server(&self, args: &[&str], check: impl Fn(&str) -> bool) {
-        let servers = self.servers();
+        let servers = self.servers(args[1]);
         let all = eventually(SETTLE, async || {
             for port in &servers {
                 if !check(&master_cmd(*port, args).await) {
@@ -64,24 +89,38 @@ impl Target {
     }
 }
 
-/// A plain redis-server, and proxies over 3 and over 5 masters; each scenario runs on all.
+/// A plain redis-server, then every proxied target ([`each_proxied_target`]).
 async fn each_target(scenario: impl AsyncFn(&Target)) {
     let plain = LocalMaster::start(None, &[]).expect("redis-server must be installed");
     let target = Target {
         label: "redis-server".into(),
         port: plain.port,
-        masters: Vec::new(),
+        behind: Behind::Itself,
     };
     scenario(&target).await;
+    each_proxied_target(scenario).await;
+}
+
+/// Proxies over 3 and over 5 masters, and over 3 Redis Clusters of 3 primaries each (hash
+/// locks, their tokens and roll-backs per slot); each scenario runs on all.
+async fn each_proxied_target(scenario: impl AsyncFn(&Target)) {
     for n in [3, 5] {
         let env = Env::start(n).await;
         let target = Target {
             label: format!("proxy over {n} masters"),
             port: env.proxy.port,
-            masters: env.ports(),
+            behind: Behind::Masters(env.ports()),
         };
         scenario(&target).await;
     }
+    let clusters = tokio::task::block_in_place(|| three_clusters(3, 0));
+    let proxy = proxy_over(&clusters, |_| {}).await;
+    let target = Target {
+        label: "proxy over 3 clusters".into(),
+        port: proxy.port,
+        behind: Behind::Clusters(clusters),
+    };
+    scenario(&target).await;
 }
 
 /// Lock, re-entry, a contender refused while held, unlock to zero, an unlock by a thread that
@@ -176,12 +215,12 @@ async fn the_unlock_publishes_on_every_master() {
         let k = key("publish");
         let channel = channel_name(&k);
         let mut subscribers = Vec::new();
-        for port in t.servers() {
+        for port in t.servers(&k) {
             subscribers.push(Subscription::open(port, &channel).await.unwrap());
         }
-        let mut through = match t.masters.is_empty() {
-            true => None,
-            false => Some(Subscription::open(t.port, &channel).await.unwrap()),
+        let mut through = match t.proxied() {
+            true => Some(Subscription::open(t.port, &channel).await.unwrap()),
+            false => None,
         };
         let mut a = Redisson::new(t.port).lock(&k, 1).await.unwrap();
         a.lock(LONG).await.unwrap();
@@ -261,11 +300,13 @@ async fn the_watchdog_keeps_the_lock_past_three_leases() {
     .await;
 }
 
-/// The batched renewal of two locks at once (one held by its caller, one not): `{1, 0}`.
+/// The batched renewal of two locks at once (one held by its caller, one not): `{1, 0}`. The
+/// two names share a hash tag: over Redis Cluster, Redisson batches the renewals of one slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batched_renewal_answers_each_lock() {
     each_target(async |t: &Target| {
-        let (k1, k2) = (key("batch-1"), key("batch-2"));
+        let tag = key("batch");
+        let (k1, k2) = (format!("{{{tag}}}-1"), format!("{{{tag}}}-2"));
         let client = Redisson::new(t.port);
         let mut a = client.lock(&k1, 1).await.unwrap();
         a.lock(LONG).await.unwrap();
@@ -320,7 +361,7 @@ async fn fenced_lock_tokens_increase() {
             assert!(again >= token, "{}: re-entry {again} < {token}", t.label);
             let refused = contender.try_lock_and_get_token(Duration::ZERO, LONG).await;
             assert_eq!(refused.unwrap(), None, "{}", t.label);
-            if !t.masters.is_empty() {
+            if t.proxied() {
                 let field = holder.0.lock_name();
                 assert_eq!(lock_token(&mut c, &k, &field).await, Some(token));
                 let other = contender.0.lock_name();
@@ -333,7 +374,7 @@ async fn fenced_lock_tokens_increase() {
         }
         // RFencedLock's plain lock() counts a token too (through the proxy: takes one).
         a.lock(LONG).await.unwrap();
-        if t.masters.is_empty() {
+        if !t.proxied() {
             let counted = a.get_token().await.unwrap().expect("the counter");
             assert!(counted > last, "{counted} <= {last}");
             return;
@@ -373,17 +414,11 @@ async fn plant(ports: &[u16], k: &str) {
 /// foreign holder on a minority does not stop the grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partial_grant_is_rolled_back() {
-    for n in [3usize, 5] {
-        let env = Env::start(n).await;
-        let ports = env.ports();
-        let q = n / 2 + 1;
-        let t = Target {
-            label: format!("proxy over {n} masters"),
-            port: env.proxy.port,
-            masters: ports.clone(),
-        };
-        let k = key(&format!("partial-{n}"));
-        plant(&ports[..q], &k).await;
+    each_proxied_target(async |t: &Target| {
+        let k = key("partial");
+        let servers = t.servers(&k);
+        let q = servers.len() / 2 + 1;
+        plant(&servers[..q], &k).await;
         let mut a = Redisson::new(t.port).lock(&k, 1).await.unwrap();
         let held = a.try_acquire(LONG).await.unwrap();
         let Attempt::Held(pttl) = held else {
@@ -394,12 +429,13 @@ async fn a_partial_grant_is_rolled_back() {
         t.on_every_server(&["HEXISTS", &k, &field], |r| r == ":0")
             .await;
         // A minority's foreign holder: granted on the others.
-        let free = key(&format!("minority-{n}"));
-        plant(&ports[..q - 1], &free).await;
+        let free = key("minority");
+        plant(&t.servers(&free)[..q - 1], &free).await;
         let mut b = Redisson::new(t.port).lock(&free, 1).await.unwrap();
         b.lock(LONG).await.unwrap();
         assert!(b.unlock().await.unwrap());
-    }
+    })
+    .await;
 }
 
 /// A foreign holder on all masters but Q−1, one more master paused beyond the node timeout:
@@ -427,7 +463,7 @@ async fn a_grant_short_of_a_majority_is_rolled_back_everywhere() {
         let t = Target {
             label: format!("proxy over {n} masters"),
             port: env.proxy.port,
-            masters: ports,
+            behind: Behind::Masters(ports),
         };
         t.on_every_server(&["HEXISTS", &k, &a.lock_name()], |r| r == ":0")
             .await;
@@ -522,23 +558,16 @@ async fn a_waiter_is_woken_by_the_unlock_on_one_redis_server() {
     let t = Target {
         label: "redis-server".into(),
         port: plain.port,
-        masters: Vec::new(),
+        behind: Behind::Itself,
     };
     waiter_woken_by_unlock(&t).await;
 }
 
-/// The same through the proxy over 3 and 5 masters (`SUBSCRIBE` through the proxy).
+/// The same through the proxy over 3 and 5 masters and 3 clusters (`SUBSCRIBE` through the
+/// proxy).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_is_woken_by_the_unlock_through_the_proxy() {
-    for n in [3, 5] {
-        let env = Env::start(n).await;
-        let t = Target {
-            label: format!("proxy over {n} masters"),
-            port: env.proxy.port,
-            masters: env.ports(),
-        };
-        waiter_woken_by_unlock(&t).await;
-    }
+    each_proxied_target(waiter_woken_by_unlock).await;
 }
 
 /// The roll-back's script on one master (`undo_hash.lua`): it takes back one count of the

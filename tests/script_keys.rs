@@ -4,7 +4,7 @@
 //! the masters is also run directly on a redis-server: its key table is Redis' own `COMMAND
 //! INFO`, its glob is Redis' ACL match, and the body keeps its lines, flags and `redis` members.
 
-use redlock_proxy::on_master::{script_sha, ARMED_KEY, QUARANTINE_KEY};
+use redlock_proxy::on_master::{script_sha, ARMED_KEY, QUARANTINE_KEY, TOKEN_KEY_PREFIX};
 use redlock_proxy::script_checks::{checked_body, SCRIPT_COMMANDS, SCRIPT_NOPERM};
 use redlock_proxy::{backend_ttl_ms, Config, LocalMaster};
 use redlock_testkit::key;
@@ -19,6 +19,8 @@ fn bound() -> i64 {
     backend_ttl_ms(60_000, 0.01) as i64
 }
 
+/// The token counters' prefix the proxy gives the prelude on a single master.
+const COUNTERS: &str = TOKEN_KEY_PREFIX;
 const RESERVED: &str = "-ERR keys starting with 'redlock-proxy:' are refused by redlock-proxy: they hold its own state on the masters";
 
 fn undeclared(key: &str) -> String {
@@ -480,12 +482,13 @@ async fn the_prelude_matches_keys_as_redis_acl_does() {
         ];
         assert_eq!(c.cmd(&acl).await, "+OK");
         let redis_allows = c.cmd(&["ACL", "DRYRUN", &user, "GET", key]).await == "+OK";
-        // ARGV: the key, then no token offer, no padding, no write deadline, the pattern
-        // (tagged as a glob) and its count, which the prelude removes.
+        // ARGV: the key, then the token counters' prefix, no token offer, no padding, no
+        // write deadline, the pattern (tagged as a glob) and its count, which the prelude
+        // removes.
         let glob = format!("*{pattern}");
         let reply = c
             .cmd(&[
-                "EVAL", probe, "0", key, "0", "0", "0", "0", "0", "0", &glob, "1",
+                "EVAL", probe, "0", key, COUNTERS, "0", "0", "0", "0", "0", "0", &glob, "1",
             ])
             .await;
         let expected = if redis_allows {
@@ -507,7 +510,7 @@ async fn the_prelude_matches_keys_as_redis_acl_does() {
     ] {
         let reply = c
             .cmd(&[
-                "EVAL", probe, "0", key, "0", "0", "0", "0", "0", "0", tagged, "1",
+                "EVAL", probe, "0", key, COUNTERS, "0", "0", "0", "0", "0", "0", tagged, "1",
             ])
             .await;
         assert_eq!(
@@ -518,12 +521,12 @@ async fn the_prelude_matches_keys_as_redis_acl_does() {
     }
     // No pattern at all: no key; -1: every key.
     assert_eq!(
-        c.cmd(&["EVAL", probe, "0", "k", "0", "0", "0", "0", "0", "0", "0"])
+        c.cmd(&["EVAL", probe, "0", "k", COUNTERS, "0", "0", "0", "0", "0", "0", "0"])
             .await,
         format!("*[:1,${SCRIPT_NOPERM}]")
     );
     assert_eq!(
-        c.cmd(&["EVAL", probe, "0", "k", "0", "0", "0", "0", "0", "0", "-1"])
+        c.cmd(&["EVAL", probe, "0", "k", COUNTERS, "0", "0", "0", "0", "0", "0", "-1"])
             .await,
         format!("*[:1,${}]", &undeclared("k")[1..])
     );

@@ -48,6 +48,17 @@ pub fn token_key(key: &[u8]) -> Bytes {
     Bytes::from(token_key_pieces(key_slot(key), key).concat())
 }
 
+/// What the token counter of a key of `slot` is named with before the key, on a master that
+/// is a cluster (`on_cluster`: `redlock-proxy:token:{T}:`) or a single server
+/// (`redlock-proxy:token:`): the prelude of client scripts names the counters of the keys a
+/// script declares itself.
+pub fn token_prefix_on(on_cluster: bool, slot: u16) -> Bytes {
+    match on_cluster {
+        true => Bytes::from(token_key_pieces(slot, b"").concat()),
+        false => Bytes::from_static(TOKEN_KEY_PREFIX.as_bytes()),
+    }
+}
+
 /// [`token_key`] of `key`, of slot `slot`, as its pieces.
 pub fn token_key_pieces(slot: u16, key: &[u8]) -> [&[u8]; 5] {
     let tag = slot_tag(slot).as_bytes();

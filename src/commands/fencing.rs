@@ -15,7 +15,7 @@ use super::{Action, Ctx, Session};
 use crate::cluster::keys::token_key_on;
 use crate::error::ProxyError;
 use crate::lease::Outcome;
-use crate::masters::{slot_of, Ask, Forms};
+use crate::masters::{slot_of, Forms, Masters};
 use crate::on_master::TOKEN_SCRIPT;
 use crate::protocol::{encode_command, Request};
 use crate::redlock::MergeRule;
@@ -45,14 +45,18 @@ pub fn lock_acquire(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> 
 /// ([`MergeRule::Identical`]).
 pub fn lock_token(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     let (key, value) = (&request.args[1], &request.args[2]);
-    let masters = ctx.masters();
-    // The counter's name differs on a cluster master (in the key's slot).
-    let payload = Forms::new(&masters, |cluster| {
+    let payload = token_read(&ctx.masters(), key, value);
+    eval_by_quorum(ctx, slot_of(&[key]), payload, MergeRule::Identical)
+}
+
+/// The token of `key`'s grant to `value` on each master ([`TOKEN_SCRIPT`]; the counter's name
+/// differs on a cluster master: in the key's slot).
+pub(crate) fn token_read(masters: &Masters, key: &[u8], value: &[u8]) -> Forms {
+    Forms::new(masters, |cluster| {
         let token_key = token_key_on(cluster, key);
         let script = TOKEN_SCRIPT.text().as_bytes();
         encode_command(&[b"EVAL", script, b"2", key, &token_key, value])
-    });
-    eval_by_quorum(ctx, slot_of(&[key]), payload, MergeRule::Identical)
+    })
 }
 
 /// `LOCK.RELEASE key value`
@@ -80,8 +84,7 @@ fn eval_by_quorum(ctx: &Ctx<'_>, slot: u16, payload: Forms, rule: MergeRule) -> 
     let masters = ctx.masters();
     let stats = ctx.shared.stats.clone();
     Action::Defer(Box::pin(async move {
-        let ask = |i: usize| Some(Ask::Commands(payload.for_voter(&masters.voters()[i])));
-        let reply = masters.quorum_reply_each(slot, ask, rule).await;
+        let reply = masters.quorum_reply_forms(slot, &payload, rule).await;
         stats.count_if_release(rule, &reply);
         Outcome::Reply(reply)
     }))

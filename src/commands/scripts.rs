@@ -37,7 +37,7 @@ mod hash_lock;
 use super::keys::forward_request;
 use super::{Action, Ctx, Session};
 use crate::auth::KeyPatterns;
-use crate::cluster::keys::markers_on;
+use crate::cluster::keys::{markers_on, token_prefix_on};
 use crate::error::ProxyError;
 use crate::lease::{Granted, Lease, Outcome};
 use crate::lease_script::KnownLock;
@@ -50,7 +50,7 @@ use crate::redlock::{
     merge, merged, quorum, token_refusal, validity_window, MergeRule, MissingReason, Policy, Vote,
 };
 use crate::script_cache::Script;
-use crate::script_keys::{access_args, TokenOffer, DEADLINE_AT};
+use crate::script_keys::{access_args, TokenOffer, COUNTERS_AT, DEADLINE_AT};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -169,6 +169,10 @@ struct MasterCall {
     args: Vec<Bytes>,
     /// Where the write deadline sits in `args` (set per master).
     due_at: usize,
+    /// Where the token counters' prefix sits in `args`, and its forms (a cluster master's
+    /// names the slot).
+    counters_at: usize,
+    counters: Forms,
     /// [`guard_command`] over the script's keys, or nothing (a read-only run).
     guard: Forms,
     /// The slot of its keys (on a cluster master, the node that runs it).
@@ -207,7 +211,7 @@ impl MasterCall {
         let pad = if guarded { policy.drift_factor } else { 0.0 };
         // A run that makes a new holder of a key takes a fencing token, as an acquire does.
         let offer = guarded.then(|| acquirer.offer_script_token()).flatten();
-        let due_at = args.len() + DEADLINE_AT;
+        let (due_at, counters_at) = (args.len() + DEADLINE_AT, args.len() + COUNTERS_AT);
         args.extend(access_args(patterns, pad, 0, offer.as_ref()));
         let keys = &args[3..3 + numkeys];
         let guard = Forms::new(acquirer.masters(), |cluster| match guarded {
@@ -215,6 +219,7 @@ impl MasterCall {
             false => Bytes::new(),
         });
         let slot = slot_of(keys);
+        let counters = Forms::new(acquirer.masters(), |cluster| token_prefix_on(cluster, slot));
         let (by_sha, by_body): (&'static [u8], &'static [u8]) = match read_only {
             true => (b"EVALSHA_RO", b"EVAL_RO"),
             false => (b"EVALSHA", b"EVAL"),
@@ -228,6 +233,8 @@ impl MasterCall {
             guarded,
             args,
             due_at,
+            counters_at,
+            counters,
             guard,
             slot,
             by_sha,
@@ -243,6 +250,7 @@ impl MasterCall {
     fn ask(&self, due: u64, voter: &Voter) -> Ask {
         let mut call = self.args.clone();
         call[self.due_at] = Bytes::from(due.to_string());
+        call[self.counters_at] = self.counters.for_voter(voter);
         let guard = self.guard.for_voter(voter);
         let mut encoded = |command: &'static [u8], script: &Bytes| {
             call[0] = Bytes::from_static(command);

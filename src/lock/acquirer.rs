@@ -128,9 +128,7 @@ impl Acquirer {
     /// (docs/SAFETY.md, "Tokens for locks taken by scripts"): proposed as an acquire's, once
     /// per run. None with quarantine off (tests only), where acquires take no token either.
     pub fn offer_script_token(&self) -> Option<TokenOffer> {
-        // Over cluster masters a script takes no token (yet): the prelude names a key's
-        // counter without its slot's tag, which a cluster node would refuse as another slot.
-        if !self.masters.quarantine() || self.masters.any_cluster() {
+        if !self.masters.quarantine() {
             return None;
         }
         let token = self.tokens.propose(&self.masters, 0);

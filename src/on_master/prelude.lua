@@ -7,7 +7,9 @@
 -- Placeholders filled by src/script_keys.rs: @SPEC@ the command table, @RESERVED@ the prefix
 -- of the proxy's keys, and the error texts @PERSIST@, @NOPERM@, @LATE@, @RESERVED_KEY@.
 --
--- ARGV, at its end (removed before the body runs): the token offer (the counter record
+-- ARGV, at its end (removed before the body runs): what a key's token counter is named with
+-- before the key (redlock-proxy:token:, with the slot's tag on a cluster node), the token
+-- offer (the counter record
 -- <token>:<proxy instance>, or '0' for none; the earliest and latest master clocks, ms, that
 -- may take it; the counter's life, ms), the drift factor F (0: no padding, no report), the
 -- write deadline (ms, master clock; 0: none), the user's key patterns each tagged ('=' a key,
@@ -23,7 +25,7 @@ local n = #argv
 local m = tonumber(argv[n])
 local base = n - math.max(m, 0) - 1
 local due, late, pad, noted = tonumber(argv[base]), false, tonumber(argv[base - 1]), 0
-local record, earliest, latest, life = argv[base - 5], tonumber(argv[base - 4]), tonumber(argv[base - 3]), tonumber(argv[base - 2])
+local counters, record, earliest, latest, life = argv[base - 6], argv[base - 5], tonumber(argv[base - 4]), tonumber(argv[base - 3]), tonumber(argv[base - 2])
 local tokens, before, leased_keys = pad > 0 and record ~= '0', {}, {}
 -- Past the write deadline (held up in a paused master's socket buffer) every call refuses.
 if due > 0 then local t = rcall('time') late = t[1] * 1000 + t[2] / 1000 > due end
@@ -134,7 +136,7 @@ local function fence()
   for k, was in pairs(before) do
     local is = holder(k)
     if is and is ~= was then
-      local ck = reserved .. 'token:' .. k
+      local ck = counters .. k
       local c = rcall('get', ck)
       if leased_keys[k] then
         local refusal, t = nil, rcall('time')
@@ -151,12 +153,12 @@ local function fence()
       if c then rcall('set', ck, sub(c, 1, 16), 'KEEPTTL') end
     elseif is and leased_keys[k] then
       local ms = rcall('pttl', k)
-      if ms > 0 then rcall('pexpire', reserved .. 'token:' .. k, ms, 'GT') end
+      if ms > 0 then rcall('pexpire', counters .. k, ms, 'GT') end
     end
   end
   return tok
 end
-for i = base - 5, n do argv[i] = nil end
+for i = base - 6, n do argv[i] = nil end
 -- Why a call is refused (Redis' own texts where it has them), or nil and the lease kind.
 -- The user's patterns first, for every key, as Redis checks ACLs before running anything;
 -- then the declared keys (a declared key is never reserved: the proxy refuses such KEYS).

@@ -11,14 +11,14 @@ use super::{
     CAPPED_TTL,
 };
 use crate::auth::KeyPatterns;
+use crate::commands::fencing::token_read;
 use crate::commands::{Action, Ctx, Session};
 use crate::error::ProxyError;
 use crate::lease::{Granted, Lease, Outcome, Rollback};
 use crate::lease_script::{KnownLock, REDISSON_ACQUIRES};
 use crate::lock::{Acquirer, HashGrant};
 use crate::masters::{slot_of, Masters};
-use crate::on_master::{token_key, TOKEN_SCRIPT};
-use crate::protocol::{encode_command, Reply};
+use crate::protocol::Reply;
 use crate::redlock::{
     backend_ttl_ms, grant_decision, held_pttl, merge, no_quorum, quorum, validity_window,
     AcquireDecision, MergeRule, Policy, Vote,
@@ -74,10 +74,6 @@ pub(super) fn acquire(
     };
     if numkeys != keys || args.len() != 3 + keys + 2 {
         return None;
-    }
-    if ctx.masters().any_cluster() {
-        let what = "a Redisson hash lock (EVAL)".to_string();
-        return Some(Action::error(ProxyError::NotOnCluster(what)));
     }
     let client_body = script.body.clone();
     let script = match known {
@@ -238,22 +234,10 @@ impl Run {
         if let Some(token) = offered.filter(|_| taken >= quorum(tally.votes.len())) {
             return i64::try_from(token).ok();
         }
-        let counter = token_key(&self.key);
-        let args: [&[u8]; 6] = [
-            b"EVAL",
-            TOKEN_SCRIPT.text().as_bytes(),
-            b"2",
-            &self.key,
-            &counter,
-            &self.field,
-        ];
-        match self
-            .masters
-            .quorum_reply(
-                slot_of(&[&self.key]),
-                &encode_command(&args),
-                MergeRule::Identical,
-            )
+        let read = token_read(&self.masters, &self.key, &self.field);
+        let slot = slot_of(&[&self.key]);
+        match (self.masters)
+            .quorum_reply_forms(slot, &read, MergeRule::Identical)
             .await
         {
             Reply::Integer(token) => Some(token),
