@@ -85,7 +85,9 @@ impl Keeper {
             return;
         }
         let mut work: HashMap<String, (Arc<ClusterNode>, Vec<u16>)> = HashMap::new();
-        for slot in 0..SLOTS as u16 {
+        // No slot can have become unready since a round found every slot ready: no scan.
+        let scan = self.cluster.take_rescan() || !losses.is_empty();
+        for slot in (0..SLOTS as u16).filter(|_| scan) {
             let Some(node) = self.cluster.owner_ref(slot) else {
                 continue;
             };
@@ -95,6 +97,10 @@ impl Keeper {
                     .or_insert_with(|| (node.clone(), vec![]));
                 entry.1.push(slot);
             }
+        }
+        if !work.is_empty() {
+            // Some slot was not ready: look again next round (until a round finds none).
+            self.cluster.rescan_later();
         }
         // Every primary at once (each has its own link); one is looked at once its own monitor
         // judged it on this connection.
