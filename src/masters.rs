@@ -263,7 +263,7 @@ impl Voter {
     pub fn clock_estimate_us(&self, when: Instant) -> Option<u64> {
         match &self.place {
             Place::Single { health, .. } => health.master_clock_estimate_us(when),
-            Place::Cluster(cluster) => (cluster.nodes().iter())
+            Place::Cluster(cluster) => (cluster.each_node())
                 .filter_map(|n| n.health.master_clock_estimate_us(when))
                 .max(),
         }

@@ -205,6 +205,13 @@ impl ClusterMaster {
         (node, true)
     }
 
+    /// Every node met so far that is routed to, read without a lock (on every acquire's path:
+    /// [`ClusterMaster::nodes`] takes a lock and copies).
+    pub fn each_node(&self) -> impl Iterator<Item = &Arc<ClusterNode>> {
+        let met = (self.next_serial.load(Ordering::Acquire) as usize).min(self.by_serial.len());
+        self.by_serial[1..met].iter().filter_map(OnceLock::get)
+    }
+
     /// Every node met so far.
     pub fn nodes(&self) -> Vec<Arc<ClusterNode>> {
         let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
