@@ -405,13 +405,13 @@ fn a_replica_promoted_without_a_held_lock_is_quarantined_per_slot() {
     });
 }
 
-/// A holds `k` on every cluster with `wait_replicas` (1, or 0: the negative control); the
-/// primary of `k`'s slot in cluster 0 then hands its slots to its replica (`CLUSTER FAILOVER`,
-/// planned: the replica has every write). Returns the `PTTL` of the slot's quarantine marker on
+/// A holds `k` on every cluster of 3 primaries with `replicas` replicas each, with
+/// `wait_replicas` (1, or 0: a negative control); the primary of `k`'s slot in cluster 0 then
+/// hands its slots to a replica (`CLUSTER FAILOVER`, planned: the replica has every write). Returns the `PTTL` of the slot's quarantine marker on
 /// the promoted node once the proxy re-stamped the slot with that node's id (with or without a
 /// quarantine), and master 0's state then.
-async fn planned_failover_in_a_cluster(wait_replicas: u32) -> (String, String) {
-    let clusters = tokio::task::block_in_place(|| three_clusters(3, 1));
+async fn planned_failover_in_a_cluster(wait_replicas: u32, replicas: usize) -> (String, String) {
+    let clusters = tokio::task::block_in_place(|| three_clusters(3, replicas));
     let proxy = proxy_over(&clusters, |c| {
         c.wait_replicas = wait_replicas;
         // `WAIT` answers within half of it: far above a replica's round trip on a busy machine.
@@ -419,7 +419,7 @@ async fn planned_failover_in_a_cluster(wait_replicas: u32) -> (String, String) {
         c.max_lock_ttl_ms = 20_000;
     })
     .await;
-    let k = key(&format!("planned-failover-{wait_replicas}"));
+    let k = key(&format!("planned-failover-{wait_replicas}-{replicas}"));
     let slot = key_slot(k.as_bytes());
     let mut a = proxy.client().await;
     assert_eq!(
@@ -465,25 +465,29 @@ async fn planned_failover_in_a_cluster(wait_replicas: u32) -> (String, String) {
 
 /// `wait_replicas` 1: a planned failover inside a cluster hands the slots to a replica that
 /// confirmed every vote, so the proxy re-stamps them with no quarantine and they vote at once.
-/// Negative control, `wait_replicas` 0: the same failover is amnesia, quarantined per slot.
+/// Negative controls, quarantined per slot: `wait_replicas` 0 (the failover is amnesia), and
+/// two replicas online where one confirms each vote (the other may have confirmed a vote the
+/// promoted one lacks: the proxy cannot tell).
 #[test]
 fn a_planned_failover_to_a_replica_that_confirmed_every_vote_needs_no_quarantine() {
     run_alone(async {
-        let (pttl, state) = planned_failover_in_a_cluster(1).await;
+        let (pttl, state) = planned_failover_in_a_cluster(1, 1).await;
         assert_eq!(pttl, ":-2", "a quarantine on the promoted node: {state}");
         assert!(
             state.starts_with("up (cluster: 3 primaries, 16384 of 16384"),
             "{state}"
         );
     });
-    run_alone(async {
-        let (pttl, state) = planned_failover_in_a_cluster(0).await;
-        let left: i64 = pttl[1..].parse().expect(&pttl);
-        assert!(
-            left > 0,
-            "negative control: without wait_replicas the failover is quarantined: {pttl}, {state}"
-        );
-    });
+    for (wait_replicas, replicas) in [(0, 1), (1, 2)] {
+        run_alone(async {
+            let (pttl, state) = planned_failover_in_a_cluster(wait_replicas, replicas).await;
+            let left: i64 = pttl[1..].parse().expect(&pttl);
+            assert!(
+                left > 0,
+                "negative control ({replicas} replicas, wait_replicas {wait_replicas}): the failover must be quarantined: {pttl}, {state}"
+            );
+        });
+    }
 }
 
 /// The node ids and ports of a cluster's primaries, by what the first answering node says.

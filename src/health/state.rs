@@ -42,7 +42,8 @@ struct HealthState {
     clock: Option<ClockReading>,
     last: Option<Observation>,
     /// The last observation of this master while a primary (a planned failover demotes the
-    /// old primary before the proxy follows the switch: its last look may show a replica).
+    /// old primary before the proxy follows the switch: its last look may show a replica),
+    /// with the most replicas online any look of the same process as a primary showed.
     last_primary: Option<Observation>,
     /// Connection number (see [`crate::transport::Link::connect_count`]) on which the last
     /// poll found the master ready; 0 = not ready.
@@ -268,7 +269,15 @@ impl MasterHealth {
             h.unsafe_reason = verdict.unsafe_config;
         }
         if obs.role == "master" {
-            h.last_primary = Some(obs.clone());
+            // The most replicas this process had online in any look as a primary: the
+            // replica that promotes itself leaves first, so the last look may miss it while
+            // still listing the others, which could confirm a vote after that look the
+            // promoted one never had (docs/SAFETY.md, "Confirmed writes").
+            let mut primary = obs.clone();
+            if let Some(earlier) = (h.last_primary.as_ref()).filter(|p| p.run_id == obs.run_id) {
+                primary.online_replicas = primary.online_replicas.max(earlier.online_replicas);
+            }
+            h.last_primary = Some(primary);
         }
         h.last = Some(obs);
         verdict.lost
@@ -330,6 +339,7 @@ impl MasterHealth {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::health::judge::kept_every_confirmed_write;
 
     #[test]
     fn every_quarantine_reason_is_counted_under_its_cause() {
@@ -347,6 +357,46 @@ mod tests {
             assert_eq!(quarantine_cause(reason), cause, "{reason}");
             assert!(QUARANTINE_CAUSES.contains(&cause));
         }
+    }
+
+    /// A primary with two replicas online, then one (the other left to promote itself): a
+    /// failover to the one that left keeps nothing by the one-replica rule, since the other
+    /// could have confirmed a vote after the last look. A restarted process starts afresh.
+    #[test]
+    fn the_last_primary_look_keeps_the_most_replicas_seen_online() {
+        let health = MasterHealth::default();
+        let primary = |run_id: &str, online, offset| Observation {
+            run_id: run_id.into(),
+            role: "master".into(),
+            maxmemory_policy: "noeviction".into(),
+            master_replid: format!("{run_id}-history"),
+            master_repl_offset: offset,
+            online_replicas: online,
+            ..Observation::default()
+        };
+        let promoted = Observation {
+            master_replid2: "a-history".into(),
+            second_repl_offset: Some(101),
+            ..primary("b", 1, 101)
+        };
+        let kept = |health: &MasterHealth| {
+            let last = health.last_primary().expect("a primary look");
+            (
+                last.online_replicas,
+                kept_every_confirmed_write(&last, &promoted, 1),
+            )
+        };
+        health.observe("m", primary("a", 2, 90), None, 1, None);
+        health.observe("m", primary("a", 1, 100), None, 1, None);
+        assert_eq!(kept(&health), (2, false));
+        // Never more than one: the promoted replica keeps every confirmed write.
+        let single = MasterHealth::default();
+        single.observe("m", primary("a", 1, 90), None, 1, None);
+        single.observe("m", primary("a", 0, 100), None, 1, None);
+        assert_eq!(kept(&single), (1, true));
+        // Another process: its own looks only.
+        health.observe("m", primary("a2", 1, 5), None, 1, None);
+        assert_eq!(health.last_primary().map(|p| p.online_replicas), Some(1));
     }
 
     #[test]
