@@ -3,10 +3,10 @@
 //! with ioredis 5 and 6, pottery, python-redis-lock, sherlock, redlock-universal on node-redis
 //! and ioredis, redis-semaphore `Mutex` and `Semaphore`, @sesamecare-oss/redlock,
 //! @microfleet/ioredis-lock, and Redisson 3.45's `RLock` replayed over redis-py: its exact
-//! scripts, the test kit's) each run their scenario (tests/clients/run-all.sh) three times at
+//! scripts, the test kit's) each run their scenario (tests/clients/run-all.sh) four times at
 //! once: against one plain redis-server (the baseline: a scenario failing there is broken, not
-//! the proxy), and through the proxy over 3 and over 5 real masters. Each scenario checks the
-//! masters directly. The README's client table is checked against what this run saw
+//! the proxy), and through the proxy over 3 and over 5 real masters and over 3 Redis Clusters.
+//! Each scenario checks the masters directly. The README's client table is checked against what this run saw
 //! (`UPDATE_README=1` rewrites it, failures included); the test passes only if every scenario
 //! passed everywhere and the table is true.
 
@@ -24,20 +24,22 @@ const SCENARIOS: usize = 23;
 /// Steps that fail through the proxy for a reason an open issue tracks: (scenario, the step
 /// it fails in, why). Each must still pass on the plain redis-server and fail through the
 /// proxy at exactly that step, so the test fails once a gap closes (then the entry goes).
-const KNOWN_GAPS: &[(&str, &str, &str)] = &[];
+const KNOWN_GAPS: &[Gap] = &[];
+/// A known gap: the scenario, the step it fails in, why.
+type Gap = (&'static str, &'static str, &'static str);
 
 /// What fails through the proxy over Redis Cluster masters only, and why (as [`KNOWN_GAPS`]):
 /// python-redis-lock's scripts declare `lock:NAME` and `lock-signal:NAME`, two slots, which a
 /// Redis Cluster refuses too (`CROSSSLOT`); with a hash tag in the name its release would
 /// still push to a list, and lists are refused over clusters (docs/PROTOCOL.md §7).
-const CLUSTER_GAPS: &[(&str, &str, &str)] = &[(
+const CLUSTER_GAPS: &[Gap] = &[(
     "python-redis-lock",
     "A extends",
     "CROSSSLOT over Redis Cluster masters, as on one Redis Cluster",
 )];
 
 /// Whether `r` failed as one of `gaps` says it does.
-fn known_gap(r: &ClientResult, gaps: &[(&str, &str, &str)]) -> bool {
+fn known_gap(r: &ClientResult, gaps: &[Gap]) -> bool {
     gaps.iter()
         .any(|(scenario, step, _)| r.scenario == *scenario && r.step.as_deref() == Some(*step))
 }
@@ -62,14 +64,17 @@ struct ClientResult {
     api: Option<String>,
 }
 
-/// One deployment's run of the whole suite.
+/// One deployment's run of the whole suite, and the gaps known there (none on the baseline).
 struct Run {
     label: &'static str,
     results: Vec<ClientResult>,
     output: String,
+    gaps: Vec<Gap>,
 }
 
-async fn run_suite(label: &'static str, proxy_port: u16, masters: Vec<u16>) -> Run {
+/// The suite through `proxy_port` (the masters at `masters` checked directly), where `gaps`
+/// are known.
+async fn run_suite(label: &'static str, proxy_port: u16, masters: Vec<u16>, gaps: &[Gap]) -> Run {
     let ports: Vec<String> = masters.iter().map(u16::to_string).collect();
     let run = tokio::process::Command::new("bash")
         .arg("tests/clients/run-all.sh")
@@ -93,15 +98,17 @@ async fn run_suite(label: &'static str, proxy_port: u16, masters: Vec<u16>) -> R
         label,
         results,
         output: format!("{stdout}\n{stderr}"),
+        gaps: gaps.to_vec(),
     }
 }
 
-fn cell(r: Option<&ClientResult>) -> String {
+/// A scenario's cell in a deployment's column whose known gaps are `gaps`.
+fn cell(r: Option<&ClientResult>, gaps: &[Gap]) -> String {
     match r {
         Some(r) if r.status == "pass" => "pass".to_string(),
         Some(r) => {
             let step = r.step.as_deref().unwrap_or("?");
-            match KNOWN_GAPS
+            match gaps
                 .iter()
                 .find(|g| g.0 == r.scenario && Some(g.1) == r.step.as_deref())
             {
@@ -117,8 +124,8 @@ fn cell(r: Option<&ClientResult>) -> String {
 /// version as the baseline run saw them and the outcome of each deployment.
 fn table(runs: &[Run]) -> String {
     let mut out = String::from(
-        "| scenario | client / library | version | protocol | exercised | plain redis-server | 3 masters | 5 masters |\n\
-         |---|---|---|---|---|---|---|---|\n",
+        "| scenario | client / library | version | protocol | exercised | plain redis-server | 3 masters | 5 masters | 3 Redis Clusters |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
     );
     let by_scenario: Vec<BTreeMap<&str, &ClientResult>> = runs
         .iter()
@@ -138,7 +145,8 @@ fn table(runs: &[Run]) -> String {
             .map_or("?", |r| r.protocol.as_str());
         let cells: Vec<String> = by_scenario
             .iter()
-            .map(|m| cell(m.get(base.scenario.as_str()).copied()))
+            .zip(runs)
+            .map(|(m, run)| cell(m.get(base.scenario.as_str()).copied(), &run.gaps))
             .collect();
         out.push_str(&format!(
             "| {} | {} | {} | {} | {} | {} |\n",
@@ -161,15 +169,37 @@ async fn real_clients_work_through_the_proxy_as_on_one_redis() {
     let plain_port = plain.masters[0].port;
     let three = Env::start(3).await;
     let five = Env::start(5).await;
-    let (baseline, over3, over5) = tokio::join!(
-        run_suite("plain redis-server", plain_port, vec![plain_port]),
-        run_suite("proxy over 3 masters", three.proxy.port, three.ports()),
-        run_suite("proxy over 5 masters", five.proxy.port, five.ports()),
+    // Clusters of one primary each: the scenarios' checks on the masters then find every key
+    // on the port they were given (routing over shards is `tests/cluster.rs`' and
+    // `tests/redisson.rs`').
+    let clusters = tokio::task::block_in_place(|| three_clusters(1, 0));
+    let over_clusters = proxy_over(&clusters, |_| {}).await;
+    let primaries = clusters.iter().map(|c| c.nodes[0].port).collect();
+    let cluster_gaps: Vec<Gap> = KNOWN_GAPS.iter().chain(CLUSTER_GAPS).copied().collect();
+    let (baseline, over3, over5, over_clusters) = tokio::join!(
+        run_suite("plain redis-server", plain_port, vec![plain_port], &[]),
+        run_suite(
+            "proxy over 3 masters",
+            three.proxy.port,
+            three.ports(),
+            KNOWN_GAPS
+        ),
+        run_suite(
+            "proxy over 5 masters",
+            five.proxy.port,
+            five.ports(),
+            KNOWN_GAPS
+        ),
+        run_suite(
+            "proxy over 3 clusters",
+            over_clusters.port,
+            primaries,
+            &cluster_gaps
+        ),
     );
-    let runs = [baseline, over3, over5];
+    let runs = [baseline, over3, over5, over_clusters];
 
-    let mut problems = failures(&runs[..1], &[]);
-    problems.extend(failures(&runs[1..], KNOWN_GAPS));
+    let mut problems = failures(&runs);
     let expected = table(&runs);
     let readme = std::fs::read_to_string("README.md").unwrap();
     let (Some(begin), Some(end)) = (readme.find(TABLE_BEGIN), readme.find(TABLE_END)) else {
@@ -197,16 +227,16 @@ async fn real_clients_work_through_the_proxy_as_on_one_redis() {
     );
 }
 
-/// What went wrong in `runs`: every scenario must pass, but for `gaps` (the proxy's known
-/// gaps where the runs went through it), which must fail exactly as they say.
-fn failures(runs: &[Run], gaps: &[(&str, &str, &str)]) -> Vec<String> {
+/// What went wrong in `runs`: every scenario must pass, but for each run's known gaps, which
+/// must fail exactly as they say.
+fn failures(runs: &[Run]) -> Vec<String> {
     let mut problems = Vec::new();
     for run in runs {
         let failed: Vec<&ClientResult> = run
             .results
             .iter()
-            .filter(|r| match gaps.iter().any(|g| g.0 == r.scenario) {
-                true => !known_gap(r, gaps),
+            .filter(|r| match run.gaps.iter().any(|g| g.0 == r.scenario) {
+                true => !known_gap(r, &run.gaps),
                 false => r.status != "pass" || r.checks <= 10,
             })
             .collect();
@@ -238,35 +268,17 @@ async fn real_clients_work_with_confirmed_writes() {
         run_suite(
             "proxy over 3 masters, wait_replicas 1",
             three.proxy.port,
-            three.ports()
+            three.ports(),
+            KNOWN_GAPS
         ),
         run_suite(
             "proxy over 5 masters, wait_replicas 1",
             five.proxy.port,
-            five.ports()
+            five.ports(),
+            KNOWN_GAPS
         ),
     );
-    let problems = failures(&[over3, over5], KNOWN_GAPS);
-    assert!(
-        problems.is_empty(),
-        "(install the clients with tests/clients/install.sh)\n{}",
-        problems.join("\n\n")
-    );
-}
-
-/// Every client's recommended API through a proxy over 3 Redis Clusters (docs/SAFETY.md
-/// "Cluster masters"): the cluster forms of the scripts, per-slot markers stamped with node
-/// ids, per-slot token counters. One primary each, so that the scenarios' checks on the
-/// masters find every key on the port they were given (routing over shards is
-/// `tests/cluster.rs`' and `tests/redisson.rs`').
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_clients_work_over_cluster_masters() {
-    let clusters = tokio::task::block_in_place(|| three_clusters(1, 0));
-    let proxy = proxy_over(&clusters, |_| {}).await;
-    let primaries = clusters.iter().map(|c| c.nodes[0].port).collect();
-    let over = run_suite("proxy over 3 clusters", proxy.port, primaries).await;
-    let gaps: Vec<_> = KNOWN_GAPS.iter().chain(CLUSTER_GAPS).copied().collect();
-    let problems = failures(&[over], &gaps);
+    let problems = failures(&[over3, over5]);
     assert!(
         problems.is_empty(),
         "(install the clients with tests/clients/install.sh)\n{}",
