@@ -12,7 +12,7 @@
 //! ([`Markers::combine`]). A slot's readiness is cleared the moment its owner changes (a new
 //! node) or its owner's monitor sees a loss, before anything else may vote for it.
 
-use super::judge::{kept_every_confirmed_write, marker_step, MarkerStep, Markers};
+use super::judge::{marker_step, MarkerStep, Markers};
 use super::{ask, info_command, DeploymentView, Monitor, MonitorConfig, Role};
 use super::{ClusterMaster, ClusterNode};
 use crate::cluster::keys::markers;
@@ -87,7 +87,8 @@ impl Keeper {
         let mut work: HashMap<String, (Arc<ClusterNode>, Vec<u16>)> = HashMap::new();
         // No slot can have become unready since a round found every slot ready: no scan.
         let scan = self.cluster.take_rescan() || !losses.is_empty();
-        for slot in (0..SLOTS as u16).filter(|_| scan) {
+        let slots = if scan { 0..SLOTS as u16 } else { 0..0 };
+        for slot in slots {
             let Some(node) = self.cluster.owner_ref(slot) else {
                 continue;
             };
@@ -198,10 +199,9 @@ impl Keeper {
         let losses = node.losses();
         // The node it was promoted in place of, if it holds every write whose vote counted
         // there (`wait_replicas`): that node's slots need re-stamping, no quarantine.
-        let kept = node.health.last().and_then(|now| {
-            let (from, primary) = self.cluster.predecessor(&node.id, &now)?;
-            kept_every_confirmed_write(&primary, &now, self.policy.wait_replicas).then_some(from)
-        });
+        let replicas = self.policy.wait_replicas;
+        let kept = (node.health.last())
+            .and_then(|now| self.cluster.kept_writes_of(&node.id, &now, replicas));
         for batch in slots.chunks(BATCH) {
             let Some(looks) = run_on_slots(&node.link, STATUS_SCRIPT.text(), batch, &[]).await
             else {

@@ -14,7 +14,7 @@
 //! - Nodes are never dropped: a cluster has a bounded set of them, and a primary that became a
 //!   replica may come back.
 
-use super::judge::Observation;
+use super::judge::{kept_every_confirmed_write, Observation};
 use super::MasterHealth;
 use crate::backend::Backend;
 use crate::cluster::map::{Redirect, SlotMap};
@@ -226,11 +226,24 @@ impl ClusterMaster {
         if !now.promoted() {
             return None;
         }
-        self.nodes().into_iter().find_map(|node| {
+        self.each_node().find_map(|node| {
             let primary = node.health.last_primary()?;
             (node.id != id && primary.master_replid == now.master_replid2)
                 .then(|| (node.id.clone(), primary))
         })
+    }
+
+    /// The node `id` was promoted in place of ([`ClusterMaster::predecessor`]), if `now` holds
+    /// every write whose vote counted there (`wait_replicas`, docs/SAFETY.md "Confirmed
+    /// writes"): its id.
+    pub fn kept_writes_of(
+        &self,
+        id: &str,
+        now: &Observation,
+        wait_replicas: u32,
+    ) -> Option<String> {
+        let (from, primary) = self.predecessor(id, now)?;
+        kept_every_confirmed_write(&primary, now, wait_replicas).then_some(from)
     }
 
     /// Installs `map` (its primaries already made nodes with [`ClusterMaster::node`]).

@@ -69,8 +69,8 @@ mod state;
 pub use cluster_master::{ClusterMaster, ClusterNode};
 pub use judge::Deployment;
 use judge::{
-    check_stamp, first_sight_wait, founding_round, kept_every_confirmed_write, marker_step,
-    parse_info, parse_time, Founding, MarkerStep, Markers, StampCheck,
+    check_stamp, first_sight_wait, founding_round, marker_step, parse_info, parse_time, Founding,
+    MarkerStep, Markers, StampCheck,
 };
 pub use state::{MasterHealth, QUARANTINE_CAUSES};
 
@@ -614,8 +614,7 @@ impl Monitor {
         // Promoted with every confirmed write of the primary it replaced, it holds what counted
         // there, however its dataset was loaded (a replica's full sync reads like a load from
         // disk): no wait at first sight.
-        let kept = (took_over.as_ref())
-            .is_some_and(|primary| kept_every_confirmed_write(primary, &obs, replicas));
+        let kept = cluster.kept_writes_of(id, &obs, replicas).is_some();
         let first = health.first_sight() && !kept;
         let waited = first_sight_wait(&obs, self.policy.lease_bound).filter(|_| first);
         let lost = health.observe(addr, obs, None, replicas, took_over.as_ref());
