@@ -34,6 +34,7 @@
 //! - [`may_write`]: could it write (then the guard follows it).
 
 use crate::script_keys::script_command;
+use bytes::Bytes;
 
 /// Where a recognised script takes its TTL from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +154,24 @@ pub const REDISSON_ACQUIRES: [&str; 3] = [
     "if (redis.call('exists', KEYS[1]) == 0) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; return redis.call('pttl', KEYS[1]);",
     "if (redis.call('exists', KEYS[1]) == 0) then redis.call('hset', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; return redis.call('pttl', KEYS[1]);",
 ];
+/// The channel Redisson's unlock of lock `name` publishes on, where its waiters wait:
+/// `RedissonLock.getChannelName()`, `prefixName("redisson_lock__channel", name)`, which
+/// braces a name that has no `{` so that the channel shares the lock's cluster slot.
+pub fn unlock_channel(name: &[u8]) -> Bytes {
+    let prefix = b"redisson_lock__channel:".as_slice();
+    let name_braced = name.contains(&b'{');
+    let mut channel = Vec::with_capacity(prefix.len() + name.len() + 2);
+    channel.extend_from_slice(prefix);
+    if !name_braced {
+        channel.push(b'{');
+    }
+    channel.extend_from_slice(name);
+    if !name_braced {
+        channel.push(b'}');
+    }
+    Bytes::from(channel)
+}
+
 /// `RedissonFencedLock.tryLockInnerAsync(leaseTime, unit, threadId)`.
 const REDISSON_FENCED_ACQUIRE: &str = "if (redis.call('exists', KEYS[1]) == 0 or (redis.call('hexists', KEYS[1], ARGV[2]) == 1)) then local token = redis.call('incr', KEYS[2]);redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return {-1, token}; end; return {redis.call('pttl', KEYS[1]), -1};";
 /// `RedissonFencedLock`'s override of the plain acquire.
@@ -613,6 +632,18 @@ mod tests {
     const REDISSON_ACQUIRE: &str = "if (redis.call('exists', KEYS[1]) == 0) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; return redis.call('pttl', KEYS[1]);";
 
     const REDISSON_UNLOCK: &str = "if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then return nil; end; local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1); if (counter > 0) then redis.call('pexpire', KEYS[1], ARGV[2]); return 0; else redis.call('del', KEYS[1]); redis.call('publish', KEYS[2], ARGV[1]); return 1; end; return nil;";
+
+    #[test]
+    fn redisson_unlock_channels_brace_names_without_a_brace() {
+        for (name, channel) in [
+            ("lock", "redisson_lock__channel:{lock}"),
+            ("{tag}:lock", "redisson_lock__channel:{tag}:lock"),
+            ("a{b", "redisson_lock__channel:a{b"),
+            ("", "redisson_lock__channel:{}"),
+        ] {
+            assert_eq!(&unlock_channel(name.as_bytes())[..], channel.as_bytes());
+        }
+    }
 
     #[test]
     fn recognised_and_refused_shapes() {

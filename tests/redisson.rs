@@ -10,12 +10,13 @@
 //!
 //! Timing bounds here are derived from the leases and generous (behaviour, not latency).
 
+use redlock_proxy::cluster::keys::token_key_on;
 use redlock_proxy::cluster::slots::key_slot;
 use redlock_proxy::on_master::UNDO_HASH_SCRIPT;
 use redlock_proxy::{LocalCluster, LocalMaster};
 use redlock_testkit::cluster::{proxy_over, three_clusters, RedisCluster};
 use redlock_testkit::key;
-use redlock_testkit::launcher::{Env, Proxy};
+use redlock_testkit::launcher::{Env, Proxy, BEHAVIOUR_NODE_TIMEOUT_MS};
 use redlock_testkit::masters::{master_cmd, signal};
 use redlock_testkit::redisson::{
     channel_name, latch_name, Attempt, Error, Redisson, Renewal, Scripts, Subscription,
@@ -23,12 +24,15 @@ use redlock_testkit::redisson::{
 };
 use redlock_testkit::resp::Client;
 use redlock_testkit::{eventually, lock_grant};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// A lease no step of a test comes near (the locks are released explicitly).
 const LONG: Option<Duration> = Some(Duration::from_secs(20));
 /// How long the checks on the masters may wait for the last master's copy of a write.
 const SETTLE: Duration = Duration::from_secs(10);
+/// How long a subscriber listens to find that no message comes, beyond the node timeout the
+/// proxy holds a minority's message ([`redlock_testkit::launcher::BEHAVIOUR_NODE_TIMEOUT_MS`]).
+const QUIET: Duration = Duration::from_millis(BEHAVIOUR_NODE_TIMEOUT_MS + 1000);
 
 /// Where a scenario runs: one plain redis-server (the baseline), or a proxy and what is behind
 /// it.
@@ -61,6 +65,12 @@ impl Target {
                 tokio::task::block_in_place(|| clusters.iter().map(owner).collect())
             }
         }
+    }
+
+    /// The name of `key`'s token counter on the servers that hold it.
+    fn counter(&self, key: &str) -> String {
+        let cluster = matches!(self.behind, Behind::Clusters(_));
+        String::from_utf8(token_key_on(cluster, key.as_bytes()).to_vec()).expect("UTF-8 key")
     }
 
     /// Whether a proxy serves it (the baseline is a plain redis-server).
@@ -410,24 +420,47 @@ async fn plant(ports: &[u16], k: &str) {
 }
 
 /// A foreign holder on a majority: the acquire is refused with the holder's PTTL, and the
-/// masters that granted it (the free minority) are rolled back: none keeps the field. A
-/// foreign holder on a minority does not stop the grant.
+/// masters that granted it (the free minority) are rolled back: none keeps the field, also
+/// where a master refused the attempt's token (another proxy's counter ahead there). The key
+/// still held by a majority, no unlock message: the holder's waiters wait for its unlock, not
+/// for each other's roll-backs. A foreign holder on a minority does not stop the grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partial_grant_is_rolled_back() {
     each_proxied_target(async |t: &Target| {
-        let k = key("partial");
-        let servers = t.servers(&k);
-        let q = servers.len() / 2 + 1;
-        plant(&servers[..q], &k).await;
-        let mut a = Redisson::new(t.port).lock(&k, 1).await.unwrap();
-        let held = a.try_acquire(LONG).await.unwrap();
-        let Attempt::Held(pttl) = held else {
-            panic!("{}: {held:?}", t.label);
-        };
-        assert!(pttl > 20_000 && pttl <= 30_000, "{}: {pttl}", t.label);
-        let field = a.lock_name();
-        t.on_every_server(&["HEXISTS", &k, &field], |r| r == ":0")
-            .await;
+        let q = t.servers("any").len() / 2 + 1;
+        for token_refused in [false, true] {
+            let k = key(if token_refused {
+                "partial-ahead"
+            } else {
+                "partial"
+            });
+            let servers = t.servers(&k);
+            plant(&servers[..q], &k).await;
+            if token_refused {
+                // A counter a minute ahead on the free masters: they refuse the offer.
+                let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+                let ahead = since_epoch.as_micros() + 60_000_000;
+                let counter = t.counter(&k);
+                for port in &servers[q..] {
+                    let set = ["SET", &counter, &format!("{ahead:016}"), "PX", "60000"];
+                    assert_eq!(master_cmd(*port, &set).await, "+OK");
+                }
+            }
+            let mut waiter = Subscription::open(t.port, &channel_name(&k)).await.unwrap();
+            let mut a = Redisson::new(t.port).lock(&k, 1).await.unwrap();
+            let held = a.try_acquire(LONG).await.unwrap();
+            let Attempt::Held(pttl) = held else {
+                panic!("{}: {held:?}", t.label);
+            };
+            assert!(pttl > 20_000 && pttl <= 30_000, "{}: {pttl}", t.label);
+            let field = a.lock_name();
+            t.on_every_server(&["HEXISTS", &k, &field], |r| r == ":0")
+                .await;
+            if !token_refused {
+                let woken = waiter.wait_message(QUIET).await.unwrap();
+                assert!(!woken, "{}: an unlock message", t.label);
+            }
+        }
         // A minority's foreign holder: granted on the others.
         let free = key("minority");
         plant(&t.servers(&free)[..q - 1], &free).await;
@@ -441,7 +474,9 @@ async fn a_partial_grant_is_rolled_back() {
 /// A foreign holder on all masters but Q−1, one more master paused beyond the node timeout:
 /// fewer than Q masters can grant, so the acquire is refused (`NOQUORUM`: no majority answered
 /// alike) and rolled back on the masters that granted; the paused master, once resumed, runs
-/// the late call past its write deadline and takes nothing.
+/// the late call past its write deadline and takes nothing. No majority holds the key then (a
+/// split of two attempts looks the same): a waiter subscribed to the lock's channel is woken by
+/// Redisson's unlock message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_short_of_a_majority_is_rolled_back_everywhere() {
     for n in [3usize, 5] {
@@ -453,6 +488,8 @@ async fn a_grant_short_of_a_majority_is_rolled_back_everywhere() {
         plant(&ports[q - 1..n - 1], &k).await;
         let paused = env.masters.masters[n - 1].pid().unwrap();
         signal(paused, "STOP");
+        let channel = channel_name(&k);
+        let mut waiter = Subscription::open(env.proxy.port, &channel).await.unwrap();
         let mut a = Redisson::new(env.proxy.port).lock(&k, 1).await.unwrap();
         let reply = a.try_acquire(LONG).await;
         signal(paused, "CONT");
@@ -467,6 +504,8 @@ async fn a_grant_short_of_a_majority_is_rolled_back_everywhere() {
         };
         t.on_every_server(&["HEXISTS", &k, &a.lock_name()], |r| r == ":0")
             .await;
+        let woken = waiter.wait_message(SETTLE).await.unwrap();
+        assert!(woken, "{n} masters: no unlock message after the roll-back");
     }
 }
 
@@ -571,9 +610,10 @@ async fn a_waiter_is_woken_by_the_unlock_through_the_proxy() {
 }
 
 /// The roll-back's script on one master (`undo_hash.lua`): it takes back one count of the
-/// field only while the key's counter holds the attempt's record, cuts the record to its bare
-/// token (so a second run, or a later attempt's undo, does nothing), and keeps a re-entry's
-/// count on top of the attempt's.
+/// field only while the key's counter names the attempt (its record, or `<token>~<record>`
+/// where the master refused the attempt's token), cuts the counter to its bare token (so a
+/// second run, or a later attempt's undo, does nothing), and keeps a re-entry's count on top of
+/// the attempt's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_undo_takes_back_only_its_own_attempt_once() {
     let master = LocalMaster::start(None, &[]).expect("redis-server must be installed");
@@ -611,6 +651,17 @@ async fn the_undo_takes_back_only_its_own_attempt_once() {
     set_up("2", mine).await;
     assert_eq!(undo(mine).await, ":1");
     assert_eq!(master_cmd(port, &["HGET", &k, "me:1"]).await, "$1");
+    // The master refused the attempt's token: the counter kept its higher token and named the
+    // attempt after a '~'. Undone the same way, back to the bare token.
+    set_up("1", &format!("0001795000000007~{mine}")).await;
+    assert_eq!(undo(mine).await, ":1");
+    assert_eq!(master_cmd(port, &["EXISTS", &k]).await, ":0");
+    assert_eq!(
+        master_cmd(port, &["GET", &counter]).await,
+        "$0001795000000007"
+    );
+    set_up("1", &format!("0001795000000007~{other}")).await;
+    assert_eq!(undo(mine).await, ":0", "another attempt's refused token");
     // Another attempt's record (a later new holder): nothing.
     set_up("1", other).await;
     assert_eq!(undo(mine).await, ":0");

@@ -30,7 +30,10 @@ const WAKE_MARGIN: Duration = Duration::from_millis(1000);
 /// One wait of a waiter for an unlock message.
 struct Wait {
     key: usize,
+    worker: usize,
     proxy: usize,
+    /// The holder's PTTL the refused acquire answered (the wait's bound, unless less was left).
+    pttl: i64,
     start: u64,
     end: u64,
     /// Woken by a message (else it waited out its bound).
@@ -43,6 +46,8 @@ struct Log {
     holds: Vec<Hold>,
     /// Unlocks answered 1 (released): key, when the answer was read, through which proxy.
     released: Vec<(usize, u64, usize)>,
+    /// Every acquire and unlock answered: key, when it was sent, when answered, what.
+    calls: Vec<(usize, u64, u64, String)>,
     waits: Vec<Wait>,
     errors: u64,
     /// The kinds of error seen, with how many of each.
@@ -89,12 +94,22 @@ async fn worker(
         // Bounded by `give_up` (every pass sends one acquire or waits).
         while Instant::now() < give_up {
             let t_send = now_ns();
-            match lock.try_acquire(Some(LEASE)).await {
+            let attempt = lock.try_acquire(Some(LEASE)).await;
+            log.calls.push((
+                k,
+                t_send,
+                now_ns(),
+                format!("w{w} p{proxy} acquire: {attempt:?}"),
+            ));
+            match attempt {
                 Ok(Attempt::Acquired(_)) => {
                     let t_ok = now_ns();
                     tokio::time::sleep(Duration::from_millis(rng.range(5, 150))).await;
                     let t_release_sent = now_ns();
-                    match lock.unlock().await {
+                    let unlock = lock.unlock().await;
+                    let what = format!("w{w} p{proxy} unlock: {unlock:?}");
+                    log.calls.push((k, t_release_sent, now_ns(), what));
+                    match unlock {
                         Ok(true) => log.released.push((k, now_ns(), proxy)),
                         Ok(false) => log.error("unlock: still held".into()),
                         Err(err) => log.error(format!("unlock: {err:?}")),
@@ -128,7 +143,9 @@ async fn worker(
                     let woken = sub.wait_message(bound).await.unwrap_or(false);
                     log.waits.push(Wait {
                         key: k,
+                        worker: w,
                         proxy,
+                        pttl,
                         start,
                         end: now_ns(),
                         woken,
@@ -150,7 +167,40 @@ async fn worker(
 /// The waits that slept through a release: woken by no message, ending more than
 /// [`WAKE_MARGIN`] after an unlock of their key (`keys[k]`) that came after they began, with
 /// no grant of that key in between.
-fn lost_wakeups(logs: &[Log], keys: &[String]) -> Vec<(u64, String)> {
+/// What the workers did with key `k` from 2 s before `at` to 1.5 s after (ms from `at`), for
+/// a failure's report.
+fn timeline(logs: &[Log], k: usize, at: u64) -> Vec<String> {
+    let rel = |t: u64| (t as i64 - at as i64) / 1_000_000;
+    let near = |t: u64| t + 2_000_000_000 >= at && t <= at + 1_500_000_000;
+    let mut events: Vec<(u64, String)> = Vec::new();
+    for log in logs {
+        for (key, sent, answered, what) in &log.calls {
+            if *key == k && near(*sent) {
+                events.push((
+                    *sent,
+                    format!("{what} (answered at {:+} ms)", rel(*answered)),
+                ));
+            }
+        }
+        for wait in log.waits.iter().filter(|w| w.key == k && near(w.start)) {
+            let how = if wait.woken { "woken" } else { "unwoken" };
+            let what = format!(
+                "w{} p{} waits (PTTL {} ms) until {:+} ms, {how}",
+                wait.worker,
+                wait.proxy,
+                wait.pttl,
+                rel(wait.end)
+            );
+            events.push((wait.start, what));
+        }
+    }
+    events.sort();
+    (events.into_iter())
+        .map(|(t, what)| format!("{:+} ms {what}", rel(t)))
+        .collect()
+}
+
+fn lost_wakeups(logs: &[Log], keys: &[String]) -> Vec<(u64, usize, String)> {
     let margin = WAKE_MARGIN.as_nanos() as u64;
     let releases: Vec<(usize, u64, usize)> = logs.iter().flat_map(|l| l.released.clone()).collect();
     let granted_between = |k: usize, from: u64, to: u64| {
@@ -166,6 +216,7 @@ fn lost_wakeups(logs: &[Log], keys: &[String]) -> Vec<(u64, String)> {
             if slept_through && !granted_between(k, released, wait.end) {
                 lost.push((
                     released,
+                    k,
                     format!(
                         "{}: released through proxy {by} {} ms before a wait through proxy {} ended unwoken ({} ms long)",
                         keys[k],
@@ -247,7 +298,7 @@ fn redisson_waiters_under_mixed_faults() {
             overlapping.is_empty(),
             "MUTUAL EXCLUSION VIOLATED (SEED={seed}): {overlapping:?}"
         );
-        if let Some((at, _)) = lost.first() {
+        if let Some((at, k, _)) = lost.first() {
             let around: Vec<&(u64, String)> = rig
                 .nemesis
                 .log
@@ -260,9 +311,10 @@ fn redisson_waiters_under_mixed_faults() {
                 .map(|(t, w)| format!("{:+} ms {w}", rel(*t)))
                 .collect();
             panic!(
-                "LOST WAKE-UPS (SEED={seed}): {:?}\nfaults around the first (ms from its release):\n{}",
-                lost.iter().map(|l| &l.1).collect::<Vec<_>>(),
-                faults.join("\n")
+                "LOST WAKE-UPS (SEED={seed}): {:?}\nfaults around the first (ms from its release):\n{}\nits key meanwhile:\n{}",
+                lost.iter().map(|l| &l.2).collect::<Vec<_>>(),
+                faults.join("\n"),
+                timeline(&logs, *k, *at).join("\n")
             );
         }
         assert!(

@@ -157,6 +157,7 @@ impl Acquirer {
             key,
             field,
             record,
+            channel,
             lives,
             votes,
             late,
@@ -166,7 +167,12 @@ impl Acquirer {
         Box::new(RollbackPlan {
             masters: self.masters.clone(),
             drift_factor: self.policy.drift_factor,
-            undo: Undo::Hash { key, field, record },
+            undo: Undo::Hash {
+                key,
+                field,
+                record,
+                channel,
+            },
             lives,
             votes,
             late,

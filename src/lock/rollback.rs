@@ -8,9 +8,10 @@ use super::LockStats;
 use crate::cluster::keys::token_key_on;
 use crate::cluster::slots::key_slot;
 use crate::lease::Rollback;
-use crate::masters::{Forms, LateVotes, Masters};
+use crate::masters::{Ask, Forms, LateVotes, Masters};
 use crate::on_master::{COMPARE_AND_DELETE, UNDO_HASH_SCRIPT, UNDO_SCRIPT};
 use crate::protocol::encode_command;
+use crate::protocol::Reply;
 use crate::redlock::Vote;
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -60,12 +61,14 @@ pub(super) enum Undo {
         /// (the acquire is a bare `SET`).
         record: Option<Record>,
     },
-    /// One count of `field` in the hash `key`, where the run's `record` (its token offer) is
-    /// still the key's counter ([`UNDO_HASH_SCRIPT`]).
+    /// One count of `field` in the hash `key`, where the key's counter still names the run's
+    /// `record` (its token offer) ([`UNDO_HASH_SCRIPT`]); then, if no majority holds the key,
+    /// Redisson's unlock message on `channel` ([`wake_waiters_if_free`]).
     Hash {
         key: Bytes,
         field: Bytes,
         record: Bytes,
+        channel: Bytes,
     },
 }
 
@@ -99,7 +102,9 @@ impl Undo {
                 value,
                 record: None,
             } => encode_command(&[eval, COMPARE_AND_DELETE.text().as_bytes(), b"1", key, value]),
-            Undo::Hash { key, field, record } => {
+            Undo::Hash {
+                key, field, record, ..
+            } => {
                 let script = UNDO_HASH_SCRIPT.text().as_bytes();
                 encode_command(&[eval, script, b"2", key, &token_key(key), field, record])
             }
@@ -113,9 +118,11 @@ pub struct HashGrant {
     pub key: Bytes,
     /// The holder's field (`<uuid>:<threadId>`).
     pub field: Bytes,
-    /// The run's token offer record (the prelude wrote it as the key's counter where the run
-    /// created the hash and the master took the token).
+    /// The run's token offer record (the prelude wrote it into the key's counter where the
+    /// run created the hash).
     pub record: Bytes,
+    /// Where Redisson's waiters for the lock wait for its unlock message.
+    pub channel: Bytes,
     /// The `PX` the masters set: how long a write it undoes can live.
     pub lives: Duration,
     /// The votes at the decision, those still to come, and each master's deadline as sent
@@ -200,6 +207,9 @@ impl RollbackPlan {
             })
             .collect();
         futures::future::join_all(waits).await;
+        if let Undo::Hash { key, channel, .. } = self.undo {
+            tokio::spawn(wake_waiters_if_free(self.masters, key, channel));
+        }
     }
 
     /// Where the answer never came, the write may still run until its deadline: the clean-up
@@ -231,6 +241,50 @@ impl RollbackPlan {
     }
 }
 
+/// Whether a majority holds a key, from the masters' `EXISTS` so far: `Some` once known (a
+/// master that cannot answer counts as not holding it: only a majority's `1` stops the wake).
+fn held_by_a_majority(votes: &[Vote], quorum: usize) -> Option<bool> {
+    let held = |v: &&Vote| matches!(v, Vote::Replied(Reply::Integer(1)));
+    let pending = |v: &&Vote| matches!(v, Vote::Pending);
+    let (held, pending) = (
+        votes.iter().filter(held).count(),
+        votes.iter().filter(pending).count(),
+    );
+    if held >= quorum {
+        Some(true)
+    } else if held + pending < quorum {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// After a hash-lock attempt was rolled back: if no majority of the masters holds `key`, the
+/// roll-back may have freed a lock that waiters were refused by (two acquires that split the
+/// masters are both refused, each with a PTTL read from the other's write), and on one Redis
+/// nobody would publish for it: Redisson's unlock message (`0`) goes out on the lock's
+/// `channel` through every master, as an unlock's does (as Redisson's own `RedissonRedLock`
+/// publishes when it unlocks a partial grant). While a majority holds it (a holder whose lock a
+/// minority lacks, where a waiter's attempt is granted and rolled back), nothing: its waiters
+/// wait for its unlock instead of polling at each other's roll-backs. Of two split attempts,
+/// each rolled back before it looks, the one that looks last sees no majority: its undos were
+/// confirmed or went first on each connection, and the other's were confirmed before that one
+/// looked (docs/SAFETY.md, "Hash locks (Redisson)").
+async fn wake_waiters_if_free(masters: Arc<Masters>, key: Bytes, channel: Bytes) {
+    let slot = key_slot(&key);
+    let quorum = masters.quorum();
+    let exists = encode_command(&[b"EXISTS".as_slice(), &key]);
+    let ask = |_| Some(Ask::Commands(exists.clone()));
+    let decided = |votes: &[Vote]| held_by_a_majority(votes, quorum).is_some();
+    let (votes, _) = masters.fan_out_each(slot, ask, 1, decided).await;
+    if held_by_a_majority(&votes, quorum) != Some(false) {
+        return;
+    }
+    let publish = encode_command(&[b"PUBLISH".as_slice(), &channel, b"0"]);
+    let ask = |_| Some(Ask::Commands(publish.clone()));
+    masters.fan_out_each(slot, ask, 1, |_| false).await;
+}
+
 impl Rollback for RollbackPlan {
     fn run(self: Box<Self>) -> BoxFuture<'static, ()> {
         Box::pin(RollbackPlan::run(self))
@@ -240,9 +294,33 @@ impl Rollback for RollbackPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::Reply;
     use crate::redlock::may_hold_our_value;
     use crate::redlock::MissingReason;
+
+    #[test]
+    fn the_waiters_are_woken_unless_a_majority_holds_the_key() {
+        let (one, zero) = (
+            Vote::Replied(Reply::Integer(1)),
+            Vote::Replied(Reply::Integer(0)),
+        );
+        let (pending, missing) = (Vote::Pending, Vote::Missing(MissingReason::Timeout));
+        let cases = [
+            (vec![&one, &one, &one, &zero, &zero], Some(true)),
+            (vec![&one, &one, &zero, &zero, &zero], Some(false)),
+            (vec![&one, &one, &pending, &zero, &zero], None),
+            (vec![&one, &one, &missing, &zero, &pending], None),
+            (vec![&one, &one, &missing, &zero, &zero], Some(false)),
+            (vec![&one, &pending, &pending, &zero, &zero], None),
+            (vec![&zero, &zero, &zero, &pending, &pending], Some(false)),
+            (vec![&one, &Vote::Fenced, &zero], Some(false)),
+            (vec![&one, &one, &pending], Some(true)),
+        ];
+        for (votes, held) in cases {
+            let votes: Vec<Vote> = votes.into_iter().cloned().collect();
+            let quorum = votes.len() / 2 + 1;
+            assert_eq!(held_by_a_majority(&votes, quorum), held, "{votes:?}");
+        }
+    }
 
     #[test]
     fn undo_steps_per_vote() {

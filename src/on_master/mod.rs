@@ -276,7 +276,7 @@ mod tests {
             ),
             (
                 "undo_hash.lua",
-                "94c5c2dffbe33890a815c6b402d6a1c4715a5826",
+                "0c50dc2d38fbc8a7387fad098b154754ce18b4a4",
                 2,
                 2,
                 false,
@@ -346,7 +346,7 @@ mod tests {
             ),
             (
                 "token.lua",
-                "eb7003a3cd6ba8f580f2d7ac565301f7f4a2a661",
+                "73a033f09508e1c5d5a885df5c58363af8ffc8b5",
                 2,
                 1,
                 false,

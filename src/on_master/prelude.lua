@@ -128,8 +128,9 @@ end
 -- When the script returns: a declared key that now has another holder (another string, or a
 -- hash where there was none) has a new holder.
 -- With a lease on it, it takes the offered token as the acquire script does (clock within
--- the window, token above the counter), else a counter there keeps only its bare token
--- (later tokens must pass it; it names no holder). An extend keeps the counter (GT).
+-- the window, token above the counter); refused, the counter keeps its token and names the
+-- run as <token>~<record>. Without a lease a counter there keeps only its bare token (later
+-- tokens must pass it; it names no holder). An extend keeps the counter (GT).
 -- Answers 0 (nothing), 1 (taken) or the first refusal {-2|-3, clock us} / {-4, counter}.
 local function fence()
   local tok = 0
@@ -146,9 +147,16 @@ local function fence()
         elseif c and c >= sub(record, 1, 16) then refusal = {-4, tonumber(sub(c, 1, 16))} end
         if not refusal then
           rcall('set', ck, record, 'PX', math.max(life, rcall('pttl', k)))
-          c = nil
           if tok == 0 then tok = 1 end
-        elseif type(tok) ~= 'table' then tok = refusal end
+        else
+          if type(tok) ~= 'table' then tok = refusal end
+          -- Refused: the counter keeps its token (0 if none) and names the run after a '~',
+          -- which is no full record (LOCK.TOKEN answers none), for the roll-back of a
+          -- Redisson acquire to find its own write; it lives at least as long as the lock.
+          local keep = c and rcall('pttl', ck) or 0
+          rcall('set', ck, (c and sub(c, 1, 16) or '0000000000000000') .. '~' .. record, 'PX', math.max(keep, rcall('pttl', k)))
+        end
+        c = nil
       end
       if c then rcall('set', ck, sub(c, 1, 16), 'KEEPTTL') end
     elseif is and leased_keys[k] then

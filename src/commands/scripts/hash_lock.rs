@@ -15,7 +15,7 @@ use crate::commands::fencing::token_read;
 use crate::commands::{Action, Ctx, Session};
 use crate::error::ProxyError;
 use crate::lease::{Granted, Lease, Outcome, Rollback};
-use crate::lease_script::{KnownLock, REDISSON_ACQUIRES};
+use crate::lease_script::{unlock_channel, KnownLock, REDISSON_ACQUIRES};
 use crate::lock::{Acquirer, HashGrant};
 use crate::masters::{slot_of, Masters};
 use crate::protocol::Reply;
@@ -177,6 +177,7 @@ impl Run {
             key: self.key.clone(),
             field: self.field.clone(),
             record,
+            channel: unlock_channel(&self.key),
             lives: self.lives,
             votes,
             late,
