@@ -110,9 +110,6 @@ pub enum ProxyError {
     /// Keys of more than one slot where a master is a Redis Cluster (Redis Cluster's own text).
     #[error("CROSSSLOT Keys in request don't hash to the same slot")]
     CrossSlot,
-    /// A command the cluster backend does not serve yet.
-    #[error("ERR {0} is refused by redlock-proxy: a master is a Redis Cluster, and lists need every master to be a single server (not served over clusters yet)")]
-    NotOnCluster(String),
     /// A script that could get around the key checks of its `redis.call`s
     /// ([`crate::script_keys`]).
     #[error("ERR scripts using _G, getfenv, setfenv, rawget, load, loadstring, loadfile, dofile or debug are refused by redlock-proxy: they could touch keys it cannot check")]
@@ -307,7 +304,6 @@ mod tests {
                 reason: "r",
             },
             ProxyError::ReservedKey,
-            ProxyError::NotOnCluster("LPUSH".into()),
             ProxyError::TtlAboveCap {
                 ttl_ms: 2,
                 cap_ms: 1,

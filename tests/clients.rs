@@ -30,8 +30,8 @@ type Gap = (&'static str, &'static str, &'static str);
 
 /// What fails through the proxy over Redis Cluster masters only, and why (as [`KNOWN_GAPS`]):
 /// python-redis-lock's scripts declare `lock:NAME` and `lock-signal:NAME`, two slots, which a
-/// Redis Cluster refuses too (`CROSSSLOT`); with a hash tag in the name its release would
-/// still push to a list, and lists are refused over clusters (docs/PROTOCOL.md §7).
+/// Redis Cluster refuses too (`CROSSSLOT`); with a hash tag in the name they would share one
+/// (its release's push then wakes its waiters as over single masters: `tests/lists.rs`).
 const CLUSTER_GAPS: &[Gap] = &[(
     "python-redis-lock",
     "A extends",

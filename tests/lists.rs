@@ -2,10 +2,12 @@
 //! one redis-server's in RESP2 and RESP3 (pops, moves, blocking pops that find an element or
 //! time out, their errors); a blocked `BLPOP` woken by a push through another proxy and by
 //! python-redis-lock's release script, through 3 and 5 masters, with masters down and paused
-//! during the wait; a waiter whose connection ends pops nothing; idle waiters cost the masters
-//! nothing.
+//! during the wait, and through 3 Redis Clusters; a waiter whose connection ends pops nothing;
+//! idle waiters cost the masters nothing.
 
+use redlock_proxy::cluster::slots::key_slot;
 use redlock_proxy::LocalMaster;
+use redlock_testkit::cluster::{proxy_over, three_clusters};
 use redlock_testkit::differential::assert_same_replies_in_resp2_and_resp3;
 use redlock_testkit::key;
 use redlock_testkit::launcher::{Env, Proxy};
@@ -253,4 +255,69 @@ async fn idle_waiters_cost_the_masters_nothing() {
     // nothing, which wakes nobody.
     let tries = pops(port).await - before;
     assert!(tries <= 5, "{tries} tries for the key's 5 waiters");
+}
+
+/// Lists over 3 Redis Clusters of 3 primaries each: every key lives on its slot's primary,
+/// which notifies its changes only to its own subscribers, so the cluster form of the guard
+/// publishes a list's keyspace event after each write (Redis Cluster carries a publish to
+/// every node). Pushes, pops and moves answer as on one Redis; a blocked `BLPOP` is woken by a
+/// push through the proxy and by python-redis-lock's release script (its two keys under one
+/// hash tag), a `BLMOVE` by a push; keys of two slots are refused with Redis Cluster's
+/// `CROSSSLOT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_and_their_waiters_over_clusters() {
+    let clusters = tokio::task::block_in_place(|| three_clusters(3, 0));
+    let proxy = proxy_over(&clusters, |_| {}).await;
+    // A slot that no cluster's first node serves: the proxy subscribes there, and that node
+    // would notify the changes of its own keys by itself.
+    let not_the_seeds = |tag: &String| {
+        let slot = key_slot(tag.as_bytes());
+        clusters
+            .iter()
+            .all(|c| c.primary_of(slot) != Some(c.nodes[0].port))
+    };
+    let tag = tokio::task::block_in_place(|| {
+        (0..100)
+            .map(|i| key(&format!("lists{i}")))
+            .find(not_the_seeds)
+            .expect("a slot none of the seeds serves")
+    });
+    let tagged = |name: &str| format!("{{{tag}}}:{name}");
+    let (l, d, lock, signal_key) = (tagged("l"), tagged("d"), tagged("lock"), tagged("signal"));
+    let mut c = proxy.client().await;
+    assert_eq!(c.cmd(&["LPUSH", &l, "a", "b"]).await, ":2");
+    assert_eq!(c.cmd(&["RPUSH", &l, "c"]).await, ":3");
+    assert_eq!(c.cmd(&["LPOP", &l]).await, "$b");
+    assert_eq!(c.cmd(&["RPOP", &l, "1"]).await, "*[$c]");
+    assert_eq!(c.cmd(&["LMOVE", &l, &d, "LEFT", "RIGHT"]).await, "$a");
+    assert_eq!(c.cmd(&["BLPOP", &l, &d, "0"]).await, format!("*[${d},$a]"));
+    let other_slot = key("elsewhere");
+    assert_eq!(
+        c.cmd(&["LMOVE", &l, &other_slot, "LEFT", "LEFT"]).await,
+        "-CROSSSLOT Keys in request don't hash to the same slot"
+    );
+
+    let mut waiter = proxy.client().await;
+    block(&mut waiter, &l, "0").await;
+    assert_eq!(c.cmd(&["LPUSH", &l, "x"]).await, ":1");
+    let woken = waiter.try_read(PATIENCE).await;
+    assert_eq!(woken.as_deref(), Some(&*format!("*[${l},$x]")));
+
+    waiter.send(&["BLMOVE", &l, &d, "LEFT", "LEFT", "0"]).await;
+    assert_eq!(waiter.try_read(Duration::from_millis(200)).await, None);
+    assert_eq!(c.cmd(&["RPUSH", &l, "y"]).await, ":1");
+    assert_eq!(waiter.try_read(PATIENCE).await.as_deref(), Some("$y"));
+
+    // python-redis-lock: a holder, a waiter on the signal list, the release script's push.
+    assert_eq!(
+        c.cmd(&["SET", &lock, "me", "NX", "PX", "30000"]).await,
+        "+OK"
+    );
+    block(&mut waiter, &signal_key, "0").await;
+    let released = c
+        .cmd(&["EVAL", UNLOCK, "2", &lock, &signal_key, "me", "1000"])
+        .await;
+    assert_eq!(released, ":0");
+    let woken = waiter.try_read(PATIENCE).await;
+    assert_eq!(woken.as_deref(), Some(&*format!("*[${signal_key},$1]")));
 }

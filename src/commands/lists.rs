@@ -22,7 +22,7 @@ use super::{Action, Ctx, Session};
 use crate::client_registry::ClientHandle;
 use crate::error::ProxyError;
 use crate::lease::Outcome;
-use crate::masters::{Ask, Masters, ANY_SLOT};
+use crate::masters::{slot_of, Ask, Forms, Masters};
 use crate::protocol::{encode_command, Reply, Request};
 use crate::pubsub::{Hub, Kind, Wakeups};
 use crate::redlock::{merged, MergeRule, Vote};
@@ -46,9 +46,11 @@ pub fn push(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
 pub fn pop(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     let counted = request.args.len() > 2;
     let masters = ctx.masters();
-    let ask = Ask::Commands(payload(request));
+    let slot = slot_of(&request.args[1..2]);
+    let command = payload(request);
+    let forms = Forms::new(&masters, |_| command.clone());
     Action::Defer(Box::pin(async move {
-        let reply = match first_pop(&masters, &ask, 1).await {
+        let reply = match first_pop(&masters, slot, &forms, 1).await {
             Popped::Value(reply) => reply,
             // Redis 7 answers a missing list a null array when a count was given.
             Popped::Nothing(Reply::Null) if counted => Reply::NullArray,
@@ -62,23 +64,23 @@ pub fn pop(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
 /// is guarded.
 pub fn lmove(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     let masters = ctx.masters();
-    let ask = Ask::Commands(guarded(ctx, &request.args));
+    let slot = slot_of(&request.args[1..2]);
+    let forms = guarded(ctx, &request.args);
     Action::Defer(Box::pin(async move {
-        let reply = match first_pop(&masters, &ask, 2).await {
+        let reply = match first_pop(&masters, slot, &forms, 2).await {
             Popped::Value(reply) | Popped::Nothing(reply) => reply,
         };
         Outcome::Reply(reply)
     }))
 }
 
-/// `args` (a command whose destination is `args[2]`) followed by the guard over it.
-fn guarded(ctx: &Ctx<'_>, args: &[Bytes]) -> Bytes {
-    with_guard(
-        &encode_command(args),
-        args[2].clone(),
-        &ctx.shared.policy,
-        false,
-    )
+/// `args` (a command whose destination is `args[2]`) followed by the guard over it, in each
+/// master's form (a cluster's guard checks the slot's markers and notifies the destination).
+fn guarded(ctx: &Ctx<'_>, args: &[Bytes]) -> Forms {
+    let command = encode_command(args);
+    Forms::new(&ctx.masters(), |cluster| {
+        with_guard(&command, args[2].clone(), &ctx.shared.policy, cluster)
+    })
 }
 
 /// `BLPOP` / `BRPOP key… timeout`.
@@ -97,8 +99,10 @@ pub fn blocking_pop(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> A
     let mut lmpop: Vec<&[u8]> = vec![b"LMPOP", numkeys.as_bytes()];
     lmpop.extend(keys.iter().map(|k| k.as_ref()));
     lmpop.push(side.as_bytes());
+    let lmpop = encode_command(&lmpop);
     let attempt = Attempt {
-        ask: Ask::Commands(encode_command(&lmpop)),
+        slot: slot_of(&keys),
+        forms: Forms::new(&ctx.masters(), |_| lmpop.clone()),
         replies: 1,
         // `LMPOP` answers `[key, [element]]`; `BLPOP`, `[key, element]`.
         shape: |reply| match reply {
@@ -124,7 +128,8 @@ pub fn blocking_move(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> 
     let mut lmove = request.args[..5].to_vec();
     lmove[0] = Bytes::from_static(b"LMOVE");
     let attempt = Attempt {
-        ask: Ask::Commands(guarded(ctx, &lmove)),
+        slot: slot_of(&lmove[1..2]),
+        forms: guarded(ctx, &lmove),
         replies: 2,
         shape: |reply| reply,
     };
@@ -158,7 +163,9 @@ fn parse_timeout(arg: &[u8]) -> Result<Option<Duration>, ProxyError> {
 
 /// One non-blocking try of a blocked command on every master.
 struct Attempt {
-    ask: Ask,
+    /// The slot of its keys (on a cluster master, the node that serves them).
+    slot: u16,
+    forms: Forms,
     /// Replies per master (2 with a guard after the command).
     replies: usize,
     /// The client's reply from the first master's pop.
@@ -244,7 +251,8 @@ impl Waiter {
         loop {
             // Boxed: only a try needs the fan-out's state, and a waiter waits far longer than
             // it tries (a thousand waiters keep only their small waiting state).
-            match Box::pin(first_pop(&self.masters, &attempt.ask, attempt.replies)).await {
+            let pop = first_pop(&self.masters, attempt.slot, &attempt.forms, attempt.replies);
+            match Box::pin(pop).await {
                 Popped::Value(reply) => return (attempt.shape)(reply),
                 Popped::Nothing(reply) if reply.is_error() && !is_no_quorum(&reply) => {
                     return reply
@@ -274,8 +282,9 @@ enum Popped {
     Nothing(Reply),
 }
 
-/// Sends `ask` to every master and answers with the first reply that popped something.
-async fn first_pop(masters: &Masters, ask: &Ask, replies: usize) -> Popped {
+/// Sends each master its form of a request for `slot` and answers with the first reply that
+/// popped something.
+async fn first_pop(masters: &Masters, slot: u16, forms: &Forms, replies: usize) -> Popped {
     let command = |vote: &Vote| -> Option<Reply> {
         match vote {
             Vote::Replied(Reply::Array(pair)) if replies == 2 => pair.first().cloned(),
@@ -290,9 +299,8 @@ async fn first_pop(masters: &Masters, ask: &Ask, replies: usize) -> Popped {
     };
     let (votes, _late) = masters
         .fan_out_each(
-            // Lists are not served where a master is a cluster (`NOT_ON_CLUSTER`).
-            ANY_SLOT,
-            |_| Some(ask.clone()),
+            slot,
+            |i| Some(Ask::Commands(forms.for_voter(&masters.voters()[i]))),
             replies,
             |votes| votes.iter().filter_map(command).any(|r| popped(&r)),
         )

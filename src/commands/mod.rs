@@ -498,7 +498,7 @@ fn serve(ctx: &Ctx<'_>, session: &mut Session, spec: &'static Spec, request: Req
                 return Action::error(ProxyError::ReservedKey);
             }
             if ctx.shared.masters().any_cluster() {
-                if let Err(refused) = cluster_checks(spec, keys) {
+                if let Err(refused) = cluster_checks(keys) {
                     return Action::error(refused);
                 }
             }
@@ -549,18 +549,9 @@ fn check_access(
     Ok(())
 }
 
-/// Commands that need every master to be a single server (their guards and merges are not
-/// per slot yet).
-const NOT_ON_CLUSTER: &[&str] = &[
-    "lpush", "rpush", "lpop", "rpop", "lmove", "blpop", "brpop", "blmove",
-];
-
 /// Where a master is a Redis Cluster: a command's keys must share one slot (every master's
-/// keys of a command live on one node), and some commands are not served yet.
-fn cluster_checks(spec: &Spec, keys: &[Bytes]) -> Result<(), ProxyError> {
-    if NOT_ON_CLUSTER.contains(&spec.name) {
-        return Err(ProxyError::NotOnCluster(spec.name.to_ascii_uppercase()));
-    }
+/// keys of a command live on one node).
+fn cluster_checks(keys: &[Bytes]) -> Result<(), ProxyError> {
     match keys.split_first() {
         Some((first, rest)) => {
             let slot = key_slot(first);

@@ -177,10 +177,17 @@ on_cluster! {
         "redis.call('exists', KEYS[3]) == 0",
         "redis.call('get', KEYS[3]) ~= redis.call('cluster', 'myid')",
     )];
-    /// [`GUARD_SCRIPT`] for a slot.
+    /// [`GUARD_SCRIPT`] for a slot. A node notifies a key's changes (keyspace events) only to
+    /// its own subscribers, and the proxy subscribes on one node per cluster: after a write
+    /// that leaves a key a list (a push, a move's destination, a script's push), the guard
+    /// publishes the key's keyspace event itself, which Redis Cluster carries to every node, so
+    /// a blocked pop waiting on that channel is woken (docs/PROTOCOL.md §14).
     CLUSTER_GUARD_SCRIPT = GUARD_SCRIPT, [(
         "redis.call('exists', KEYS[1]) == 0",
         "redis.call('get', KEYS[1]) ~= redis.call('cluster', 'myid')",
+    ), (
+        "local ttl = redis.call('pttl', KEYS[i])",
+        "local ttl = redis.call('pttl', KEYS[i]) if redis.call('type', KEYS[i]).ok == 'list' then redis.call('publish', '__keyspace@0__:' .. KEYS[i], 'lpush') end",
     )];
     /// [`QUARANTINE_SCRIPT`] for a slot: stamps the node id.
     CLUSTER_QUARANTINE_SCRIPT = QUARANTINE_SCRIPT, [(OWN_RUN_ID, OWN_NODE_ID)];
@@ -209,8 +216,8 @@ mod tests {
             .unwrap_or(0)
     }
 
-    /// Each cluster form differs from its base script only where it names the node, and is
-    /// pinned like the base scripts.
+    /// Each cluster form differs from its base script where it names the node (the guard's
+    /// also where it notifies a list's change), and is pinned like the base scripts.
     #[test]
     fn every_cluster_form_is_pinned() {
         let pinned: &[(&str, &str)] = &[
@@ -220,7 +227,7 @@ mod tests {
             ),
             (
                 "CLUSTER_GUARD_SCRIPT",
-                "1965545e86d996decc410f60d67c3aa555146d44",
+                "e7faf4ba05a2b0b47fffdf1dff9f471a0539eb15",
             ),
             (
                 "CLUSTER_QUARANTINE_SCRIPT",

@@ -749,10 +749,15 @@ pub async fn grant_behind_a_cut_replica(
     t_send + ttl_ms * 1_000_000 - crate::checker::drift_ns(ttl_ms)
 }
 
+/// How long [`contend_until`] contends at most: some 1000 tries, ample for a proxy that just
+/// started to judge its masters and for a master that votes for the contender to be found.
+const CONTEND_AT_MOST: Duration = Duration::from_secs(20);
+
 /// A contender for `key`, held by someone else until `lease_end` (ns since the epoch): `b`
 /// tries `SET key … NX PX 1000` every 20 ms (releasing what it gets) until a margin before
-/// that lease ends, or its first grant with `stop_at_first` (a negative control). Returns its
-/// grants; without one, asserts it had a real go (at least 20 tries), or 0 proves nothing.
+/// that lease ends or [`CONTEND_AT_MOST`] passed, or its first grant with `stop_at_first` (a
+/// negative control). Returns its grants; without one, asserts it had a real go (at least 20
+/// tries), or 0 proves nothing.
 pub async fn contend_until(
     b: &mut Client,
     key: &str,
@@ -760,9 +765,11 @@ pub async fn contend_until(
     stop_at_first: bool,
 ) -> usize {
     let (mut grants, mut attempts) = (0, 0);
+    let give_up = now_ns() + CONTEND_AT_MOST.as_nanos() as u64;
     for attempt in 0..100_000 {
         // Stop a margin before the lease ends: a grant after it is no overlap.
-        if now_ns() + 500_000_000 >= lease_end || (stop_at_first && grants > 0) {
+        let end = lease_end.saturating_sub(500_000_000).min(give_up);
+        if now_ns() >= end || (stop_at_first && grants > 0) {
             break;
         }
         let token = format!("tok-b{attempt}");
