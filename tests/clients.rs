@@ -29,14 +29,9 @@ const KNOWN_GAPS: &[Gap] = &[];
 type Gap = (&'static str, &'static str, &'static str);
 
 /// What fails through the proxy over Redis Cluster masters only, and why (as [`KNOWN_GAPS`]):
-/// python-redis-lock's scripts declare `lock:NAME` and `lock-signal:NAME`, two slots, which a
-/// Redis Cluster refuses too (`CROSSSLOT`); with a hash tag in the name they would share one
-/// (its release's push then wakes its waiters as over single masters: `tests/lists.rs`).
-const CLUSTER_GAPS: &[Gap] = &[(
-    "python-redis-lock",
-    "A extends",
-    "CROSSSLOT over Redis Cluster masters, as on one Redis Cluster",
-)];
+/// nothing. (python-redis-lock's scripts declare `lock:NAME` and `lock-signal:NAME`; its
+/// scenario puts NAME in a hash tag, as one Redis Cluster needs too.)
+const CLUSTER_GAPS: &[Gap] = &[];
 
 /// Whether `r` failed as one of `gaps` says it does.
 fn known_gap(r: &ClientResult, gaps: &[Gap]) -> bool {

@@ -7,7 +7,8 @@ LIB:
   pottery            pottery `Redlock` (masters={the proxy}): acquire(), locked(), extend(),
                      the context manager; key `redlock:KEY`
   python-redis-lock  python-redis-lock `redis_lock.Lock`: acquire/release, extend(60),
-                     auto_renewal=True, blocking acquire (BLPOP on the signal list); key `lock:KEY`
+                     auto_renewal=True, blocking acquire (BLPOP on the signal list); name
+                     `{KEY}`, keys `lock:{KEY}` and `lock-signal:{KEY}`
   sherlock           sherlock `RedisLock`: acquire (a SETNX + EXPIRE script), renew(),
                      locked(), the context manager
 
@@ -125,7 +126,7 @@ class Pottery(Library):
 class PythonRedisLock(Library):
     """python-redis-lock's Lock: SET NX EX to acquire, scripts to extend and release (the release
     script also pushes to a signal list that blocked acquirers wait on with BLPOP)."""
-    api = "Lock: acquire(blocking=False), extend(60), release(), auto_renewal=True, with-block, blocking acquire(timeout) woken by BLPOP"
+    api = "Lock (name in a hash tag): acquire(blocking=False), extend(60), release(), auto_renewal=True, with-block, blocking acquire(timeout) woken by BLPOP"
     extend_ms = 60000   # extend(expire=60): the proxy's default max_lock_ttl_ms, exactly
     prefix = "lock:"
     waits_by = "BLPOP on the signal list"
@@ -133,7 +134,9 @@ class PythonRedisLock(Library):
     def __init__(self, key):
         import redis_lock
         self.mod = redis_lock
-        super().__init__(key)
+        # The name in a hash tag: its scripts declare the lock and its signal list, which must
+        # share a slot where a master is a Redis Cluster (as on one Redis Cluster).
+        super().__init__("{%s}" % key)
 
     def new(self, **kw):
         kw.setdefault("expire", TTL_MS // 1000)
