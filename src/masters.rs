@@ -780,8 +780,14 @@ impl Masters {
 
     /// [`Masters::quorum_reply`] of each master's form of a request.
     pub async fn quorum_reply_forms(&self, slot: u16, forms: &Forms, rule: MergeRule) -> Reply {
-        let ask = |i: usize| Some(Ask::Commands(forms.for_voter(&self.voters[i])));
-        self.quorum_reply_each(slot, ask, rule).await
+        self.quorum_reply_each(slot, self.ask_forms(forms), rule)
+            .await
+    }
+
+    /// The `ask` of a fan-out ([`Masters::fan_out_each`]) that sends master `i` its form of
+    /// `forms`.
+    pub fn ask_forms<'a>(&'a self, forms: &'a Forms) -> impl Fn(usize) -> Option<Ask> + 'a {
+        |i| Some(Ask::Commands(forms.for_voter(&self.voters[i])))
     }
 
     /// [`Masters::quorum_reply`] on `ask(i)` ([`Masters::fan_out_each`]).

@@ -9,9 +9,9 @@
 use super::scripts::{guard_command, guarded};
 use super::{Action, Ctx, Session};
 use crate::lease::Outcome;
-use crate::masters::{slot_of, Ask, Forms, Masters};
+use crate::masters::{slot_of, Forms, Masters};
 use crate::protocol::{encode_command, Protocol, Reply, Request};
-use crate::redlock::{conservative_ttl, MergeRule, Policy};
+use crate::redlock::{conservative_ttl, MergeRule};
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
 
@@ -100,23 +100,23 @@ pub(super) fn guarded_write_at(
     let masters = ctx.masters();
     let guarded_key = request.args[key].clone();
     let slot = slot_of(&[&guarded_key]);
-    let command = payload(request);
-    let both = Forms::new(&masters, |cluster| {
-        with_guard(&command, guarded_key.clone(), &ctx.shared.policy, cluster)
-    });
+    let both = with_guard(ctx, &payload(request), &guarded_key);
     Action::Defer(Box::pin(async move {
-        let ask = |i: usize| Some(Ask::Commands(both.for_voter(&masters.voters()[i])));
+        let ask = masters.ask_forms(&both);
         let reply = guarded(&masters, slot, ask, MergeRule::Known).await.reply;
         Outcome::Reply(shape(reply))
     }))
 }
 
 /// `command` (encoded) followed, in the same pipeline, by the script guard over `key`
-/// ([`guard_command`]; its cluster form for a cluster master).
-pub(super) fn with_guard(command: &[u8], key: Bytes, policy: &Policy, cluster: bool) -> Bytes {
-    let mut both = BytesMut::from(command);
-    both.extend_from_slice(&guard_command(&[key], policy, cluster));
-    both.freeze()
+/// ([`guard_command`]), in each master's form (a cluster's guard checks the slot's markers).
+pub(super) fn with_guard(ctx: &Ctx<'_>, command: &[u8], key: &Bytes) -> Forms {
+    let policy = &ctx.shared.policy;
+    Forms::new(&ctx.masters(), |cluster| {
+        let mut both = BytesMut::from(command);
+        both.extend_from_slice(&guard_command(std::slice::from_ref(key), policy, cluster));
+        both.freeze()
+    })
 }
 
 /// `PEXPIRE` / `EXPIRE`: the new TTL must not exceed `max_lock_ttl_ms` (every TTL the proxy

@@ -22,7 +22,7 @@ use super::{Action, Ctx, Session};
 use crate::client_registry::ClientHandle;
 use crate::error::ProxyError;
 use crate::lease::Outcome;
-use crate::masters::{slot_of, Ask, Forms, Masters};
+use crate::masters::{slot_of, Forms, Masters};
 use crate::protocol::{encode_command, Reply, Request};
 use crate::pubsub::{Hub, Kind, Wakeups};
 use crate::redlock::{merged, MergeRule, Vote};
@@ -74,13 +74,10 @@ pub fn lmove(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action 
     }))
 }
 
-/// `args` (a command whose destination is `args[2]`) followed by the guard over it, in each
-/// master's form (a cluster's guard checks the slot's markers and notifies the destination).
+/// `args` (a command whose destination is `args[2]`) followed by the guard over it (a
+/// cluster's guard also notifies the destination).
 fn guarded(ctx: &Ctx<'_>, args: &[Bytes]) -> Forms {
-    let command = encode_command(args);
-    Forms::new(&ctx.masters(), |cluster| {
-        with_guard(&command, args[2].clone(), &ctx.shared.policy, cluster)
-    })
+    with_guard(ctx, &encode_command(args), &args[2])
 }
 
 /// `BLPOP` / `BRPOP key… timeout`.
@@ -298,12 +295,9 @@ async fn first_pop(masters: &Masters, slot: u16, forms: &Forms, replies: usize) 
         _ => false,
     };
     let (votes, _late) = masters
-        .fan_out_each(
-            slot,
-            |i| Some(Ask::Commands(forms.for_voter(&masters.voters()[i]))),
-            replies,
-            |votes| votes.iter().filter_map(command).any(|r| popped(&r)),
-        )
+        .fan_out_each(slot, masters.ask_forms(forms), replies, |votes| {
+            votes.iter().filter_map(command).any(|r| popped(&r))
+        })
         .await;
     if let Some(value) = votes.iter().filter_map(command).find(popped) {
         return Popped::Value(value);

@@ -208,7 +208,7 @@ impl RollbackPlan {
             .collect();
         futures::future::join_all(waits).await;
         if let Undo::Hash { key, channel, .. } = self.undo {
-            tokio::spawn(wake_waiters_if_free(self.masters, key, channel));
+            tokio::spawn(wake_waiters_if_free(self.masters, slot, key, channel));
         }
     }
 
@@ -259,7 +259,8 @@ fn held_by_a_majority(votes: &[Vote], quorum: usize) -> Option<bool> {
     }
 }
 
-/// After a hash-lock attempt was rolled back: if no majority of the masters holds `key`, the
+/// After a hash-lock attempt was rolled back: if no majority of the masters holds `key` (of
+/// `slot`), the
 /// roll-back may have freed a lock that waiters were refused by (two acquires that split the
 /// masters are both refused, each with a PTTL read from the other's write), and on one Redis
 /// nobody would publish for it: Redisson's unlock message (`0`) goes out on the lock's
@@ -270,8 +271,7 @@ fn held_by_a_majority(votes: &[Vote], quorum: usize) -> Option<bool> {
 /// each rolled back before it looks, the one that looks last sees no majority: its undos were
 /// confirmed or went first on each connection, and the other's were confirmed before that one
 /// looked (docs/SAFETY.md, "Hash locks (Redisson)").
-async fn wake_waiters_if_free(masters: Arc<Masters>, key: Bytes, channel: Bytes) {
-    let slot = key_slot(&key);
+async fn wake_waiters_if_free(masters: Arc<Masters>, slot: u16, key: Bytes, channel: Bytes) {
     let quorum = masters.quorum();
     let exists = encode_command(&[b"EXISTS".as_slice(), &key]);
     let ask = |_| Some(Ask::Commands(exists.clone()));
