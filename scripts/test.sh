@@ -9,4 +9,5 @@ ensure_redis
 if [ -x tests/clients/install.sh ]; then
   tests/clients/install.sh
 fi
-cargo test --release --workspace "$@"
+# Release code without debug info (Cargo.toml, profile `release-tests`).
+cargo test --profile release-tests --workspace "$@"
