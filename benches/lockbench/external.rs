@@ -415,6 +415,26 @@ pub fn dbsize(port: u16) -> Option<u64> {
 
 pub const GRANTED: &str = "granted";
 
+/// Script calls a master has run (`INFO commandstats`: `EVALSHA` and `EVAL` together).
+pub fn script_calls(port: u16) -> Option<u64> {
+    let info = blocking_cmd(port, &[b"INFO", b"commandstats"], Duration::from_secs(30))
+        .ok()?
+        .text()?;
+    let calls = (info.lines())
+        .filter_map(|l| {
+            let stats =
+                (l.strip_prefix("cmdstat_evalsha:")).or_else(|| l.strip_prefix("cmdstat_eval:"))?;
+            stats
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    Some(calls)
+}
+
 /// The proxy's acquire outcomes (`INFO stats`: `acquires_granted` → `granted`, …).
 pub fn acquire_counters(port: u16) -> Option<BTreeMap<String, u64>> {
     let info = blocking_cmd(port, &[b"INFO", b"stats"], Duration::from_secs(30))

@@ -3,13 +3,14 @@
 //! (`SET key:__rand_int__ v NX PX`, `-c 50`, at `-P 1` and `-P 16`, `BENCH_CPU_REQUESTS`
 //! measured after `BENCH_CPU_WARMUP_REQUESTS`): the proxy over 3 single masters, over 3
 //! clusters of 1 shard, and over 3 clusters of 3 shards (every cluster a fresh `RedisCluster`,
-//! no replicas). Per cell: the proxy's CPU µs per request, and each primary's CPU µs per
-//! granted acquire (the busiest primary's, and the mean). Targets: the busiest primary's cost
-//! per acquire at 3 shards ≤ 0.4× that at 1 shard (the per-shard load falls with the shard
-//! count), and the proxy's own CPU per request over clusters within 1.2× of over single
-//! masters.
+//! no replicas). Per cell: the proxy's CPU µs per request, each primary's CPU µs per granted
+//! acquire (the busiest primary's, and the mean), and the script calls each primary ran (what
+//! its cost is made of: each call's fixed cost, and each operation's). Targets: the busiest
+//! primary's cost per acquire at 3 shards ≤ 0.4× that at 1 shard (the per-shard load falls
+//! with the shard count), and the proxy's own CPU per request over clusters within 1.2× of
+//! over single masters.
 
-use crate::external::{acquire_counters, redis_benchmark, GRANTED};
+use crate::external::{acquire_counters, redis_benchmark, script_calls, GRANTED};
 use crate::procs::CpuProbe;
 use crate::report::{fmt_rate, fmt_ratio};
 use crate::settings::Settings;
@@ -56,6 +57,10 @@ pub struct Cell {
     pub busiest_us: f64,
     pub mean_us: f64,
     pub primaries: usize,
+    /// Script calls a primary ran per 1,000 requests (the mean over the primaries), and the
+    /// lock operations each carried: what a primary's cost per acquire is made of.
+    pub calls_per_k: f64,
+    pub ops_per_call: f64,
 }
 
 /// The servers of a cell, kept running for its length.
@@ -90,13 +95,12 @@ impl Running {
         }
     }
 
-    /// Every primary's pid.
-    fn primaries(&self) -> Vec<u32> {
-        let nodes: Vec<&LocalMaster> = match self {
+    /// Every primary.
+    fn primaries(&self) -> Vec<&LocalMaster> {
+        match self {
             Running::Single(masters) => masters.masters.iter().collect(),
             Running::Clusters(clusters) => clusters.iter().flat_map(|c| &c.nodes).collect(),
-        };
-        nodes.iter().filter_map(|n| n.pid()).collect()
+        }
     }
 }
 
@@ -118,7 +122,9 @@ fn run_cell(
     if settings.cpu_warmup_requests > 0 {
         redis_benchmark(proxy.port, depth, settings.cpu_warmup_requests, ttl)?;
     }
-    let pids = running.primaries();
+    let primaries = running.primaries();
+    let pids: Vec<u32> = primaries.iter().filter_map(|n| n.pid()).collect();
+    let calls = || -> u64 { primaries.iter().filter_map(|n| script_calls(n.port)).sum() };
     let whole = CpuProbe::new(Some(proxy.pid()), &[], hz);
     let each: Vec<CpuProbe> = pids
         .iter()
@@ -126,6 +132,7 @@ fn run_cell(
         .collect();
     let granted = || acquire_counters(proxy.port).and_then(|c| c.get(GRANTED).copied());
     let granted_before = granted().unwrap_or(0);
+    let calls_before = calls();
     let before = whole.snap();
     let before_each: Vec<_> = each.iter().map(CpuProbe::snap).collect();
     let run = redis_benchmark(proxy.port, depth, settings.cpu_requests, ttl)?;
@@ -134,6 +141,9 @@ fn run_cell(
         .map(|(probe, b)| probe.seconds(b, probe.snap()).masters)
         .collect();
     let granted = granted().unwrap_or(0).saturating_sub(granted_before);
+    let calls_per_primary = calls().saturating_sub(calls_before) as f64 / primaries.len() as f64;
+    // Each acquire is one lock operation on each of the 3 masters.
+    let ops_per_primary = (3 * granted) as f64 / primaries.len() as f64;
     if let Some(note) = proxy.health_note() {
         return Err(format!("{}: {note}", masters.label()));
     }
@@ -149,6 +159,8 @@ fn run_cell(
         busiest_us: primary_secs.iter().copied().fold(0.0, f64::max) * per_grant,
         mean_us: primary_secs.iter().sum::<f64>() / primary_secs.len().max(1) as f64 * per_grant,
         primaries: primary_secs.len(),
+        calls_per_k: calls_per_primary * 1e3 / run.requests.max(1) as f64,
+        ops_per_call: ops_per_primary / calls_per_primary.max(1.0),
     })
 }
 
@@ -169,14 +181,16 @@ pub fn run(
             match run_cell(settings, masters, depth, round, hz, &prepare) {
                 Ok(cell) => {
                     progress(&format!(
-                        "shards {} -P {depth} round {round}: {} SET/s, {} granted, proxy {:.1} µs/request, busiest primary {:.1} µs/acquire (mean {:.1} over {})",
+                        "shards {} -P {depth} round {round}: {} SET/s, {} granted, proxy {:.1} µs/request, busiest primary {:.1} µs/acquire (mean {:.1} over {}), {:.1} script calls per primary per 1,000 requests, {:.1} operations each",
                         masters.label(),
                         fmt_rate(cell.rps),
                         cell.granted,
                         cell.proxy_us,
                         cell.busiest_us,
                         cell.mean_us,
-                        cell.primaries
+                        cell.primaries,
+                        cell.calls_per_k,
+                        cell.ops_per_call
                     ));
                     cells.push(cell);
                 }
@@ -198,15 +212,15 @@ pub fn render(md: &mut String, settings: &Settings, cells: &[Cell]) {
     );
     let _ = writeln!(
         md,
-        "redis-benchmark `SET key:__rand_int__ v NX PX {}` at `-c 50`, `-P 1` and `-P 16`, {} measured requests per cell through a fresh proxy over fresh masters: 3 single redis-servers, 3 Redis Clusters of 1 shard, 3 of 3 shards (no replicas; each acquire is one lock operation per master, on the primary of the key's slot, merged with others into one script call per node). CPU is utime + stime from /proc: the proxy's per request, each primary's per granted acquire.\n",
+        "redis-benchmark `SET key:__rand_int__ v NX PX {}` at `-c 50`, `-P 1` and `-P 16`, {} measured requests per cell through a fresh proxy over fresh masters: 3 single redis-servers, 3 Redis Clusters of 1 shard, 3 of 3 shards (no replicas; each acquire is one lock operation per master, on the primary of the key's slot, merged with others into one script call per node). CPU is utime + stime from /proc: the proxy's per request, each primary's per granted acquire. Script calls are each primary's `EVALSHA` and `EVAL` calls from `INFO commandstats` (the health monitors' few included); operations per call: the 3 lock operations of each grant over the primaries, per call.\n",
         settings.ttl_ms, settings.cpu_requests
     );
-    let _ = writeln!(md, "| masters | -P | round | SET/s | granted | proxy µs/request | busiest primary µs/acquire | mean primary µs/acquire |");
-    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(md, "| masters | -P | round | SET/s | granted | proxy µs/request | busiest primary µs/acquire | mean primary µs/acquire | script calls per primary per 1k requests | operations per call |");
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for c in cells {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} (of {}) |",
+            "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} (of {}) | {:.1} | {:.1} |",
             c.masters.label(),
             c.depth,
             c.round,
@@ -215,7 +229,9 @@ pub fn render(md: &mut String, settings: &Settings, cells: &[Cell]) {
             c.proxy_us,
             c.busiest_us,
             c.mean_us,
-            c.primaries
+            c.primaries,
+            c.calls_per_k,
+            c.ops_per_call
         );
     }
     let verdict = |r: Option<f64>, target: f64| match r {
