@@ -351,6 +351,23 @@ pub fn redis_benchmark(
     requests: u64,
     ttl_ms: u64,
 ) -> Result<RbResult, String> {
+    redis_benchmark_keys(port, depth, requests, ttl_ms, false)
+}
+
+/// [`redis_benchmark`], with every key in one hash slot if `one_slot` (`lb:rb:{TAG}:…`: on a
+/// Redis Cluster, one primary serves them all).
+pub fn redis_benchmark_keys(
+    port: u16,
+    depth: usize,
+    requests: u64,
+    ttl_ms: u64,
+    one_slot: bool,
+) -> Result<RbResult, String> {
+    let tag = unique_tag();
+    let key = match one_slot {
+        true => format!("lb:rb:{{{tag}}}:__rand_int__"),
+        false => format!("lb:rb:{tag}:__rand_int__"),
+    };
     let output = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(["-c", &RB_CONNS.to_string()])
@@ -360,7 +377,7 @@ pub fn redis_benchmark(
         // A fresh prefix per run: redis-benchmark's __rand_int__ sequence can repeat between
         // runs started close together, which would turn the real run's first SETs into
         // refusals on the calibration run's keys.
-        .args(["SET", &format!("lb:rb:{}:__rand_int__", unique_tag())])
+        .args(["SET", &key])
         .args(["v", "NX", "PX", &ttl_ms.to_string()])
         .stdin(Stdio::null())
         .output()

@@ -2,15 +2,16 @@
 //! masters and a fresh proxy for each cell, under the `cpu` section's redis-benchmark load
 //! (`SET key:__rand_int__ v NX PX`, `-c 50`, at `-P 1` and `-P 16`, `BENCH_CPU_REQUESTS`
 //! measured after `BENCH_CPU_WARMUP_REQUESTS`): the proxy over 3 single masters, over 3
-//! clusters of 1 shard, and over 3 clusters of 3 shards (every cluster a fresh `RedisCluster`,
-//! no replicas). Per cell: the proxy's CPU µs per request, each primary's CPU µs per granted
+//! clusters of 1 shard, over 3 clusters of 3 shards, and over 3 clusters of 3 shards with every
+//! key in one slot (the control: the same operations on one busy primary per cluster; every
+//! cluster a fresh `RedisCluster`, no replicas). Per cell: the proxy's CPU µs per request, each primary's CPU µs per granted
 //! acquire (the busiest primary's, and the mean), and the script calls each primary ran (what
 //! its cost is made of: each call's fixed cost, and each operation's). Targets: the busiest
 //! primary's cost per acquire at 3 shards ≤ 0.4× that at 1 shard (the per-shard load falls
 //! with the shard count), and the proxy's own CPU per request over clusters within 1.2× of
 //! over single masters.
 
-use crate::external::{acquire_counters, redis_benchmark, script_calls, GRANTED};
+use crate::external::{acquire_counters, redis_benchmark_keys, script_calls, GRANTED};
 use crate::procs::CpuProbe;
 use crate::report::{fmt_rate, fmt_ratio};
 use crate::settings::Settings;
@@ -30,16 +31,26 @@ pub enum Masters {
     Single,
     /// 3 Redis Clusters of this many shards.
     Clusters(usize),
+    /// 3 Redis Clusters of 3 shards, every key of the load in one slot: the control that
+    /// tells what spreading a cluster's operations over its primaries costs them (the same
+    /// operations, on one busy node of each cluster instead of three).
+    OneSlot,
 }
 
 impl Masters {
-    pub const ALL: [Masters; 3] = [Masters::Single, Masters::Clusters(1), Masters::Clusters(3)];
+    pub const ALL: [Masters; 4] = [
+        Masters::Single,
+        Masters::Clusters(1),
+        Masters::Clusters(3),
+        Masters::OneSlot,
+    ];
 
     pub fn label(self) -> String {
         match self {
             Masters::Single => "3 single masters".into(),
             Masters::Clusters(1) => "3 clusters × 1 shard".into(),
             Masters::Clusters(n) => format!("3 clusters × {n} shards"),
+            Masters::OneSlot => "3 clusters × 3 shards, keys in one slot".into(),
         }
     }
 }
@@ -73,7 +84,11 @@ impl Running {
     fn start(masters: Masters) -> Result<Running, String> {
         Ok(match masters {
             Masters::Single => Running::Single(LocalCluster::start(3).map_err(|e| e.to_string())?),
-            Masters::Clusters(shards) => Running::Clusters(std::thread::scope(|s| {
+            Masters::Clusters(_) | Masters::OneSlot => Running::Clusters(std::thread::scope(|s| {
+                let shards = match masters {
+                    Masters::Clusters(shards) => shards,
+                    _ => 3,
+                };
                 let starts: Vec<_> = (0..3)
                     .map(|_| s.spawn(move || RedisCluster::start(shards, 0)))
                     .collect();
@@ -119,8 +134,15 @@ fn run_cell(
         .map_err(|e| e.to_string())?;
     prepare(proxy.port);
     let ttl = settings.ttl_ms;
+    let one_slot = masters == Masters::OneSlot;
     if settings.cpu_warmup_requests > 0 {
-        redis_benchmark(proxy.port, depth, settings.cpu_warmup_requests, ttl)?;
+        redis_benchmark_keys(
+            proxy.port,
+            depth,
+            settings.cpu_warmup_requests,
+            ttl,
+            one_slot,
+        )?;
     }
     let primaries = running.primaries();
     let pids: Vec<u32> = primaries.iter().filter_map(|n| n.pid()).collect();
@@ -135,15 +157,13 @@ fn run_cell(
     let calls_before = calls();
     let before = whole.snap();
     let before_each: Vec<_> = each.iter().map(CpuProbe::snap).collect();
-    let run = redis_benchmark(proxy.port, depth, settings.cpu_requests, ttl)?;
+    let run = redis_benchmark_keys(proxy.port, depth, settings.cpu_requests, ttl, one_slot)?;
     let after = whole.snap();
     let primary_secs: Vec<f64> = (each.iter().zip(before_each))
         .map(|(probe, b)| probe.seconds(b, probe.snap()).masters)
         .collect();
     let granted = granted().unwrap_or(0).saturating_sub(granted_before);
-    let calls_per_primary = calls().saturating_sub(calls_before) as f64 / primaries.len() as f64;
-    // Each acquire is one lock operation on each of the 3 masters.
-    let ops_per_primary = (3 * granted) as f64 / primaries.len() as f64;
+    let calls_made = calls().saturating_sub(calls_before) as f64;
     if let Some(note) = proxy.health_note() {
         return Err(format!("{}: {note}", masters.label()));
     }
@@ -159,8 +179,9 @@ fn run_cell(
         busiest_us: primary_secs.iter().copied().fold(0.0, f64::max) * per_grant,
         mean_us: primary_secs.iter().sum::<f64>() / primary_secs.len().max(1) as f64 * per_grant,
         primaries: primary_secs.len(),
-        calls_per_k: calls_per_primary * 1e3 / run.requests.max(1) as f64,
-        ops_per_call: ops_per_primary / calls_per_primary.max(1.0),
+        calls_per_k: calls_made / primaries.len() as f64 * 1e3 / run.requests.max(1) as f64,
+        // Each acquire is one lock operation on each of the 3 masters.
+        ops_per_call: (3 * granted) as f64 / calls_made.max(1.0),
     })
 }
 
@@ -212,7 +233,7 @@ pub fn render(md: &mut String, settings: &Settings, cells: &[Cell]) {
     );
     let _ = writeln!(
         md,
-        "redis-benchmark `SET key:__rand_int__ v NX PX {}` at `-c 50`, `-P 1` and `-P 16`, {} measured requests per cell through a fresh proxy over fresh masters: 3 single redis-servers, 3 Redis Clusters of 1 shard, 3 of 3 shards (no replicas; each acquire is one lock operation per master, on the primary of the key's slot, merged with others into one script call per node). CPU is utime + stime from /proc: the proxy's per request, each primary's per granted acquire. Script calls are each primary's `EVALSHA` and `EVAL` calls from `INFO commandstats` (the health monitors' few included); operations per call: the 3 lock operations of each grant over the primaries, per call.\n",
+        "redis-benchmark `SET key:__rand_int__ v NX PX {}` at `-c 50`, `-P 1` and `-P 16`, {} measured requests per cell through a fresh proxy over fresh masters: 3 single redis-servers, 3 Redis Clusters of 1 shard, 3 of 3 shards, and 3 of 3 shards with every key of the load in one slot (`lb:rb:{{TAG}}:…`: one busy primary per cluster, the control for what spreading costs) (no replicas; each acquire is one lock operation per master, on the primary of the key's slot, merged with others into one script call per node). CPU is utime + stime from /proc: the proxy's per request, each primary's per granted acquire. Script calls are each primary's `EVALSHA` and `EVAL` calls from `INFO commandstats` (the health monitors' few included); operations per call: the 3 lock operations of each grant over the primaries, per call.\n",
         settings.ttl_ms, settings.cpu_requests
     );
     let _ = writeln!(md, "| masters | -P | round | SET/s | granted | proxy µs/request | busiest primary µs/acquire | mean primary µs/acquire | script calls per primary per 1k requests | operations per call |");
@@ -255,12 +276,21 @@ pub fn render(md: &mut String, settings: &Settings, cells: &[Cell]) {
         };
         let busiest = |c: &Cell| c.busiest_us;
         let proxy = |c: &Cell| c.proxy_us;
+        // A cluster's CPU per acquire: its primaries' mean times its 3 of them.
+        let cluster = |c: &Cell| c.mean_us * 3.0;
         let _ = writeln!(
             md,
             "- `-P {depth}`: busiest primary's CPU per acquire, 3 shards / 1 shard: {}; the proxy's CPU per request, clusters of 1 shard / single masters: {}, clusters of 3 shards / single masters: {}",
             verdict(ratio(Masters::Clusters(3), Masters::Clusters(1), busiest), 0.4),
             verdict(ratio(Masters::Clusters(1), Masters::Single, proxy), 1.2),
             verdict(ratio(Masters::Clusters(3), Masters::Single, proxy), 1.2),
+        );
+        let us = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.1} µs"));
+        let _ = writeln!(
+            md,
+            "  - a 3-shard cluster's CPU per acquire (its 3 primaries together), the load spread over its slots: {}; every key in one slot: {}",
+            us(med(Masters::Clusters(3), cluster)),
+            us(med(Masters::OneSlot, cluster)),
         );
     }
     let _ = writeln!(md);
