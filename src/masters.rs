@@ -871,6 +871,14 @@ impl Forms {
         }
     }
 
+    /// One form for every master (a request the same on a single master and a cluster's node).
+    pub fn same(payload: Bytes) -> Forms {
+        Forms {
+            single: payload,
+            cluster: None,
+        }
+    }
+
     /// The form for `voter`.
     pub fn for_voter(&self, voter: &Voter) -> Bytes {
         match (voter.cluster(), &self.cluster) {

@@ -4,12 +4,12 @@
 //! measured after `BENCH_CPU_WARMUP_REQUESTS`): the proxy over 3 single masters, over 3
 //! clusters of 1 shard, over 3 clusters of 3 shards, and over 3 clusters of 3 shards with every
 //! key in one slot (the control: the same operations on one busy primary per cluster; every
-//! cluster a fresh `RedisCluster`, no replicas). Per cell: the proxy's CPU µs per request, each primary's CPU µs per granted
-//! acquire (the busiest primary's, and the mean), and the script calls each primary ran (what
-//! its cost is made of: each call's fixed cost, and each operation's). Targets: the busiest
-//! primary's cost per acquire at 3 shards ≤ 0.4× that at 1 shard (the per-shard load falls
-//! with the shard count), and the proxy's own CPU per request over clusters within 1.2× of
-//! over single masters.
+//! cluster a fresh `RedisCluster`, no replicas). Per cell: the proxy's CPU µs per request,
+//! each primary's CPU µs per granted acquire (the busiest primary's, and the mean), and the
+//! script calls each primary ran (what its cost is made of: each call's fixed cost, and each
+//! operation's). Targets: the busiest primary's cost per acquire at 3 shards ≤ 0.4× that at
+//! 1 shard (the per-shard load falls with the shard count), and the proxy's own CPU per
+//! request over clusters within 1.2× of over single masters.
 
 use crate::external::{acquire_counters, redis_benchmark_keys, script_calls, GRANTED};
 use crate::procs::CpuProbe;
@@ -44,6 +44,15 @@ impl Masters {
         Masters::Clusters(3),
         Masters::OneSlot,
     ];
+
+    /// The shards of each of its clusters (`None`: single masters).
+    fn shards(self) -> Option<usize> {
+        match self {
+            Masters::Single => None,
+            Masters::Clusters(shards) => Some(shards),
+            Masters::OneSlot => Some(3),
+        }
+    }
 
     pub fn label(self) -> String {
         match self {
@@ -82,13 +91,9 @@ enum Running {
 
 impl Running {
     fn start(masters: Masters) -> Result<Running, String> {
-        Ok(match masters {
-            Masters::Single => Running::Single(LocalCluster::start(3).map_err(|e| e.to_string())?),
-            Masters::Clusters(_) | Masters::OneSlot => Running::Clusters(std::thread::scope(|s| {
-                let shards = match masters {
-                    Masters::Clusters(shards) => shards,
-                    _ => 3,
-                };
+        Ok(match masters.shards() {
+            None => Running::Single(LocalCluster::start(3).map_err(|e| e.to_string())?),
+            Some(shards) => Running::Clusters(std::thread::scope(|s| {
                 let starts: Vec<_> = (0..3)
                     .map(|_| s.spawn(move || RedisCluster::start(shards, 0)))
                     .collect();

@@ -47,8 +47,7 @@ pub fn pop(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     let counted = request.args.len() > 2;
     let masters = ctx.masters();
     let slot = slot_of(&request.args[1..2]);
-    let command = payload(request);
-    let forms = Forms::new(&masters, |_| command.clone());
+    let forms = Forms::same(payload(request));
     Action::Defer(Box::pin(async move {
         let reply = match first_pop(&masters, slot, &forms, 1).await {
             Popped::Value(reply) => reply,
@@ -96,10 +95,9 @@ pub fn blocking_pop(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> A
     let mut lmpop: Vec<&[u8]> = vec![b"LMPOP", numkeys.as_bytes()];
     lmpop.extend(keys.iter().map(|k| k.as_ref()));
     lmpop.push(side.as_bytes());
-    let lmpop = encode_command(&lmpop);
     let attempt = Attempt {
         slot: slot_of(&keys),
-        forms: Forms::new(&ctx.masters(), |_| lmpop.clone()),
+        forms: Forms::same(encode_command(&lmpop)),
         replies: 1,
         // `LMPOP` answers `[key, [element]]`; `BLPOP`, `[key, element]`.
         shape: |reply| match reply {

@@ -260,17 +260,16 @@ fn held_by_a_majority(votes: &[Vote], quorum: usize) -> Option<bool> {
 }
 
 /// After a hash-lock attempt was rolled back: if no majority of the masters holds `key` (of
-/// `slot`), the
-/// roll-back may have freed a lock that waiters were refused by (two acquires that split the
-/// masters are both refused, each with a PTTL read from the other's write), and on one Redis
-/// nobody would publish for it: Redisson's unlock message (`0`) goes out on the lock's
-/// `channel` through every master, as an unlock's does (as Redisson's own `RedissonRedLock`
-/// publishes when it unlocks a partial grant). While a majority holds it (a holder whose lock a
-/// minority lacks, where a waiter's attempt is granted and rolled back), nothing: its waiters
-/// wait for its unlock instead of polling at each other's roll-backs. Of two split attempts,
-/// each rolled back before it looks, the one that looks last sees no majority: its undos were
-/// confirmed or went first on each connection, and the other's were confirmed before that one
-/// looked (docs/SAFETY.md, "Hash locks (Redisson)").
+/// `slot`), the roll-back may have freed a lock that waiters were refused by (two acquires
+/// that split the masters are both refused, each with a PTTL read from the other's write), and
+/// on one Redis nobody would publish for it: Redisson's unlock message (`0`) goes out on the
+/// lock's `channel` through every master, as an unlock's does (as Redisson's own
+/// `RedissonRedLock` publishes when it unlocks a partial grant). While a majority holds it (a
+/// holder whose lock a minority lacks, where a waiter's attempt is granted and rolled back),
+/// nothing: its waiters wait for its unlock instead of polling at each other's roll-backs. Of
+/// two split attempts, each rolled back before it looks, the one that looks last sees no
+/// majority: its undos were confirmed or went first on each connection, and the other's were
+/// confirmed before that one looked (docs/SAFETY.md, "Hash locks (Redisson)").
 async fn wake_waiters_if_free(masters: Arc<Masters>, slot: u16, key: Bytes, channel: Bytes) {
     let quorum = masters.quorum();
     let exists = encode_command(&[b"EXISTS".as_slice(), &key]);
