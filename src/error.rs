@@ -112,7 +112,7 @@ pub enum ProxyError {
     CrossSlot,
     /// A script that could get around the key checks of its `redis.call`s
     /// ([`crate::script_keys`]).
-    #[error("ERR scripts using _G, getfenv, setfenv, rawget, load, loadstring, loadfile, dofile or debug are refused by redlock-proxy: they could touch keys it cannot check")]
+    #[error("ERR scripts using _G, getfenv, setfenv, rawget, rawset, load, loadstring, loadfile, dofile, debug or __done are refused by redlock-proxy: they could touch keys it cannot check")]
     ScriptReachesGlobals,
     /// A TTL above `max_lock_ttl_ms` (the quarantine of a master that lost data lasts the cap
     /// plus drift: a longer lease could outlive it; docs/SAFETY.md).

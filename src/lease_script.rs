@@ -540,7 +540,8 @@ fn argv_only_directly_indexed(text: &str) -> bool {
 
 /// True if the text mentions a way to reach `ARGV` (or any global) other than by its name.
 /// Such a script could also reach the real `redis` around the shadow of
-/// [`crate::script_keys`] (or the shadow's upvalues, through `debug`), so the proxy refuses it.
+/// [`crate::script_keys`] (or the shadow's upvalues, through `debug`), give the shadow a field
+/// of its own (`rawset`), or call the prelude's finisher itself, so the proxy refuses it.
 /// Conservative: a mention in a comment or a string counts.
 pub fn reaches_globals(text: &str) -> bool {
     [
@@ -549,11 +550,14 @@ pub fn reaches_globals(text: &str) -> bool {
         "getfenv",
         "setfenv",
         "rawget",
+        "rawset",
         "load",
         "loadstring",
         "loadfile",
         "dofile",
         "debug",
+        // The prelude's own finisher (src/on_master/prelude.lua), in the body's scope.
+        "__done",
     ]
     .iter()
     .any(|name| !identifier_uses(text, name).is_empty())

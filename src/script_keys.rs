@@ -14,8 +14,10 @@
 //! - a command that is not in the table (its keys cannot be located, or it reaches beyond the
 //!   keys: `SELECT`, `FLUSHALL`, `KEYS`, `EVAL`…), and `PERSIST` (a key without expiry).
 //!
-//! Everything else of `redis` (`setresp`, `sha1hex`, `error_reply`, `log`…) falls through to
-//! the real table. The prelude is one line inserted before the body's first line (after a
+//! The members that run no command and change nothing outside the script (`setresp`,
+//! `sha1hex`, `error_reply`, `log`…) are the real table's; any other is refused, and the shadow
+//! has no field of its own, so an assignment to it raises (as Redis 7 does for its read-only
+//! `redis`) instead of uncovering the real `call` behind it. The prelude is one line inserted before the body's first line (after a
 //! `#!` line), so the body keeps its line numbers in Redis' error texts, and it is the same
 //! for every user: the user's patterns travel as extra `ARGV` entries ([`access_args`]) that
 //! the prelude takes off again before the body runs, so each client script is one script in
@@ -23,8 +25,9 @@
 //!
 //! The shadow holds only if the body cannot reach the real `redis` around it: through the
 //! globals table (`_G`, `getfenv`, `rawget`), code loaded at run time (`loadstring`), or the
-//! `debug` library (upvalues of the shadow). Such scripts are refused before they reach the
-//! masters ([`crate::lease_script::reaches_globals`]); the shadow's metatable is protected.
+//! `debug` library (upvalues of the shadow), and it stays whole only if the body cannot give it
+//! fields (`rawset`). Such scripts are refused before they reach the masters
+//! ([`crate::lease_script::reaches_globals`]); the shadow's metatables are protected.
 
 use crate::auth::KeyPatterns;
 use crate::error::ProxyError;

@@ -307,6 +307,143 @@ async fn undeclared_keys_and_unchecked_commands_are_refused() {
     }
 }
 
+/// Every way a script could change or get around the shadow `redis` fails with an error, and
+/// another tenant's lock is still held on every master afterwards (docs/PROTOCOL.md §5, "The
+/// shadow cannot be changed"). The negative control: the same payload without the shadow,
+/// run directly on a master, deletes the lock there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_script_can_change_or_get_around_the_shadow() {
+    let env = Env::start_with(3, tenants).await;
+    ready(&env).await;
+    let victim = format!("orders:{}", key("victim"));
+    let mut orders = env.proxy.client().await;
+    assert_eq!(orders.cmd(&["AUTH", "orders", "o-pw"]).await, "+OK");
+    assert_eq!(
+        orders
+            .cmd(&["SET", &victim, "held", "NX", "PX", "30000"])
+            .await,
+        "+OK"
+    );
+    let mut c = env.proxy.client().await;
+    let own = key("own");
+    let del = format!("redis.call('del', '{victim}')");
+    let readonly = "-ERR user_script:1: Attempt to modify a readonly table";
+    let refused_member =
+        |name: &str| format!("-ERR redis.{name} in a script is refused by redlock-proxy");
+    let (set_repl, breakpoint, acl) = (
+        refused_member("set_repl"),
+        refused_member("breakpoint"),
+        refused_member("acl_check_cmd"),
+    );
+    let (undeclared, globals) = (undeclared(&victim), "-ERR scripts using _G".to_string());
+    // (escape attempt, how its reply starts)
+    let attempts = [
+        (format!("redis.call = nil return {del}"), readonly),
+        (format!("redis.pcall = nil return {del}"), readonly),
+        (format!("redis['call'] = nil return {del}"), readonly),
+        (format!("redis.call = redis.pcall return {del}"), readonly),
+        (
+            format!("local r = redis r.call = nil return {del}"),
+            readonly,
+        ),
+        (
+            format!("coroutine.wrap(function() redis.call = nil end)() return {del}"),
+            "-ERR",
+        ),
+        (
+            format!("pcall(function() redis.call = nil end) return {del}"),
+            &undeclared[..],
+        ),
+        (
+            format!("pcall(setmetatable, redis, {{}}) return {del}"),
+            &undeclared[..],
+        ),
+        (
+            format!("setmetatable(redis, nil) return {del}"),
+            "-ERR user_script:1: cannot change a protected metatable",
+        ),
+        (
+            format!("return getmetatable(redis).__index.call('del', '{victim}')"),
+            "-ERR user_script:1: attempt to index a boolean value",
+        ),
+        (
+            format!("rawset(redis, 'call', nil) return {del}"),
+            &globals[..],
+        ),
+        (
+            format!("return rawget(redis, 'call')('del', '{victim}')"),
+            &globals[..],
+        ),
+        (
+            format!("return _G.redis.call('del', '{victim}')"),
+            &globals[..],
+        ),
+        (
+            format!("return getfenv(0).redis.call('del', '{victim}')"),
+            &globals[..],
+        ),
+        (format!("setfenv(1, {{}}) return {del}"), &globals[..]),
+        (
+            "return debug.getupvalue(redis.call, 1)".to_string(),
+            &globals[..],
+        ),
+        (
+            format!("return loadstring(string.dump(function() return {del} end))()"),
+            &globals[..],
+        ),
+        (
+            format!("__done = function(r) return r end return {del}"),
+            &globals[..],
+        ),
+        (
+            format!("redis.set_repl(redis.REPL_NONE) return {del}"),
+            &set_repl[..],
+        ),
+        (format!("redis.breakpoint() return {del}"), &breakpoint[..]),
+        (
+            format!("return redis.acl_check_cmd('del', '{victim}')"),
+            &acl[..],
+        ),
+        (
+            format!("for k, v in pairs(redis) do v('del', '{victim}') end return {del}"),
+            &undeclared[..],
+        ),
+    ];
+    for (body, expected) in &attempts {
+        let reply = c.cmd(&["EVAL", body, "1", &own]).await;
+        assert!(reply.starts_with(expected), "{body}: {reply}");
+        assert_eq!(env.holders(&victim, "held").await, 3, "{body}: {reply}");
+    }
+    // Read-only forms, and a body loaded first.
+    let sha = c
+        .cmd(&[
+            "SCRIPT",
+            "LOAD",
+            &format!("redis.call = nil return redis.call('get', '{victim}')"),
+        ])
+        .await;
+    for attempt in [
+        vec!["EVALSHA_RO", &sha[1..], "1", &own],
+        vec!["EVALSHA", &sha[1..], "1", &own],
+    ] {
+        let reply = c.cmd(&attempt).await;
+        assert!(reply.starts_with(readonly), "{attempt:?}: {reply}");
+    }
+    let ro = format!("redis.call = nil return redis.call('get', '{victim}')");
+    assert!(c
+        .cmd(&["EVAL_RO", &ro, "1", &own])
+        .await
+        .starts_with(readonly));
+    assert_eq!(env.holders(&victim, "held").await, 3);
+    // Negative control: the payload reaching the real redis.call deletes the lock.
+    let port = env.ports()[0];
+    assert_eq!(
+        master_cmd(port, &["EVAL", &format!("return {del}"), "0"]).await,
+        ":1"
+    );
+    assert_eq!(env.holders(&victim, "held").await, 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evalsha_runs_the_checked_body_even_on_masters_that_lost_their_cache() {
     let env = Env::start_with(3, tenants).await;

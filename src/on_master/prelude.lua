@@ -213,12 +213,28 @@ local function checked(f, raise, ...)
   if kind and pad > 0 and argc >= 3 then return leased(f, argc, kind, ...) end
   return f(...)
 end
--- The shadow (its metatable protected) and __done, which packs a write script's reply as
--- {lease noted, token verdict, reply}: the reply last, since a nil reply ends a Lua table.
-return setmetatable({
+-- The shadow has no field of its own, so no assignment can uncover the real `redis` behind
+-- it: an assignment raises what Redis 7 raises for its own (read-only) `redis` table, at the
+-- script's line; reads find the checked call and pcall, then the members below, which run no
+-- command and change nothing beyond the script's own reply (set_repl, which would keep writes
+-- from replicas and the AOF, breakpoint and debug are refused). `rawset`, which could give it
+-- a field, is refused before the script reaches a master (src/lease_script.rs). Both
+-- metatables are protected (getmetatable answers false).
+local members = '|log|LOG_DEBUG|LOG_VERBOSE|LOG_NOTICE|LOG_WARNING|sha1hex|error_reply|status_reply|setresp|replicate_commands|REDIS_VERSION|REDIS_VERSION_NUM|REPL_NONE|REPL_AOF|REPL_SLAVE|REPL_REPLICA|REPL_ALL|'
+local api = setmetatable({
   call = function(...) return checked(rcall, true, ...) end,
   pcall = function(...) return checked(rpcall, false, ...) end
-}, {__index = real, __metatable = false}), function(r)
+}, {__index = function(_, name)
+  if type(name) == 'string' and find(members, '|' .. name .. '|', 1, true) then return real[name] end
+  error({err = "ERR redis." .. gsub(sub(tostring(name), 1, 64), '%c', '?') .. " in a script is refused by redlock-proxy: only members that run no command and change nothing outside the script may be used"})
+end, __metatable = false})
+-- __done packs a write script's reply as {lease noted, token verdict, reply}: the reply last,
+-- since a nil reply ends a Lua table.
+return setmetatable({}, {
+  __index = api,
+  __newindex = function() error('Attempt to modify a readonly table', 2) end,
+  __metatable = false
+}), function(r)
   if pad == 0 then return r end
   return {noted, tokens and fence() or 0, r}
 end
