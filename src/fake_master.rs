@@ -463,6 +463,7 @@ pub fn masters(fakes: &[Arc<FakeMaster>], node_timeout: Duration) -> Arc<Masters
                 lease_bound: LEASE_BOUND,
                 preload: vec![LOCK_SCRIPT.text()],
                 wait_replicas: 0,
+                drift_factor: 0.01,
             },
         },
         fakes.iter().map(|_| Arc::default()).collect(),

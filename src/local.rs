@@ -30,18 +30,31 @@ pub struct LocalMaster {
     child: Option<Child>,
     /// Its RDB file in the default directory, removed when it stops.
     rdb: PathBuf,
+    /// Environment variables it runs with beyond the proxy's (a test's clock shim), kept for
+    /// its restarts.
+    env: Vec<(String, String)>,
 }
 
 impl LocalMaster {
     /// Starts a master on `port` (or on a free port when `None`) and waits until it answers.
     pub fn start(port: Option<u16>, extra_args: &[&str]) -> Result<LocalMaster, LocalError> {
-        LocalMaster::start_as(port, extra_args, Lifetime::UntilDropped)
+        LocalMaster::start_as(port, extra_args, Lifetime::UntilDropped, Vec::new())
+    }
+
+    /// [`LocalMaster::start`] with environment variables of its own (for its restarts too).
+    pub fn start_with_env(
+        port: Option<u16>,
+        extra_args: &[&str],
+        env: Vec<(String, String)>,
+    ) -> Result<LocalMaster, LocalError> {
+        LocalMaster::start_as(port, extra_args, Lifetime::UntilDropped, env)
     }
 
     fn start_as(
         port: Option<u16>,
         extra_args: &[&str],
         lifetime: Lifetime,
+        env: Vec<(String, String)>,
     ) -> Result<LocalMaster, LocalError> {
         let mut last = LocalError::NotReady(0);
         for _ in 0..5 {
@@ -50,11 +63,12 @@ impl LocalMaster {
                 None => free_port().map_err(LocalError::Spawn)?,
             };
             let rdb = rdb_file(port);
-            let child = spawn_server(port, &rdb, extra_args, lifetime)?;
+            let child = spawn_server(port, &rdb, extra_args, lifetime, &env)?;
             let mut master = LocalMaster {
                 port,
                 child: Some(child),
                 rdb,
+                env: env.clone(),
             };
             match master.wait_ready() {
                 Ok(()) => return Ok(master),
@@ -104,7 +118,8 @@ impl LocalMaster {
     /// Starts the master again on the same port, empty (no persistence): a crash-restart.
     pub fn restart(&mut self, extra_args: &[&str]) -> Result<(), LocalError> {
         self.kill();
-        let fresh = LocalMaster::start(Some(self.port), extra_args)?;
+        let env = std::mem::take(&mut self.env);
+        let fresh = LocalMaster::start_with_env(Some(self.port), extra_args, env)?;
         *self = fresh;
         Ok(())
     }
@@ -146,7 +161,7 @@ impl LocalCluster {
         lifetime: Lifetime,
     ) -> Result<LocalCluster, LocalError> {
         let masters = (0..n)
-            .map(|_| LocalMaster::start_as(None, extra_args, lifetime))
+            .map(|_| LocalMaster::start_as(None, extra_args, lifetime, Vec::new()))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(LocalCluster { masters })
     }
@@ -182,6 +197,7 @@ fn spawn_server(
     rdb: &std::path::Path,
     extra_args: &[&str],
     lifetime: Lifetime,
+    env: &[(String, String)],
 ) -> Result<Child, LocalError> {
     let port_text = port.to_string();
     let rdb_name = rdb
@@ -212,6 +228,7 @@ fn spawn_server(
     let mut command = Command::new("redis-server");
     command
         .args(&args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());

@@ -82,6 +82,7 @@ impl Shared {
                 lease_bound: policy.lease_bound(),
                 preload: Acquirer::preload(),
                 wait_replicas: config.wait_replicas,
+                drift_factor: config.drift_factor,
             },
         );
         let acquire_stats: Arc<LockStats> = Arc::default();

@@ -13,6 +13,7 @@
 //! node) or its owner's monitor sees a loss, before anything else may vote for it.
 
 use super::judge::{marker_step, MarkerStep, Markers};
+use super::loss::{Cause, Loss};
 use super::{ask, info_command, DeploymentView, Monitor, MonitorConfig, Role};
 use super::{ClusterMaster, ClusterNode};
 use crate::cluster::keys::markers;
@@ -75,7 +76,7 @@ impl Keeper {
     }
 
     /// One round: the map, then every slot whose owner was not found ready for it.
-    async fn round(&self, losses: &mut HashMap<String, String>, stop: &watch::Receiver<bool>) {
+    async fn round(&self, losses: &mut HashMap<String, Loss>, stop: &watch::Receiver<bool>) {
         let verdict = self.view.verdict();
         if let Some(map) = self.read_map().await {
             self.install(map, stop);
@@ -192,7 +193,7 @@ impl Keeper {
         node: &ClusterNode,
         slots: &[u16],
         verdict: Option<super::Deployment>,
-        loss: Option<String>,
+        loss: Option<Loss>,
     ) -> bool {
         let mut complete = true;
         // A loss the node's monitor sees from now on undoes what this look finds ready.
@@ -306,7 +307,7 @@ impl Keeper {
     async fn quarantine(
         &self,
         node: &ClusterNode,
-        slots: &[(u16, String)],
+        slots: &[(u16, Loss)],
         now: Instant,
         losses: u64,
     ) -> bool {
@@ -341,8 +342,7 @@ impl Keeper {
                 written += 1;
             }
         }
-        self.cluster
-            .count_quarantine(super::state::quarantine_cause(reason));
+        self.cluster.count_quarantine(reason.cause.label());
         tracing::warn!(master = %self.cluster.name, node = %node.link.addr, slots = written, %reason, "cluster slots quarantined");
         written == only.len()
     }
@@ -369,16 +369,19 @@ pub(super) fn slot_step(
     kept_from: Option<&str>,
     verdict: Option<super::Deployment>,
     tag: &str,
-    lost: Option<String>,
+    lost: Option<Loss>,
 ) -> SlotStep {
     let foreign = match markers {
         Markers::Armed { stamp, .. } if stamp.as_deref() != Some(node_id) => {
             if lost.is_none() && stamp.is_some() && stamp.as_deref() == kept_from {
                 return SlotStep::Restamp;
             }
-            Some(format!(
-                "armed by another node ({}): its data came by a failover or a slot migration",
-                stamp.as_deref().unwrap_or("unstamped")
+            Some(Loss::new(
+                Cause::Failover,
+                format!(
+                    "armed by another node ({}): its data came by a failover or a slot migration",
+                    stamp.as_deref().unwrap_or("unstamped")
+                ),
             ))
         }
         _ => None,
@@ -471,7 +474,7 @@ mod tests {
             kept,
             live,
             "t",
-            lost.map(str::to_string),
+            lost.map(|detail| Loss::new(Cause::Restarted, detail)),
         ) {
             SlotStep::Marker(step) => Some(step),
             SlotStep::Restamp => None,

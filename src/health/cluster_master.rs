@@ -14,7 +14,8 @@
 //! - Nodes are never dropped: a cluster has a bounded set of them, and a primary that became a
 //!   replica may come back.
 
-use super::judge::{kept_every_confirmed_write, Observation};
+use super::judge::Observation;
+use super::loss::{kept_every_confirmed_write, Loss};
 use super::MasterHealth;
 use crate::backend::Backend;
 use crate::cluster::map::{Redirect, SlotMap};
@@ -118,7 +119,7 @@ pub struct ClusterMaster {
     rescan: AtomicBool,
     /// Nodes whose health monitor found they lost data, with the reason: every slot they own
     /// is quarantined at the keeper's next round.
-    lost: Mutex<HashMap<String, String>>,
+    lost: Mutex<HashMap<String, Loss>>,
     /// Whether the keeper has judged every slot once since the deployment verdict.
     judged: std::sync::atomic::AtomicBool,
     /// Quarantines begun (one per primary and cause at a time, whatever the slots), by cause
@@ -360,7 +361,7 @@ impl ClusterMaster {
 
     /// The health monitor of node `id` found it lost data (`reason`): none of the slots it
     /// serves votes from now on, until the keeper has quarantined them.
-    pub fn node_lost(&self, id: &str, reason: String) {
+    pub fn node_lost(&self, id: &str, reason: Loss) {
         let node = self
             .nodes
             .lock()
@@ -381,7 +382,7 @@ impl ClusterMaster {
     }
 
     /// The losses noted since the last call, by node id.
-    pub fn take_losses(&self) -> HashMap<String, String> {
+    pub fn take_losses(&self) -> HashMap<String, Loss> {
         self.lost
             .lock()
             .map(|mut l| std::mem::take(&mut *l))

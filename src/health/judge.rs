@@ -2,6 +2,7 @@
 //! unsafe, whether the deployment is brand new, and what to do about a master's markers.
 //! No I/O and no clock: table-tested here, used by the monitor ([`super`]).
 
+use super::loss::{self, Loss};
 use crate::on_master::CLAIM_PREFIX;
 use crate::protocol::Reply;
 use std::time::Duration;
@@ -99,50 +100,22 @@ pub fn parse_info(text: &str) -> Observation {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Judgement {
     /// The master may have forgotten keys since `prev`: quarantine it.
-    pub lost: Option<String>,
+    pub lost: Option<Loss>,
     /// The master must not vote while this holds.
     pub unsafe_config: Option<String>,
 }
 
-/// Compares two observations of one master. `last_primary`: its last observation while a
-/// primary (a planned failover demotes the old primary before the proxy follows the switch);
-/// `wait_replicas`: how many replicas confirm every vote (`WAIT`, 0: off).
+/// Judges an observation of one master against the previous one (the loss rules between two
+/// looks: [`loss::between_looks`]) and on its own (an unsafe configuration). `last_primary`:
+/// its last observation while a primary; `wait_replicas`: how many replicas confirm every vote
+/// (`WAIT`, 0: off).
 pub fn judge(
     prev: Option<&Observation>,
     now: &Observation,
     last_primary: Option<&Observation>,
     wait_replicas: u32,
 ) -> Judgement {
-    let lost = prev.and_then(|p| {
-        // A restart loses nothing when every write was on disk before its reply, before the
-        // restart and after it; a failover nothing when the new primary had every write whose
-        // vote counted.
-        let restart_loses = !(p.durable() && now.durable());
-        let failover_loses = !last_primary
-            .is_some_and(|primary| kept_every_confirmed_write(primary, now, wait_replicas));
-        if p.run_id != now.run_id && restart_loses && failover_loses {
-            Some(format!(
-                "restarted (run_id {} -> {})",
-                short(&p.run_id),
-                short(&now.run_id)
-            ))
-        } else if now.uptime_secs < p.uptime_secs && restart_loses && failover_loses {
-            Some("restarted (uptime went backwards)".to_string())
-        } else if p.role != "master" && now.role == "master" && failover_loses {
-            // A replica promoted in place (same run_id): replication is asynchronous, so it
-            // may lack the last locks its old primary granted (a failover is amnesia).
-            Some(format!("promoted from {} to master", p.role))
-        } else if now.data_wipes > p.data_wipes {
-            Some("data wiped (FLUSHALL/DEBUG)".to_string())
-        } else if now.evicted_keys > p.evicted_keys {
-            Some(format!(
-                "{} keys evicted",
-                now.evicted_keys - p.evicted_keys
-            ))
-        } else {
-            None
-        }
-    });
+    let lost = prev.and_then(|p| loss::between_looks(p, now, last_primary, wait_replicas));
     let unsafe_config = if now.role != "master" {
         Some(format!("role is {}, not master", now.role))
     } else if now.maxmemory_policy != "noeviction" {
@@ -164,27 +137,6 @@ pub fn judge(
         lost,
         unsafe_config,
     }
-}
-
-/// Whether `now`, a new primary, holds every write whose vote counted on the primary seen in
-/// `prev`, when every counted vote waited for `wait_replicas` replicas (docs/SAFETY.md,
-/// "Confirmed writes"): `now` continues `prev`'s replication history (a replica of it, promoted),
-/// with all of it up to `prev` (so every write before that look), and `prev` had no more
-/// replicas online than confirm each vote (so a vote after that look was confirmed by every
-/// replica, `now` included, unless the replicas changed since: the assumption).
-pub fn kept_every_confirmed_write(
-    prev: &Observation,
-    now: &Observation,
-    wait_replicas: u32,
-) -> bool {
-    wait_replicas > 0
-        && prev.role == "master"
-        && prev.online_replicas <= wait_replicas
-        && !prev.master_replid.is_empty()
-        && now.master_replid2 == prev.master_replid
-        && now
-            .second_repl_offset
-            .is_some_and(|first_new| first_new > prev.master_repl_offset)
 }
 
 fn short(run_id: &str) -> &str {
@@ -331,8 +283,8 @@ pub enum MarkerStep {
     /// It carries this proxy's claim and this proxy founded the deployment: lift the claim
     /// (only if it is still ours), then it is ready.
     Lift,
-    /// It lost data (the reason): quarantine on the master and re-arm, in one script.
-    Quarantine(String),
+    /// It lost data: quarantine on the master and re-arm, in one script.
+    Quarantine(Loss),
     /// Not ready, no quarantine of its own: the deployment is undecided (the reason, for
     /// `INFO`).
     Wait(&'static str),
@@ -349,28 +301,22 @@ pub fn marker_step(
     seen_armed_before: bool,
     verdict: Option<Deployment>,
     tag: &str,
-    lost: Option<String>,
+    lost: Option<Loss>,
 ) -> MarkerStep {
-    if let Some(reason) = lost {
-        return MarkerStep::Quarantine(reason);
+    if let Some(loss) = lost {
+        return MarkerStep::Quarantine(loss);
     }
     match (markers, verdict) {
         (Markers::Armed { .. }, _) => MarkerStep::Ready,
-        (Markers::Unarmed, _) if seen_armed_before => {
-            MarkerStep::Quarantine("lock marker gone (data wiped or restarted empty)".into())
-        }
+        (Markers::Unarmed, _) if seen_armed_before => MarkerStep::Quarantine(Loss::marker_gone()),
         // Once the deployment is decided, an unarmed master joins through a quarantine:
         // whichever way it was decided, a lease may live on the others now.
-        (Markers::Unarmed, Some(_)) => MarkerStep::Quarantine(
-            "lock marker missing in a running deployment (lost its data, or new)".into(),
-        ),
+        (Markers::Unarmed, Some(_)) => MarkerStep::Quarantine(Loss::unarmed_in_live_deployment()),
         (Markers::Unarmed, None) => MarkerStep::Wait("deciding whether the deployment is new"),
         (Markers::Claimed { tag: t, .. }, Some(Deployment::Fresh)) if t == tag => MarkerStep::Lift,
         // This proxy's own claim, once the deployment turned out live: nobody will lift it.
         (Markers::Claimed { tag: t, .. }, Some(Deployment::Live)) if t == tag => {
-            MarkerStep::Quarantine(
-                "claimed at start-up while the deployment was live (lost its data, or new)".into(),
-            )
+            MarkerStep::Quarantine(Loss::claimed_while_live())
         }
         (Markers::Claimed { .. }, _) => MarkerStep::Claimed,
     }
@@ -384,8 +330,8 @@ pub enum StampCheck {
     /// To be re-stamped with the serving process's `run_id`, no quarantine: the marker has no
     /// stamp (an earlier version armed it), or its data was judged this process's own.
     Restamp,
-    /// Armed by another process (the reason): the data came by replication or from disk.
-    Foreign(String),
+    /// Armed by another process: the data came by replication or from disk.
+    Foreign(Loss),
 }
 
 /// Judges an armed master's `stamp` against what it is now (`now`): whether this proxy's
@@ -410,18 +356,14 @@ pub fn check_stamp(
     if watched_intact || aged_own {
         return StampCheck::Restamp;
     }
-    StampCheck::Foreign(format!(
-        "armed by another redis-server process (run_id {}, now {}): a promoted replica or a restart no proxy watched",
-        short(stamp),
-        short(&now.run_id)
+    StampCheck::Foreign(Loss::new(
+        loss::Cause::Failover,
+        format!(
+            "armed by another redis-server process (run_id {}, now {}): a promoted replica or a restart no proxy watched",
+            short(stamp),
+            short(&now.run_id)
+        ),
     ))
-}
-
-/// A master first seen armed that loaded its dataset from disk less than `bound` ago may have
-/// lost its last writes (AOF fsync policy, RDB snapshot age): how much of `bound` is left.
-pub fn first_sight_wait(obs: &Observation, bound: Duration) -> Option<Duration> {
-    let up = Duration::from_secs(obs.uptime_secs);
-    (obs.loaded_from_disk && up < bound).then(|| bound - up)
 }
 
 /// `TIME`'s reply (`[seconds, microseconds]`) in ms since the epoch.
@@ -441,6 +383,7 @@ pub fn parse_time(items: &[Reply]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::health::loss::{first_sight_wait, kept_every_confirmed_write};
 
     fn obs(run_id: &str, uptime: u64) -> Observation {
         Observation {
@@ -607,8 +550,8 @@ mod tests {
             ..base.clone()
         };
         assert_eq!(
-            judge(Some(&base), &evicted, None, 0).lost.as_deref(),
-            Some("2 keys evicted")
+            judge(Some(&base), &evicted, None, 0).lost.map(|l| l.detail),
+            Some("2 keys evicted".to_string())
         );
         let replica = Observation {
             role: "slave".into(),
@@ -618,8 +561,8 @@ mod tests {
             .unsafe_config
             .is_some());
         assert_eq!(
-            judge(Some(&replica), &base, None, 0).lost.as_deref(),
-            Some("promoted from slave to master")
+            judge(Some(&replica), &base, None, 0).lost.map(|l| l.detail),
+            Some("promoted from slave to master".to_string())
         );
         let lru = Observation {
             maxmemory_policy: "allkeys-lru".into(),
@@ -971,7 +914,7 @@ mod tests {
                 true,
                 Some(Fresh),
                 tag,
-                Some("restarted".into())
+                Some(Loss::new(loss::Cause::Restarted, "restarted"))
             )));
         }
     }

@@ -64,15 +64,18 @@
 pub(crate) mod cluster;
 mod cluster_master;
 pub(crate) mod judge;
+pub(crate) mod loss;
 mod state;
 
 pub use cluster_master::{ClusterMaster, ClusterNode};
 pub use judge::Deployment;
 use judge::{
-    check_stamp, first_sight_wait, founding_round, marker_step, parse_info, parse_time, Founding,
-    MarkerStep, Markers, StampCheck,
+    check_stamp, founding_round, marker_step, parse_info, parse_time, Founding, MarkerStep,
+    Markers, StampCheck,
 };
-pub use state::{MasterHealth, QUARANTINE_CAUSES};
+pub use loss::LABELS as QUARANTINE_CAUSES;
+use loss::{first_sight_wait, ClockReading, Loss};
+pub use state::MasterHealth;
 
 use crate::live::LiveDuration;
 use crate::on_master::{
@@ -82,7 +85,6 @@ use crate::on_master::{
 use crate::protocol::{encode_command, Reply};
 use crate::transport::Link;
 use bytes::{Bytes, BytesMut};
-use state::ClockReading;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -227,6 +229,9 @@ pub struct MonitorConfig {
     /// How many replicas confirm every vote (`WAIT`; 0: off): a primary with fewer online may
     /// not vote, and a failover to a replica that had every confirmed write is no loss.
     pub wait_replicas: u32,
+    /// The drift factor F: a master's clock may run at most 1 + F times the proxy's
+    /// ([`loss::clock`]).
+    pub drift_factor: f64,
 }
 
 /// Where a master is, as its voter routes to it and the monitors watch it: one server, or a
@@ -318,10 +323,6 @@ pub(crate) fn instance_name() -> String {
 /// Claim rounds a founding proxy waits, once a quorum carries its claim, for masters that did
 /// not answer yet (one health interval, plus up to a node timeout for the answers, each); and
 /// when each of them refused the proxy's credentials.
-/// The cause of a quarantine this proxy learnt from the marker only (another proxy saw the
-/// loss, or this one saw the master only after it).
-const SHARED_MARKER: &str = "quarantined by a proxy (shared marker)";
-
 const FOUNDING_PATIENCE: u32 = 10;
 const FOUNDING_PATIENCE_IF_REFUSED: u32 = 1;
 
@@ -382,10 +383,6 @@ impl Place {
 async fn ask(link: &Link, payload: Bytes, replies: usize) -> Option<Reply> {
     link.send(payload, replies).wait().await.ok()
 }
-
-/// The loss of a server first seen less than the lease bound after it loaded its data from
-/// disk ([`first_sight_wait`]): it may have lost its last writes.
-const LOADED_FROM_DISK: &str = "loaded its data from disk recently (may have lost its last writes)";
 
 /// Asks every master at once; each answer read as markers (`None`: no usable answer).
 async fn look_at_all(places: &[Place], script: &MarkersScript) -> Vec<Option<Markers>> {
@@ -575,6 +572,12 @@ impl Monitor {
         Some(())
     }
 
+    /// Judges the clock reading this poll took, on the process `run_id` ([`loss::clock`]).
+    fn judge_clock(&self, run_id: &str) -> Option<Loss> {
+        let policy = &self.policy;
+        (self.health).judge_clock(run_id, policy.drift_factor, policy.lease_bound)
+    }
+
     /// The server's `INFO` and fsync policy, read.
     async fn read_info(&self) -> Option<judge::Observation> {
         let Some(Reply::Array(answers)) = self.ask_n(self.info.clone(), 2).await else {
@@ -617,10 +620,13 @@ impl Monitor {
         let kept = cluster.kept_writes_of(id, &obs, replicas).is_some();
         let first = health.first_sight() && !kept;
         let waited = first_sight_wait(&obs, self.policy.lease_bound).filter(|_| first);
+        let clock = self.judge_clock(&obs.run_id);
         let lost = health.observe(addr, obs, None, replicas, took_over.as_ref());
-        let lost = lost.or_else(|| waited.map(|_| LOADED_FROM_DISK.to_string()));
-        if let Some(reason) = lost {
-            cluster.node_lost(id, reason);
+        let lost = lost
+            .or(clock)
+            .or_else(|| waited.map(|_| Loss::loaded_from_disk()));
+        if let Some(loss) = lost {
+            cluster.node_lost(id, loss);
         }
         health.set_ready(connect);
     }
@@ -662,7 +668,9 @@ impl Monitor {
             )
         });
         let judged = obs.clone();
+        let clock = self.judge_clock(&obs.run_id);
         let mut lost = health.observe(&link.addr, obs, twin, policy.wait_replicas, None);
+        lost = lost.or(clock);
         if armed {
             self.view.decide(Deployment::Live, "a master is armed");
         }
@@ -671,14 +679,14 @@ impl Monitor {
             match check_stamp(stamp, &judged, watched, lost.is_some(), policy.lease_bound) {
                 StampCheck::Own => {}
                 StampCheck::Restamp => self.restamp(stamp, &judged.run_id).await,
-                StampCheck::Foreign(reason) => {
-                    lost.get_or_insert(reason);
+                StampCheck::Foreign(loss) => {
+                    lost.get_or_insert(loss);
                 }
             }
         }
         if policy.quarantine {
             if lost.is_none() && waited.is_some() {
-                lost = Some(LOADED_FROM_DISK.into());
+                lost = Some(Loss::loaded_from_disk());
             }
             health.end_quarantine(&link.addr);
             if let Markers::Armed {
@@ -688,9 +696,9 @@ impl Monitor {
             {
                 // The cause this proxy saw, if it saw one (another proxy may have written the
                 // marker first: the log and INFO then still name the restart).
-                let reason = lost.as_deref().unwrap_or(SHARED_MARKER);
+                let loss = lost.clone().unwrap_or_else(Loss::shared_marker);
                 let until = now + Duration::from_millis(left as u64);
-                health.quarantine(&link.addr, until, reason);
+                health.quarantine(&link.addr, until, &loss);
             }
         }
         let step = marker_step(&markers, health.seen_armed(), verdict, &self.view.tag, lost);
@@ -736,19 +744,19 @@ impl Monitor {
                 self.ask(lift).await == Some(Reply::Integer(1))
             }
             // Quarantine off (the safety suite's negative control only): re-arm, no wait.
-            MarkerStep::Quarantine(reason) if !policy.quarantine => {
-                tracing::warn!(master = %link.addr, %reason, "master lost data (quarantine is off)");
+            MarkerStep::Quarantine(loss) if !policy.quarantine => {
+                tracing::warn!(master = %link.addr, reason = %loss, "master lost data (quarantine is off)");
                 let arm = encode_command(&["SET", ARMED_KEY, "1"]);
                 self.ask(arm).await == Some(Reply::ok())
             }
-            MarkerStep::Quarantine(reason) => {
+            MarkerStep::Quarantine(loss) => {
                 let ms = policy.lease_bound.as_millis().to_string();
                 let script = markers_command(QUARANTINE_SCRIPT.text(), &[&ms]);
                 let Some(Reply::Integer(left)) = self.ask(script).await else {
                     return false;
                 };
                 let until = now + Duration::from_millis(left.max(0) as u64);
-                health.quarantine(&link.addr, until, &reason);
+                health.quarantine(&link.addr, until, &loss);
                 true
             }
         }

@@ -3,6 +3,7 @@
 //! gives each acquire a deadline in the master's own time.
 
 use super::judge::{judge, Observation};
+use super::loss::{ClockHistory, ClockReading, Loss};
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -14,17 +15,6 @@ pub struct MasterHealth {
     state: Mutex<HealthState>,
     /// Wakes the master's monitor for an immediate poll (an acquire saw it unarmed).
     pub(super) check_now: Notify,
-}
-
-/// A reading of a master's clock (`TIME`), to give its acquires a deadline in its own time.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct ClockReading {
-    /// Local instant halfway through the `TIME` round trip.
-    pub(super) at: Instant,
-    /// The master's clock then, in ms since the epoch.
-    pub(super) master_ms: u64,
-    /// Half the round trip: how far off `at` may be.
-    pub(super) error: Duration,
 }
 
 impl ClockReading {
@@ -40,6 +30,10 @@ impl ClockReading {
 #[derive(Debug, Default)]
 struct HealthState {
     clock: Option<ClockReading>,
+    /// The readings its clock is judged against, and the `run_id` of the process they were
+    /// read from (another process may run on another machine, with a clock of its own).
+    clock_history: ClockHistory,
+    clock_run_id: String,
     last: Option<Observation>,
     /// The last observation of this master while a primary (a planned failover demotes the
     /// old primary before the proxy follows the switch: its last look may show a replica),
@@ -59,7 +53,7 @@ struct HealthState {
     claimed: bool,
     /// A poll was judged after the deployment verdict (see [`super::Startup`]).
     judged: bool,
-    /// Quarantines begun, by [`quarantine_cause`] (for the metrics).
+    /// Quarantines begun, by their cause's label (for the metrics).
     quarantines: std::collections::BTreeMap<&'static str, u64>,
 }
 
@@ -71,39 +65,9 @@ impl HealthState {
     }
 }
 
-/// The causes a quarantine is counted under: few and fixed, so a metric label never carries
-/// free text.
-pub const QUARANTINE_CAUSES: [&str; 7] = [
-    "restarted",
-    "data_wiped",
-    "marker_gone",
-    "shared_marker",
-    "loaded_from_disk",
-    "failover",
-    "other",
-];
-
-/// The cause a quarantine reason (as logged and shown in `INFO`) is counted under.
-pub fn quarantine_cause(reason: &str) -> &'static str {
-    let starts = |p: &str| reason.starts_with(p);
-    if starts("restarted") {
-        "restarted"
-    } else if starts("data wiped") {
-        "data_wiped"
-    } else if starts("lock marker") {
-        "marker_gone"
-    } else if reason == super::SHARED_MARKER {
-        "shared_marker"
-    } else if starts("loaded its data") {
-        "loaded_from_disk"
-    } else if starts("promoted") || starts("armed by another") {
-        // A replica promoted in place, or data armed by another process (a promoted replica
-        // or a restart nobody watched: docs/SAFETY.md "Failovers").
-        "failover"
-    } else {
-        "other"
-    }
-}
+/// How far apart the clock samples a rate is judged over are kept (so at most about
+/// `bound / spacing` of them per master).
+const CLOCK_SAMPLE_SPACING: Duration = Duration::from_secs(1);
 
 impl MasterHealth {
     /// Whether votes on connection number `connect` count now.
@@ -155,6 +119,24 @@ impl MasterHealth {
         }
     }
 
+    /// Judges the last clock reading, taken from the process `run_id`, against the earlier
+    /// ones of that process ([`super::loss::clock`]): the loss it shows, if any.
+    pub(super) fn judge_clock(
+        &self,
+        run_id: &str,
+        drift_factor: f64,
+        bound: Duration,
+    ) -> Option<Loss> {
+        let mut h = self.state.lock().ok()?;
+        let reading = h.clock?;
+        if h.clock_run_id != run_id {
+            h.clock_history.clear();
+            h.clock_run_id = run_id.to_string();
+        }
+        h.clock_history
+            .judge(reading, drift_factor, bound, CLOCK_SAMPLE_SPACING)
+    }
+
     /// Whether the master is in quarantine now (it votes for no proxy: see the module header).
     pub fn quarantined(&self) -> bool {
         self.state
@@ -193,7 +175,7 @@ impl MasterHealth {
         "up".into()
     }
 
-    /// Quarantines begun so far, by cause (see [`quarantine_cause`]).
+    /// Quarantines begun so far, by their cause's label ([`super::loss::Cause::label`]).
     pub fn quarantines(&self) -> Vec<(&'static str, u64)> {
         self.state.lock().map_or_else(
             |_| Vec::new(),
@@ -213,7 +195,7 @@ impl MasterHealth {
     /// Keeps the master out until `until` (a later end already set is kept). One log line when
     /// a quarantine begins, with its cause and end; [`MasterHealth::end_quarantine`] logs its
     /// end. Polls that find a running quarantine (the shared marker) only move its end.
-    pub(super) fn quarantine(&self, addr: &str, until: Instant, reason: &str) {
+    pub(super) fn quarantine(&self, addr: &str, until: Instant, loss: &Loss) {
         let Ok(mut h) = self.state.lock() else { return };
         if h.quarantined_until.is_some_and(|t| t >= until) {
             return;
@@ -223,9 +205,10 @@ impl MasterHealth {
         if h.quarantined_until.is_none_or(|t| t <= now) {
             let left = until.saturating_duration_since(now);
             let end = humantime::format_rfc3339_seconds(std::time::SystemTime::now() + left);
-            tracing::warn!(master = %addr, %reason, wait_ms = left.as_millis() as u64, "master quarantined until {end} ({reason}): every lease it may have held has expired by then");
-            h.quarantine_reason = Some(reason.to_string());
-            *h.quarantines.entry(quarantine_cause(reason)).or_default() += 1;
+            let cause = loss.cause.label();
+            tracing::warn!(master = %addr, reason = %loss, cause, wait_ms = left.as_millis() as u64, "master quarantined until {end} ({loss}): every lease it may have held has expired by then");
+            h.quarantine_reason = Some(loss.detail.clone());
+            *h.quarantines.entry(cause).or_default() += 1;
         }
         h.quarantined_until = Some(until);
     }
@@ -252,7 +235,7 @@ impl MasterHealth {
         also_unsafe: Option<String>,
         wait_replicas: u32,
         took_over: Option<&Observation>,
-    ) -> Option<String> {
+    ) -> Option<Loss> {
         let Ok(mut h) = self.state.lock() else {
             return None;
         };
@@ -339,25 +322,7 @@ impl MasterHealth {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::health::judge::kept_every_confirmed_write;
-
-    #[test]
-    fn every_quarantine_reason_is_counted_under_its_cause() {
-        let reasons = [
-            ("restarted (run_id 1a2b3c4d -> 5e6f7a8b)", "restarted"),
-            ("data wiped (FLUSHALL/DEBUG)", "data_wiped"),
-            ("lock marker gone (data wiped or restarted empty)", "marker_gone"),
-            (super::super::SHARED_MARKER, "shared_marker"),
-            ("loaded its data from disk recently (may have lost its last writes)", "loaded_from_disk"),
-            ("promoted from slave to master", "failover"),
-            ("armed by another redis-server process (run_id 1a2b3c4d, now 5e6f7a8b): a promoted replica or a restart no proxy watched", "failover"),
-            ("3 keys evicted", "other"),
-        ];
-        for (reason, cause) in reasons {
-            assert_eq!(quarantine_cause(reason), cause, "{reason}");
-            assert!(QUARANTINE_CAUSES.contains(&cause));
-        }
-    }
+    use crate::health::loss::{kept_every_confirmed_write, Cause};
 
     /// A primary with two replicas online, then one (the other left to promote itself): a
     /// failover to the one that left keeps nothing by the one-replica rule, since the other
@@ -404,8 +369,8 @@ mod tests {
         let health = MasterHealth::default();
         let now = Instant::now();
         let long = now + Duration::from_secs(60);
-        health.quarantine("m", long, "restarted");
-        health.quarantine("m", now + Duration::from_secs(1), "shared marker");
+        health.quarantine("m", long, &Loss::new(Cause::Restarted, "restarted"));
+        health.quarantine("m", now + Duration::from_secs(1), &Loss::shared_marker());
         assert!(health.quarantined());
         let state = health.state.lock().unwrap();
         assert_eq!(state.quarantined_until, Some(long));

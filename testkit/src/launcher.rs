@@ -175,6 +175,12 @@ impl Env {
         Env::over(masters, Vec::new(), tweak).await
     }
 
+    /// [`Env::start_with`] over masters started by the caller (some with a clock of their
+    /// own, say).
+    pub async fn start_over(masters: LocalCluster, tweak: impl FnOnce(&mut Config)) -> Env {
+        Env::over(masters, Vec::new(), tweak).await
+    }
+
     /// [`Env::start_with`] over masters that each have a replica, in sync before the proxy
     /// starts (for `wait_replicas`).
     pub async fn start_with_replicas(n: usize, tweak: impl FnOnce(&mut Config)) -> Env {

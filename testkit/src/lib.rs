@@ -8,6 +8,8 @@
 //! - [`launcher`]: running a proxy (in-process on an ephemeral port, or the release binary as
 //!   a child process) over local masters; [`launcher::Env`] is N masters and a proxy.
 //! - [`masters`]: direct access to one master (commands, `GET`, command statistics, signals).
+//! - [`clock`]: the clock nemesis, a master whose wall clock steps or runs fast (an
+//!   `LD_PRELOAD` shim of `clock_gettime`/`gettimeofday`).
 //! - [`redisson`]: a Redisson lock client (its exact scripts, watchdog, waiter over pub/sub,
 //!   `RFencedLock`), since Redisson's jars are not installable here.
 //! - [`relay`]: a TCP fault relay to put between the proxy and a master.
@@ -23,6 +25,7 @@
 //! and `redlock_proxy::on_master`).
 
 pub mod checker;
+pub mod clock;
 pub mod cluster;
 pub mod differential;
 pub mod http;

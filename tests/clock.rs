@@ -1,0 +1,142 @@
+//! A master's wall clock between two looks (docs/SAFETY.md, "Clocks"): a forward step or a
+//! fast rate expires its keys early, so the proxy judges each master's `TIME` against its own
+//! monotonic clock and quarantines a master whose clock ran ahead (cause `clock`), before it
+//! votes again.
+//!
+//! Each scenario: 3 masters, the third with a clock of its own (the clock nemesis,
+//! `redlock_testkit::clock`). A holds `k` on masters 1 and 2 (master 0 paused during the
+//! acquire); master 2's clock steps or speeds up, so `k` expires there while A's lease has
+//! seconds left; B then asks for `k`. The negative control runs the same with the quarantine
+//! off: B is granted, so the scenario bites.
+
+use redlock_proxy::{LocalCluster, LocalMaster};
+use redlock_testkit::clock::FakeClock;
+use redlock_testkit::key;
+use redlock_testkit::launcher::{
+    master_state, wait_for_info_within, Env, BEHAVIOUR_NODE_TIMEOUT_MS,
+};
+use redlock_testkit::masters::{master_cmd, master_get, signal};
+use std::time::{Duration, Instant};
+
+/// What happens to master 2's clock once A holds the lock.
+#[derive(Clone, Copy)]
+enum Fault {
+    StepForward(Duration),
+    Rate(f64),
+}
+
+/// Runs one scenario with a lease of `ttl_ms`; B's replies, tried until one is granted or
+/// for a second after `k` expired on master 2, and the proxy's `INFO masters` then.
+async fn scenario(fault: Fault, ttl_ms: u64, quarantine: bool) -> (Vec<String>, String) {
+    let mut clock = FakeClock::new();
+    let masters = LocalCluster {
+        masters: vec![
+            LocalMaster::start(None, &[]).expect("redis-server"),
+            LocalMaster::start(None, &[]).expect("redis-server"),
+            clock.start_master(),
+        ],
+    };
+    let env = Env::start_over(masters, |c| c.quarantine = quarantine).await;
+    let ports = env.ports();
+    let mut c = env.proxy.client().await;
+    let k = key("clock");
+    let ttl = ttl_ms.to_string();
+    // A: granted by masters 1 and 2 while master 0 is paused; its late copy of the acquire
+    // runs past its write deadline (the node timeout, in master 0's clock) and writes nothing.
+    let paused = env.masters.masters[0].pid().expect("running");
+    signal(paused, "STOP");
+    let a = c.cmd(&["SET", &k, "a", "NX", "PX", &ttl]).await;
+    let granted = Instant::now();
+    tokio::time::sleep(Duration::from_millis(BEHAVIOUR_NODE_TIMEOUT_MS + 500)).await;
+    signal(paused, "CONT");
+    assert_eq!(a, "+OK");
+    wait_for_info_within(&mut c, "state=up", 3, Duration::from_secs(10)).await;
+    if !quarantine {
+        // Without the quarantine an acquire is a bare `SET` with no write deadline: master 0
+        // took A late; the control removes it to start from the same state.
+        assert_eq!(master_cmd(ports[0], &["DEL", &k]).await, ":1");
+    }
+    assert_eq!(master_get(ports[0], &k).await, None, "master 0 took A late");
+    match fault {
+        Fault::StepForward(by) => clock.step_forward(by),
+        Fault::Rate(rate) => clock.set_rate(rate),
+    }
+    // Until `k` expired on master 2 (well before A's lease ends).
+    let limit = Duration::from_millis(ttl_ms);
+    while master_get(ports[2], &k).await.is_some() {
+        assert!(
+            granted.elapsed() < limit,
+            "k never expired early on master 2"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut replies = Vec::new();
+    let tried = Instant::now();
+    while tried.elapsed() < Duration::from_secs(1) {
+        let b = c.cmd(&["SET", &k, "b", "NX", "PX", &ttl]).await;
+        replies.push(b.clone());
+        if b == "+OK" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A's lease still had seconds to run when B asked.
+    assert!(
+        granted.elapsed() + Duration::from_secs(1) < limit,
+        "{:?}",
+        granted.elapsed()
+    );
+    let info = c.cmd(&["INFO", "masters"]).await;
+    (replies, info)
+}
+
+fn refused(replies: &[String], info: &str, cause: &str) {
+    assert!(
+        replies.iter().all(|r| r == "$nil"),
+        "B granted while A holds the lock: {replies:?}\n{info}"
+    );
+    assert!(
+        master_state(info, 2).is_some_and(|state| state.starts_with(cause)),
+        "master 2 not quarantined for its clock ({cause}): {info}"
+    );
+}
+
+/// A 12 s step of a master's clock during a 15 s lease: the next reading of its clock is a
+/// loss (cause `clock`), and B is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_whose_clock_steps_forward_is_quarantined() {
+    let (replies, info) = scenario(Fault::StepForward(Duration::from_secs(12)), 15_000, true).await;
+    refused(&replies, &info, "quarantined (clock stepped forward");
+}
+
+/// A 40 s step (beyond the lease, and beyond the token window: refused by the clock rule, not
+/// by the token offer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_beyond_the_lease_is_judged_by_the_clock_rule() {
+    let (replies, info) = scenario(Fault::StepForward(Duration::from_secs(40)), 15_000, true).await;
+    refused(&replies, &info, "quarantined (clock stepped forward");
+}
+
+/// A clock running at 1.6x real time (the drift factor allows 1.01x).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_whose_clock_runs_fast_is_quarantined() {
+    let (replies, info) = scenario(Fault::Rate(1.6), 12_000, true).await;
+    refused(&replies, &info, "quarantined (clock ran fast");
+}
+
+/// Negative controls: with the quarantine off, the same faults give B the lock while A's
+/// lease has seconds left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_quarantine_a_clock_fault_breaks_mutual_exclusion() {
+    for (fault, ttl_ms) in [
+        (Fault::StepForward(Duration::from_secs(12)), 15_000),
+        (Fault::Rate(1.6), 12_000),
+    ] {
+        let (replies, info) = scenario(fault, ttl_ms, false).await;
+        assert_eq!(
+            replies.last().map(String::as_str),
+            Some("+OK"),
+            "the scenario did not bite: {replies:?}\n{info}"
+        );
+    }
+}
