@@ -8,11 +8,16 @@
 //! - A password goes on the wire in `AUTH` only, and is printed nowhere ([`Backend`] and
 //!   [`Secret`] print it as `***` and `<redacted>`).
 //! - Every connection, first or re-made, sends `AUTH` first when the master has credentials,
-//!   and is handed to the transport only once the master said `OK`. A refusal is a
-//!   connection failure carrying the master's own error text ([`AuthRefused`]), which the
-//!   transport keeps for `INFO` (`state=auth_failed`): the master is unreachable, so it takes
-//!   no part in any quorum, and is tried again on the transport's backoff (it recovers as
-//!   soon as the master accepts the credentials again).
+//!   and is handed to the transport only once the master said `OK`; without credentials it
+//!   sends `PING` first, and a master that answers `NOAUTH` (it has a password the proxy was
+//!   not given) refuses it as a wrong password would. A refusal is a connection failure
+//!   carrying the master's own error text ([`AuthRefused`]), which the transport keeps for
+//!   `INFO` (`state=auth_failed`): the master is unreachable, so it takes no part in any
+//!   quorum, and is tried again on the backoff of the link that dials (the voting link's, the
+//!   subscriber link's), until the master accepts the credentials (or wants none) again.
+//!   Without the `PING`, such a master accepted the connection and refused every command on
+//!   it: the voting link looked `connecting` for ever, and the subscriber link, refused its
+//!   first subscription, reconnected at once, dozens of times a second (issue 40).
 //! - A password that is not in the address comes from the environment variable
 //!   [`PASSWORD_ENV`], read when the proxy starts.
 //! - A Sentinel group's primary is asked for on every connection (a lost connection
@@ -251,28 +256,41 @@ async fn read_reply(rd: &mut (impl AsyncRead + Unpin), buf: &mut BytesMut) -> io
     }
 }
 
-/// Sends `AUTH` and waits for `OK`; a refusal is an [`AuthRefused`] error.
+/// Sends `AUTH` and waits for `OK`, or, without credentials, `PING` to learn whether the
+/// master wants some; a refusal (`WRONGPASS …`, `NOAUTH …`) is an [`AuthRefused`] error.
 async fn authenticate(
     rd: &mut (impl AsyncRead + Unpin),
     wr: &mut (impl AsyncWrite + Unpin),
     credentials: Option<&Credentials>,
 ) -> io::Result<()> {
-    let Some(credentials) = credentials else {
-        return Ok(());
-    };
-    let password = credentials.password.expose();
-    let command = match &credentials.user {
-        Some(user) => encode_command(&["AUTH", user, password]),
-        None => encode_command(&["AUTH", password]),
+    let command = match credentials {
+        None => encode_command(&["PING"]),
+        Some(Credentials {
+            user: Some(user),
+            password,
+        }) => encode_command(&["AUTH", user, password.expose()]),
+        Some(Credentials {
+            user: None,
+            password,
+        }) => encode_command(&["AUTH", password.expose()]),
     };
     wr.write_all(&command).await?;
-    match read_reply(rd, &mut BytesMut::with_capacity(256)).await? {
-        Reply::Simple(ok) if ok.as_ref() == b"OK" => Ok(()),
-        Reply::Error(text) => Err(io::Error::new(
+    let refused = |text: &[u8]| {
+        io::Error::new(
             io::ErrorKind::PermissionDenied,
-            AuthRefused(String::from_utf8_lossy(&text).replace(',', ";")),
-        )),
-        other => Err(io::Error::other(format!(
+            AuthRefused(String::from_utf8_lossy(text).replace(',', ";")),
+        )
+    };
+    match (
+        read_reply(rd, &mut BytesMut::with_capacity(256)).await?,
+        credentials,
+    ) {
+        (Reply::Error(text), None) if text.starts_with(b"NOAUTH") => Err(refused(&text)),
+        // Any other answer (`PONG`, `LOADING …`) is for the health monitor to judge.
+        (_, None) => Ok(()),
+        (Reply::Simple(ok), Some(_)) if ok.as_ref() == b"OK" => Ok(()),
+        (Reply::Error(text), Some(_)) => Err(refused(&text)),
+        (other, Some(_)) => Err(io::Error::other(format!(
             "unexpected answer to AUTH: {other:?}"
         ))),
     }

@@ -8,8 +8,8 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose,
 };
-use redlock_proxy::{ClientCerts, Config, LocalMaster};
-use redlock_testkit::launcher::{wait_for_info, Proxy};
+use redlock_proxy::{ClientCerts, Config, LocalCluster, LocalMaster};
+use redlock_testkit::launcher::{master_state, wait_for_info, Proxy};
 use redlock_testkit::resp::Client;
 use redlock_testkit::{eventually, key};
 use std::path::{Path, PathBuf};
@@ -210,6 +210,58 @@ async fn authenticated_masters_vote_and_a_refused_password_is_auth_failed_until_
     }
     lonely.stop().await;
     proxy.stop().await;
+}
+
+/// Connections a master with a password has accepted so far (`INFO stats`).
+async fn connections_received(port: u16, password: &str) -> u64 {
+    let stats = authed_cmd(port, password, &["INFO", "stats"]).await;
+    stats
+        .split("total_connections_received:")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no total_connections_received in {stats}"))
+}
+
+/// A master that wants a password the proxy was not given is `auth_failed`, like one that
+/// refuses the password given, and every link to it (the voting one, the subscriber) retries
+/// on its backoff. Issue 40: `state=connecting` for ever, and 445 connections in 10 s (the
+/// subscriber link reconnecting on every `NOAUTH`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_that_wants_a_password_the_proxy_lacks_is_auth_failed_with_backoff() {
+    const PASSWORD: &str = "s3cret";
+    const WATCHED: Duration = Duration::from_secs(3);
+    let masters = LocalCluster::start(2).expect("redis-server must be installed");
+    let locked = LocalMaster::start(None, &["--requirepass", PASSWORD]).unwrap();
+    let mut backends = masters.addrs();
+    backends.push(locked.addr());
+    let proxy = Proxy::start(backends, |_| {}).await;
+    // Past the first attempts, whose backoff is short.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = connections_received(locked.port, PASSWORD).await;
+    tokio::time::sleep(WATCHED).await;
+    // Less the connection that asked.
+    let made = connections_received(locked.port, PASSWORD).await - before - 1;
+    let info = Client::connect(proxy.port)
+        .await
+        .cmd(&["INFO", "masters"])
+        .await;
+    let state = master_state(&info, 2).map(str::to_string);
+    eprintln!("{made} connections in {WATCHED:?}; master2 {state:?}");
+    // Two links, each retrying at most every second once backed off (and a margin).
+    assert!(made <= 12, "{made} connections in {WATCHED:?}");
+    assert_eq!(
+        state.as_deref(),
+        Some("auth_failed (NOAUTH Authentication required.)"),
+        "{info}"
+    );
+    // The two other masters serve.
+    let mut c = proxy.client().await;
+    assert_eq!(
+        c.cmd(&["SET", &key("noauth"), "v", "NX", "PX", "10000"])
+            .await,
+        "+OK"
+    );
 }
 
 /// A master with a plain port (for direct checks) and a TLS port.

@@ -18,7 +18,8 @@
 //!   counted as active).
 //! - A lost connection (closed, or a reply that breaks the protocol) clears the master's
 //!   confirmations in the hub before the link reconnects, with a backoff doubling from
-//!   [`BACKOFF_MIN`] to [`BACKOFF_MAX`].
+//!   [`BACKOFF_MIN`] to [`BACKOFF_MAX`]; so does a connection that cannot be made, a master
+//!   refusing the credentials among them ([`crate::dial`]).
 //! - Before subscribing, each connection makes sure the master notifies list changes on its
 //!   keyspace channels (`notify-keyspace-events` gains `K` and `l` if it lacks them, and
 //!   keeps what it had): blocked `BLPOP`s wait on them. A master that refuses `CONFIG` is
