@@ -4,15 +4,16 @@
 //! what the proxy exports.
 
 use redlock_proxy::on_master::COMPARE_AND_DELETE;
-use redlock_testkit::http::{exposed_names, get, series};
+use redlock_testkit::http::{exposed_names, get, get_accepting, series};
 use redlock_testkit::launcher::{ready_for_load, Env, ProxyProcess};
 use redlock_testkit::masters::signal;
 use redlock_testkit::resp::Client;
 use redlock_testkit::{eventually, key};
 use std::collections::BTreeSet;
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -555,6 +556,87 @@ async fn deploy_files_name_only_metrics_the_proxy_exports() {
     assert!(dashboard["panels"]
         .as_array()
         .is_some_and(|p| !p.is_empty()));
+}
+
+/// `promtool check metrics` on `scrape`: its exit status and what it printed. Prometheus'
+/// promtool is part of the test environment (Debian's `prometheus` package, installed in CI).
+fn promtool_check(scrape: &str) -> (bool, String) {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|err| panic!("promtool is needed (apt-get install -y prometheus): {err}"));
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(scrape.as_bytes()).unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), said)
+}
+
+/// `/metrics` answers the Prometheus text format (0.0.4) unless the scraper asks for
+/// OpenMetrics, as Prometheus' client libraries negotiate; the default passes `promtool check
+/// metrics` (issue 40: it answered OpenMetrics whatever `Accept` said, which promtool refuses:
+/// `unknown metric type "info"`, counters without help).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_exposition_passes_promtool_and_openmetrics_is_served_when_asked() {
+    let env = Env::start_with(3, |c| c.metrics = Some("127.0.0.1:0".into())).await;
+    let mut c = env.proxy.client().await;
+    // Something counted in every kind of family (counters, histograms, gauges).
+    assert_eq!(
+        c.cmd(&["SET", &key("promtool"), "v", "NX", "PX", "10000"])
+            .await,
+        "+OK"
+    );
+    let addr = metrics_addr(&mut c).await;
+    const TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+    const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    // What Prometheus 2.42 sends, and what other scrapers send.
+    let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+    let cases = [
+        (None, TEXT),
+        (Some("*/*"), TEXT),
+        (Some("text/plain"), TEXT),
+        (Some("text/plain;version=0.0.4"), TEXT),
+        (Some("application/openmetrics-text"), OPENMETRICS),
+        (Some(prometheus), OPENMETRICS),
+        (
+            Some("text/plain;version=0.0.4;q=0.9,application/openmetrics-text;q=0.5"),
+            TEXT,
+        ),
+    ];
+    for (accept, expected) in cases {
+        let answer = get_accepting(addr, "/metrics", accept).await.unwrap();
+        assert_eq!(answer.status, 200, "{accept:?}: {}", answer.body);
+        assert_eq!(answer.content_type, expected, "Accept: {accept:?}");
+        let openmetrics = expected == OPENMETRICS;
+        assert_eq!(
+            answer.body.ends_with("# EOF\n"),
+            openmetrics,
+            "Accept: {accept:?}"
+        );
+        assert!(
+            answer
+                .body
+                .contains("redlock_proxy_acquires_total{result=\"granted\"} 1"),
+            "{}",
+            answer.body
+        );
+        if !openmetrics {
+            let (passed, said) = promtool_check(&answer.body);
+            assert!(
+                passed && said.trim().is_empty(),
+                "promtool check metrics (Accept: {accept:?}):\n{said}\n{}",
+                answer.body
+            );
+        }
+    }
 }
 
 /// `threads 3`: three shards, each on its own thread with its own connection to every master.

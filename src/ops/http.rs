@@ -1,4 +1,5 @@
-//! The HTTP endpoint (hyper): `GET /metrics` (the exposition of [`super::metrics`]),
+//! The HTTP endpoint (hyper): `GET /metrics` (the exposition of [`super::metrics`], in the
+//! format the scraper's `Accept` header asks for: [`metrics::Format::negotiate`]),
 //! `GET /healthz` (200 while the process serves) and `GET /readyz` (200 while a quorum of
 //! masters may vote, else 503 with the reason), for Prometheus, load balancers and
 //! Kubernetes probes.
@@ -8,7 +9,7 @@ use crate::shared::Shared;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::CONTENT_TYPE;
+use hyper::header::{ACCEPT, CONTENT_TYPE};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -20,8 +21,6 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-/// The exposition's content type (prometheus-client writes OpenMetrics text).
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 /// A scrape or probe that has not sent its request by then is dropped.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -88,7 +87,12 @@ fn respond(
         return reply(StatusCode::METHOD_NOT_ALLOWED, TEXT, "only GET\n".into());
     }
     match request.uri().path() {
-        "/metrics" => reply(StatusCode::OK, OPENMETRICS, metrics::encode(registry)),
+        "/metrics" => {
+            let accept = request.headers().get(ACCEPT).and_then(|v| v.to_str().ok());
+            let format = metrics::Format::negotiate(accept);
+            let body = metrics::encode(registry, format);
+            reply(StatusCode::OK, format.content_type(), body)
+        }
         "/healthz" => reply(StatusCode::OK, TEXT, "ok\n".into()),
         "/readyz" => match super::readiness(shared) {
             Ok(ready) => reply(StatusCode::OK, TEXT, ready),

@@ -8,6 +8,11 @@
 //!   causes, command names of the table, and the masters' addresses. Never a key or a value.
 //! - [`METRIC_NAMES`] lists every name exported (as it appears in the exposition), so that
 //!   alert rules and dashboards can be checked against it.
+//! - Two formats ([`Format`]): OpenMetrics, which `prometheus-client` writes, for a scraper that
+//!   asks for it (Prometheus does), and by default the Prometheus text format 0.0.4, which
+//!   every other tool reads (`promtool check metrics` among them: OpenMetrics' `info` type
+//!   and its counter families named without `_total` are errors there), made from the same
+//!   exposition ([`to_prometheus_text`]).
 
 use crate::commands::COMMANDS;
 use crate::health::QUARANTINE_CAUSES;
@@ -61,11 +66,115 @@ pub fn registry(shared: Arc<Shared>) -> Registry {
     registry
 }
 
-/// The exposition of `registry`, in the text format (OpenMetrics, which Prometheus reads).
-pub fn encode(registry: &Registry) -> String {
+/// The formats of the exposition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// The Prometheus text format, version 0.0.4.
+    Text,
+    /// OpenMetrics 1.0.0 text.
+    OpenMetrics,
+}
+
+impl Format {
+    /// Its HTTP `Content-Type`.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Text => "text/plain; version=0.0.4; charset=utf-8",
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
+
+    /// The format for a scrape's `Accept` header, chosen as Prometheus' client libraries
+    /// choose (client_golang's `expfmt.NegotiateIncludingOpenMetrics`): its media ranges by
+    /// preference (`q`, then their order), the first that is OpenMetrics (version 1.0.0 or
+    /// none) or the text format (`text/plain`, version 0.0.4 or none) decides; the text
+    /// format when none does (no header, `*/*`, only protobuf).
+    pub fn negotiate(accept: Option<&str>) -> Format {
+        let mut ranges: Vec<(f64, &str, Option<&str>)> = accept
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|range| {
+                let mut parts = range.split(';').map(str::trim);
+                let media = parts.next().filter(|m| !m.is_empty())?;
+                let (mut q, mut version) = (1.0, None);
+                for (name, value) in parts.filter_map(|p| p.split_once('=')) {
+                    let value = value.trim().trim_matches('"');
+                    match name.trim() {
+                        "q" => q = value.parse().unwrap_or(0.0),
+                        "version" => version = Some(value),
+                        _ => {}
+                    }
+                }
+                // `q=0`: not acceptable.
+                (q > 0.0).then_some((q, media, version))
+            })
+            .collect();
+        // Stable: ranges of equal preference keep the client's order.
+        ranges.sort_by(|a, b| b.0.total_cmp(&a.0));
+        ranges
+            .into_iter()
+            .find_map(|(_, media, version)| {
+                if media.eq_ignore_ascii_case("application/openmetrics-text")
+                    && matches!(version, None | Some("1.0.0"))
+                {
+                    Some(Format::OpenMetrics)
+                } else if media.eq_ignore_ascii_case("text/plain")
+                    && matches!(version, None | Some("0.0.4"))
+                {
+                    Some(Format::Text)
+                } else {
+                    None
+                }
+            })
+            .unwrap_or(Format::Text)
+    }
+}
+
+/// The exposition of `registry` in `format`.
+pub fn encode(registry: &Registry, format: Format) -> String {
     let mut out = String::new();
     // Writing to a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    match format {
+        Format::OpenMetrics => out,
+        Format::Text => to_prometheus_text(&out),
+    }
+}
+
+/// The Prometheus text format (0.0.4) of an OpenMetrics exposition as `prometheus-client`
+/// writes it. The samples, their labels and escaping are the same in both; what differs is
+/// the families' metadata:
+/// - a counter family is named as its samples are, with `_total` (OpenMetrics names it
+///   without);
+/// - an `info` family (a type the text format lacks) is a gauge named as its samples, with
+///   `_info`, valued 1;
+/// - `# UNIT` and `# EOF` lines do not exist in the text format.
+///
+/// Nothing here writes what has no text form (exemplars, `_created` samples, state sets).
+fn to_prometheus_text(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    // A family's HELP line comes before its TYPE line, which says how to rename it.
+    let mut help: Option<&str> = None;
+    for line in openmetrics.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            help = Some(rest.split_once(' ').map_or("", |(_, text)| text));
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "unknown"));
+            let (name, kind) = match kind {
+                "counter" => (format!("{name}_total"), kind),
+                "info" => (format!("{name}_info"), "gauge"),
+                "unknown" => (name.to_string(), "untyped"),
+                _ => (name.to_string(), kind),
+            };
+            if let Some(help) = help.take() {
+                out.push_str(&format!("# HELP {name} {help}\n"));
+            }
+            out.push_str(&format!("# TYPE {name} {kind}\n"));
+        } else if !line.starts_with("# UNIT ") && line != "# EOF" {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
     out
 }
 
