@@ -1,7 +1,7 @@
 //! Clients → proxy security: passwords and users as redis-server has them (byte for byte
 //! against a real one configured the same way), key patterns between tenants, Redis' pre-auth
-//! limits, `maxclients`, the idle `timeout`, and the query buffer limit against a slowloris.
-//! Real clients (redis-cli, redis-py, ioredis) authenticate with users.
+//! limits, `maxclients`, the idle `timeout`, the query buffer limit against a slowloris, and
+//! HTTP requests sent to the RESP port (cross-protocol scripting). Real clients (redis-cli, redis-py, ioredis) authenticate with users.
 
 use redlock_proxy::on_master::COMPARE_AND_DELETE;
 use redlock_proxy::{Config, LocalMaster};
@@ -10,6 +10,8 @@ use redlock_testkit::launcher::Env;
 use redlock_testkit::resp::{assert_same_replies, redis_cli, Client};
 use sha2::Digest;
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 /// The proxy's users, and the same on a redis-server by `CONFIG SET` / `ACL SETUSER`.
 fn with_users(config: &mut Config) {
@@ -436,4 +438,70 @@ async fn the_tenants_example_config_works_as_its_comments_say() {
         .cmd(&["SET", "billing:1", "me", "NX", "PX", "5000"])
         .await
         .starts_with("-NOPERM"));
+}
+
+/// What a raw connection to `port` receives after sending `parts` (one write each, 300 ms
+/// apart), and whether the server closed it: read until the server closes it or 3 s pass.
+async fn raw_exchange(port: u16, parts: &[&[u8]]) -> (String, bool) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        stream.write_all(part).await.unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    let mut received = Vec::new();
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(n)) => received.extend_from_slice(&buf[..n]),
+            Err(_) => break false,
+        }
+    };
+    (String::from_utf8_lossy(&received).into_owned(), closed)
+}
+
+/// An HTTP request sent to the RESP port (a browser made to post to it: cross-protocol
+/// scripting) is dropped as redis-server drops it: a command named `POST` or `Host:` closes
+/// the connection without a reply (nor the replies still unwritten before it), and says so in
+/// the log, once a minute at most. Compared byte for byte with a real redis-server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_requests_on_the_resp_port_are_dropped_as_redis_drops_them() {
+    const ATTACK: &str = "Possible SECURITY ATTACK detected";
+    let masters = redlock_proxy::LocalCluster::start(3).unwrap();
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_redlock-proxy"));
+    let proxy = redlock_testkit::launcher::ProxyProcess::start(bin, &masters.addrs(), &[]).unwrap();
+    let redis = LocalMaster::start(None, &[]).expect("redis-server");
+    let cases: &[&[&[u8]]] = &[
+        &[b"POST / HTTP/1.1\r\nHost: localhost\r\nContent-Length: 4\r\n\r\nPING"],
+        &[b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n"],
+        // The request line's reply is written before the `Host:` line arrives.
+        &[b"GET / HTTP/1.1\r\n", b"Host: localhost\r\n\r\n"],
+        &[b"PING\r\npost /x HTTP/1.0\r\n"],
+        &[b"*1\r\n$4\r\nPOST\r\n"],
+        &[b"host: localhost\r\n"],
+    ];
+    for parts in cases {
+        let (from_redis, redis_closed) = raw_exchange(redis.port, parts).await;
+        let sent = String::from_utf8_lossy(&parts.concat()).into_owned();
+        assert!(redis_closed, "redis-server kept {sent:?} open");
+        let from_proxy = raw_exchange(proxy.port, parts).await;
+        assert_eq!(from_proxy, (from_redis, true), "{sent:?}");
+    }
+    // Other clients are served as before.
+    let mut c = Client::connect(proxy.port).await;
+    assert_eq!(c.cmd(&["PING"]).await, "+PONG");
+    // Logged once for all of them, as redis-server does within a minute.
+    assert!(
+        redlock_testkit::eventually(Duration::from_secs(5), async || {
+            !proxy.logged(&[ATTACK]).is_empty()
+        })
+        .await,
+        "not logged"
+    );
+    let logged = proxy.logged(&[ATTACK]);
+    assert_eq!(logged.len(), 1, "{logged:#?}");
+    assert!(logged[0].contains("\"level\":\"WARN\""), "{}", logged[0]);
 }

@@ -36,6 +36,8 @@
 //!   rolled back.
 //! - A protocol error is answered with Redis' text and the connection is closed after the
 //!   replies of the requests before it ([`session`]).
+//! - An HTTP request sent to the port (a `POST` or `Host:` line: cross-protocol scripting)
+//!   closes the connection at once, without a reply, as redis-server does ([`session`]).
 //! - Closing (`QUIT`, protocol error, end of the client's stream, shutdown) writes what is left
 //!   as long as the client takes it; a client that takes nothing for `CLOSE_STALL` (1 s) is
 //!   dropped, so a client that does not read cannot hold its task ([`session`]).

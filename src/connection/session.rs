@@ -24,6 +24,10 @@
 //!   closed at once.
 //! - Replies that are ready are encoded first, then written in one write per burst (early
 //!   once [`FLUSH_AT`] bytes wait).
+//! - An HTTP request line (`POST`, `Host:`: [`Request::is_http`]) closes the connection at
+//!   once, without a reply, nor the replies not yet written, as redis-server does
+//!   (`securityWarningCommand`), and is logged with its text at most once a minute
+//!   ([`ATTACK_LOG_EVERY`]).
 //! - Closing writes what is left while the client takes it; a client that takes nothing for
 //!   [`CLOSE_STALL`] is dropped. A client with nothing in flight or to write that sends
 //!   nothing for `timeout` seconds is closed (Redis' `clientsCronHandleTimeout`).
@@ -41,7 +45,7 @@ use crate::pubsub::{Inbox, Message};
 use crate::shared::Shared;
 use bytes::BytesMut;
 use futures::FutureExt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::watch;
@@ -67,6 +71,11 @@ pub(super) const CLOSE_STALL: Duration = Duration::from_secs(1);
 /// Request bytes buffered, and reply bytes queued, for a client that must still authenticate
 /// (Redis: 1 MB of query buffer before authentication).
 const UNAUTHENTICATED_BUFFER_LIMIT: u64 = 1024 * 1024;
+/// A cross-protocol attack is logged at most this often, as redis-server logs it: a page that
+/// makes every visitor's browser post to the port would otherwise flood the log.
+const ATTACK_LOG_EVERY: Duration = Duration::from_secs(60);
+/// When a cross-protocol attack was last logged (by any session of the process).
+static ATTACK_LOGGED: Mutex<Option<Instant>> = Mutex::new(None);
 
 /// What woke the session.
 enum Event {
@@ -125,6 +134,8 @@ pub(super) struct ClientSession<'a, R, W> {
     out: Output,
     /// No further request is admitted; the session ends once what is left is written.
     closing: bool,
+    /// An HTTP request came ([`Request::is_http`]): the session ends now, writing nothing.
+    aborted: bool,
     /// When the oldest bytes not yet parsed were read (the last read, when everything before
     /// it was parsed): the validity clock of the requests among them starts there, never
     /// later than their bytes arrived.
@@ -170,6 +181,7 @@ where
             in_flight: InFlight::default(),
             out: Output::default(),
             closing: false,
+            aborted: false,
             received_at: now,
             last_activity: now,
             stall_at: None,
@@ -182,7 +194,7 @@ where
     pub(super) async fn run(&mut self) {
         loop {
             self.admit();
-            if self.finished() {
+            if self.aborted || self.finished() {
                 break;
             }
             let flow = match self.next_event().await {
@@ -222,6 +234,10 @@ where
         while !self.closing && self.in_flight.accepts(self.limits.max_inflight) {
             self.parser.unauthenticated = self.session.user.is_none();
             match self.parser.next(&mut self.rbuf) {
+                Ok(Some(request)) if request.is_http() => {
+                    self.cross_protocol_attack();
+                    return;
+                }
                 Ok(Some(request)) => self.dispatch(request),
                 Ok(None) => break,
                 Err(err) => {
@@ -234,6 +250,23 @@ where
         }
         if self.rbuf.is_empty() && self.rbuf.capacity() > KEEP_BUFFER {
             self.rbuf = BytesMut::new();
+        }
+    }
+
+    /// An HTTP request line came: the session ends at once (redis-server frees the client
+    /// without writing what it still had for it), and the log says so, in Redis' words.
+    fn cross_protocol_attack(&mut self) {
+        self.aborted = true;
+        let now = Instant::now();
+        let mut logged = ATTACK_LOGGED.lock().unwrap_or_else(|e| e.into_inner());
+        if logged.is_none_or(|at| now.duration_since(at) >= ATTACK_LOG_EVERY) {
+            *logged = Some(now);
+            let client = &self.session.client;
+            tracing::warn!(
+                client = client.id,
+                peer = %client.peer,
+                "Possible SECURITY ATTACK detected. It looks like somebody is sending POST or Host: commands to Redis. This is likely due to an attacker attempting to use Cross Protocol Scripting to compromise your Redis instance. Connection aborted."
+            );
         }
     }
 

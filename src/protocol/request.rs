@@ -35,6 +35,18 @@ pub struct Request {
     pub raw: Option<Bytes>,
 }
 
+impl Request {
+    /// Whether it is a line of an HTTP request (`POST …`, a `Host:` header) sent to the RESP
+    /// port: what redis-server takes for cross-protocol scripting, a browser made to send an
+    /// attacker's commands in the body of a request (`processCommand`: a command named
+    /// `post` or `host:`, whatever the case).
+    pub fn is_http(&self) -> bool {
+        self.args.first().is_some_and(|name| {
+            name.eq_ignore_ascii_case(b"post") || name.eq_ignore_ascii_case(b"host:")
+        })
+    }
+}
+
 /// A protocol violation. `Display` gives the text after `-ERR `, as Redis words it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ParseError {
