@@ -1,5 +1,6 @@
 //! Configuration: the defaults of docs/PROTOCOL.md §2, a TOML file, and flags on top. Its
-//! checks build the users ([`crate::auth`]) and load the masters' TLS files ([`crate::tls`]).
+//! checks build the users ([`crate::auth`]) and load the masters' TLS files ([`crate::tls`]);
+//! what is valid but likely not meant is a warning ([`Config::warnings`]).
 
 use crate::auth::{UserConfig, Users};
 use crate::backend::Backend;
@@ -273,6 +274,26 @@ impl Config {
             );
         }
         Ok(())
+    }
+
+    /// What is valid but likely not meant, for the start-up log and `--check-config`: an even
+    /// number of masters, which tolerates no more failures than one master fewer (the quorum
+    /// grows with the even one) and only adds a server to every decision.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        // `--local N` replaces the backends listed.
+        let n = self.local.unwrap_or(self.backends.len());
+        if n >= 2 && n.is_multiple_of(2) {
+            let quorum = n / 2 + 1;
+            let tolerated = n - quorum;
+            warnings.push(format!(
+                "{n} masters (quorum {quorum}) tolerate {tolerated} failure{}, as {} would: an even number of masters adds no fault tolerance over {}; use an odd number",
+                if tolerated == 1 { "" } else { "s" },
+                n - 1,
+                n - 1,
+            ));
+        }
+        warnings
     }
 
     /// The users: `requirepass` is the default user's password, and a `[[users]]` entry named

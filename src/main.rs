@@ -53,8 +53,11 @@ struct Cli {
     /// Whether TLS clients must present a certificate signed by the CA [default: yes].
     #[arg(long, value_enum)]
     tls_auth_clients: Option<ClientCerts>,
-    /// One independent Redis master: HOST:PORT, redis://[USER:PASSWORD@]HOST:PORT or
-    /// rediss://… (TLS); repeat for each master. A password not in the URL comes from
+    /// One independent Redis master: HOST:PORT, redis://[USER:PASSWORD@]HOST:PORT, rediss://…
+    /// (TLS), sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]/NAME (the primary the
+    /// sentinels name for group NAME) or cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…] (a
+    /// Redis Cluster found from these seed nodes; clusters://… with TLS); repeat for each
+    /// master, an odd number of them. A password not in the URL comes from
     /// $REDLOCK_PROXY_BACKEND_PASSWORD.
     #[arg(long = "backend", value_name = "ADDRESS")]
     backends: Vec<String>,
@@ -237,7 +240,10 @@ fn init_logging(config: &Config) -> redlock_proxy::ReloadHook {
 /// `--check-config`: the verdict on stdout (valid) or stderr (invalid), and the exit code.
 fn check_config(cli: &Cli, path: &std::path::Path) -> ExitCode {
     match cli.to_config() {
-        Ok(_) => {
+        Ok(config) => {
+            for warning in config.warnings() {
+                eprintln!("redlock-proxy: warning: {warning}");
+            }
             println!(
                 "redlock-proxy: configuration file {} test is successful",
                 path.display()
@@ -388,6 +394,9 @@ async fn serve(
         (None, Some(tls)) => format!("{tls} (TLS only)"),
         (None, None) => String::new(),
     };
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     let masters: Vec<String> = config.backends.iter().map(Backend::to_string).collect();
     tracing::info!(
         listen = %addr,
