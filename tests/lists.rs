@@ -3,14 +3,15 @@
 //! time out, their errors); a blocked `BLPOP` woken by a push through another proxy and by
 //! python-redis-lock's release script, through 3 and 5 masters, with masters down and paused
 //! during the wait, and through 3 Redis Clusters; a waiter whose connection ends pops nothing;
-//! idle waiters cost the masters nothing.
+//! a blocking pop keeps its timeout and sees its client leave while a majority is down; idle
+//! waiters cost the masters nothing.
 
 use redlock_proxy::cluster::slots::key_slot;
 use redlock_proxy::LocalMaster;
 use redlock_testkit::cluster::{proxy_over, three_clusters};
 use redlock_testkit::differential::assert_same_replies_in_resp2_and_resp3;
 use redlock_testkit::key;
-use redlock_testkit::launcher::{Env, Proxy};
+use redlock_testkit::launcher::{wait_for_info, Env, Proxy};
 use redlock_testkit::masters::{command_stats, master_cmd, signal};
 use redlock_testkit::resp::Client;
 use std::time::{Duration, Instant};
@@ -197,6 +198,61 @@ async fn a_waiter_whose_connection_ends_pops_nothing() {
     for port in env.ports() {
         assert_eq!(master_cmd(port, &["LLEN", &signal_key]).await, ":1");
     }
+}
+
+/// `blocked_clients` of the proxy's `INFO clients`.
+async fn blocked_clients(c: &mut Client) -> u64 {
+    let info = c.cmd(&["INFO", "clients"]).await;
+    info.split("blocked_clients:")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no blocked_clients in {info}"))
+}
+
+/// With 2 of 3 masters down, a blocked pop's registration on its keyspace channel cannot be
+/// confirmed by a quorum; the wait for it (the hub's, as long as the node timeout here) must
+/// not outlast the client's timeout, nor its connection. Issue 40: `BLPOP key 0.3` answered
+/// after 2.0 s (the hub's shortest wait) whatever its timeout, and a client that left was
+/// noticed only then.
+#[tokio::test]
+async fn a_blocking_pop_keeps_its_timeout_and_sees_its_client_leave_with_a_majority_down() {
+    // The hub waits for a registration's confirmations this long.
+    const HUB_WAIT: Duration = Duration::from_secs(8);
+    let mut env = Env::start_with(3, |c| c.node_timeout_ms = HUB_WAIT.as_millis() as u64).await;
+    env.masters.masters[1].kill();
+    env.masters.masters[2].kill();
+    let mut c = env.proxy.client().await;
+    wait_for_info(&mut c, "state=down", 2).await;
+    for (timeout, ms) in [("0.3", 300), ("1", 1000)] {
+        let sent = Instant::now();
+        let reply = c.cmd(&["BLPOP", &key("majority-down"), timeout]).await;
+        let took = sent.elapsed();
+        eprintln!("BLPOP {timeout}: {took:?}");
+        assert_eq!(reply, "*nil");
+        assert!(
+            took >= Duration::from_millis(ms),
+            "{timeout}: early ({took:?})"
+        );
+        assert!(took < HUB_WAIT / 2, "{timeout}: answered after {took:?}");
+    }
+    let mut waiter = env.proxy.client().await;
+    block(&mut waiter, &key("majority-down-gone"), "0").await;
+    assert_eq!(blocked_clients(&mut c).await, 1);
+    let left = Instant::now();
+    drop(waiter);
+    while blocked_clients(&mut c).await > 0 {
+        assert!(
+            left.elapsed() < HUB_WAIT / 2,
+            "the blocked pop of a client that left still waits after {:?}",
+            left.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "a waiter that left stopped waiting after {:?}",
+        left.elapsed()
+    );
 }
 
 /// `LMPOP` calls on a master so far.

@@ -13,7 +13,9 @@
 //!   (the key's keyspace channel), woken when a master notifies a change of the key or
 //!   confirms the registration again after a reconnection, and retried then.
 //! - Its timeout is Redis': seconds as a float, 0 = forever, counted from when the request was
-//!   read; on timeout a null array. It ends without popping when the connection ends.
+//!   read; on timeout a null array, whatever the masters (the wait for its registration's
+//!   confirmations, long with a majority down, included). It ends without popping when the
+//!   connection ends, at any point of its wait.
 //! - Nothing after a blocked pop is dispatched before it is answered (a barrier), as a
 //!   blocked Redis client runs nothing else.
 
@@ -240,8 +242,15 @@ impl Waiter {
             channels,
             wakeups,
         };
-        // Registered before the first try: a push after the try is notified.
-        futures::future::join_all(subscribed).await;
+        // Registered before the first try: a push after the try is notified. The wait for
+        // the masters' confirmations (up to the hub's, with a majority down: 2 s or the node
+        // timeout) never outlasts the client's timeout, which then gets its one try, nor its
+        // connection.
+        tokio::select! {
+            _ = futures::future::join_all(subscribed) => {}
+            _ = super::sleep_until_some(self.deadline) => {}
+            _ = self.ended.wait_for(|ended| *ended) => return Reply::NullArray,
+        }
         // A wake-up kept from before a try costs one more try, never a missed one.
         loop {
             // Boxed: only a try needs the fan-out's state, and a waiter waits far longer than
