@@ -74,6 +74,10 @@ pub struct Config {
     /// Serve `SETNX` and `SET … NX` without expiry as plain fanned-out writes instead of
     /// refusing them. Off by default: such a lock can never be made safe.
     pub allow_locks_without_expiry: bool,
+    /// Let masters whose `enable-debug-command` is not `no` vote. Off by default: `DEBUG
+    /// RELOAD` replaces such a master's data in place, keeping its `run_id`, and a proxy that
+    /// starts afterwards cannot tell it lost locks (docs/SAFETY.md, "Acknowledged writes").
+    pub allow_debug_command: bool,
     /// What an acquire answers without a quorum of masters (null by default).
     pub no_quorum_reply: NoQuorumReply,
     /// How often each master's health (`INFO`) is checked.
@@ -139,6 +143,7 @@ impl Default for Config {
             max_inflight_per_client: 1024,
             maxclients: 10_000,
             allow_locks_without_expiry: false,
+            allow_debug_command: false,
             no_quorum_reply: NoQuorumReply::Null,
             health_interval_ms: 100,
             quarantine: true,

@@ -222,18 +222,24 @@ impl FakeMaster {
     fn script(&self, keys_db: &mut Db, body: &str, keys: &[Bytes], argv: &[Bytes]) -> Reply {
         let exists = |db: &Db, k: &Bytes| live(db, k).is_some();
         let n = |i: usize| number(&argv[i]).unwrap_or(0);
-        let markers = |db: &Db| {
-            Reply::Array(vec![
-                live(db, &keys[0]).map_or(Reply::Null, |v| Reply::Bulk(v.clone())),
+        let value =
+            |db: &Db, k: &Bytes| live(db, k).map_or(Reply::Null, |v| Reply::Bulk(v.clone()));
+        let marker_items = |db: &Db| {
+            vec![
+                value(db, &keys[0]),
                 Reply::Integer(pttl(db, &keys[1])),
-                live(db, &keys[1]).map_or(Reply::Null, |v| Reply::Bulk(v.clone())),
-            ])
+                value(db, &keys[1]),
+            ]
         };
+        let markers = |db: &Db| Reply::Array(marker_items(db));
         let one = Bytes::from_static(b"1");
         // What the scripts that arm a master write: the run_id of the process running them.
         let stamp = Bytes::from(self.run_id.clone());
         if body == STATUS_SCRIPT.text() {
-            markers(keys_db)
+            // The status of a single master also reads the write witness.
+            let mut items = marker_items(keys_db);
+            items.extend(keys.get(2).map(|witness| value(keys_db, witness)));
+            Reply::Array(items)
         } else if body == CLAIM_SCRIPT.text() {
             if !exists(keys_db, &keys[0]) {
                 set(keys_db, keys[0].clone(), stamp, false, None);
@@ -273,7 +279,7 @@ impl FakeMaster {
             let refuse = |code: i64, seen: u64| {
                 Reply::Array(vec![Reply::Integer(code), Reply::Integer(seen as i64)])
             };
-            let (mut k, mut a, mut answers) = (2, 0, Vec::new());
+            let (mut k, mut a, mut answers, mut took) = (3, 0, Vec::new(), false);
             while a < argv.len() {
                 if argv[a].as_ref() == b"r" {
                     let (key, value) = (&keys[k], &argv[a + 1]);
@@ -307,9 +313,21 @@ impl FakeMaster {
                     );
                     let record = argv[a + 3].clone();
                     set(keys_db, counter.clone(), record, false, Some(n(a + 7)));
+                    took = true;
                     Reply::ok()
                 });
                 (k, a) = (k + 2, a + 8);
+            }
+            if took {
+                let witness = live(keys_db, &keys[2]).map_or(0, |w| number(w).unwrap_or(0)) + 1;
+                set(
+                    keys_db,
+                    keys[2].clone(),
+                    Bytes::from(witness.to_string()),
+                    false,
+                    None,
+                );
+                answers.push(Reply::Integer(witness as i64));
             }
             Reply::Array(answers)
         } else if body == UNDO_SCRIPT.text() {
@@ -464,6 +482,7 @@ pub fn masters(fakes: &[Arc<FakeMaster>], node_timeout: Duration) -> Arc<Masters
                 preload: vec![LOCK_SCRIPT.text()],
                 wait_replicas: 0,
                 drift_factor: 0.01,
+                allow_debug_command: false,
             },
         },
         fakes.iter().map(|_| Arc::default()).collect(),

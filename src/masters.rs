@@ -198,6 +198,16 @@ pub struct Voter {
 }
 
 impl Voter {
+    /// The master acknowledged a lock write outside the merged lock calls (an extend, a
+    /// guarded write or script): no write witness covers it until the next merged call that
+    /// takes a key answers (docs/SAFETY.md, "Acknowledged writes"). Cluster masters keep no
+    /// witness.
+    pub fn uncovered_write(&self) {
+        if let Place::Single { link, .. } = &self.place {
+            link.witness.uncovered_write();
+        }
+    }
+
     /// The master's name, for logs, `INFO` and the metrics.
     pub fn name(&self) -> &str {
         match &self.place {

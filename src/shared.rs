@@ -83,6 +83,7 @@ impl Shared {
                 preload: Acquirer::preload(),
                 wait_replicas: config.wait_replicas,
                 drift_factor: config.drift_factor,
+                allow_debug_command: config.allow_debug_command,
             },
         );
         let acquire_stats: Arc<LockStats> = Arc::default();

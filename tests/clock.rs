@@ -12,10 +12,8 @@
 use redlock_proxy::{LocalCluster, LocalMaster};
 use redlock_testkit::clock::FakeClock;
 use redlock_testkit::key;
-use redlock_testkit::launcher::{
-    master_state, wait_for_info_within, Env, BEHAVIOUR_NODE_TIMEOUT_MS,
-};
-use redlock_testkit::masters::{master_cmd, master_get, signal};
+use redlock_testkit::launcher::{master_state, wait_for_info_within, Env};
+use redlock_testkit::masters::{acquire_while_paused, master_cmd, master_get};
 use std::time::{Duration, Instant};
 
 /// What happens to master 2's clock once A holds the lock.
@@ -44,11 +42,9 @@ async fn scenario(fault: Fault, ttl_ms: u64, quarantine: bool) -> (Vec<String>, 
     // A: granted by masters 1 and 2 while master 0 is paused; its late copy of the acquire
     // runs past its write deadline (the node timeout, in master 0's clock) and writes nothing.
     let paused = env.masters.masters[0].pid().expect("running");
-    signal(paused, "STOP");
-    let a = c.cmd(&["SET", &k, "a", "NX", "PX", &ttl]).await;
     let granted = Instant::now();
-    tokio::time::sleep(Duration::from_millis(BEHAVIOUR_NODE_TIMEOUT_MS + 500)).await;
-    signal(paused, "CONT");
+    let timeout = env.proxy.config().node_timeout_ms;
+    let a = acquire_while_paused(&mut c, paused, (&k, "a", ttl_ms), timeout).await;
     assert_eq!(a, "+OK");
     wait_for_info_within(&mut c, "state=up", 3, Duration::from_secs(10)).await;
     if !quarantine {

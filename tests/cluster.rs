@@ -154,21 +154,21 @@ fn the_cluster_lock_script_grants_only_on_a_slot_this_node_armed() {
         other => panic!("TIME: {other:?}"),
     };
     let deadline = ((secs + 60) * 1000).to_string();
-    // The single-master form declares its 4 keys; the cluster form passes them counted in
-    // its arguments (a node merges calls of several slots into one).
+    // The single-master form declares its 5 keys (the markers, the write witness, the lock and
+    // its counter); the cluster form passes its 4 counted in its arguments (a node merges
+    // calls of several slots into one).
+    let witness = format!("redlock-proxy:witness:{{{tag}}}");
     let acquire = |script: &str, value: &str| {
-        let names: &[&str] = match script == LOCK_SCRIPT.text() {
-            true => &["4"],
-            false => &["0", "4"],
+        let (names, shared): (&[&str], &[&str]) = match script == LOCK_SCRIPT.text() {
+            true => (&["5"], &[&armed, &quarantine, &witness]),
+            false => (&["0", "4"], &[&armed, &quarantine]),
         };
-        let head = [&["EVAL", script][..], names].concat();
+        let head = [&["EVAL", script][..], names, shared].concat();
         proxy_reply(
             owner,
             &[
                 &head[..],
                 &[
-                    &armed,
-                    &quarantine,
                     key,
                     &counter,
                     "a",
@@ -184,8 +184,9 @@ fn the_cluster_lock_script_grants_only_on_a_slot_this_node_armed() {
             .concat(),
         )
     };
+    // The acquire's answer (a single-master grant adds the write witness after it).
     let element = |reply: ProxyReply| match reply {
-        ProxyReply::Array(mut items) if items.len() == 1 => items.remove(0),
+        ProxyReply::Array(mut items) if (1..=2).contains(&items.len()) => items.remove(0),
         other => panic!("one element: {other:?}"),
     };
     // Armed by another node: refused, and nothing written.

@@ -412,7 +412,7 @@ async fn slow_links_that_recover_deliver_no_phantom() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
     use redlock_proxy::on_master::{
-        token_key, ARMED_KEY, LOCK_SCRIPT, QUARANTINE_KEY, UNDO_SCRIPT,
+        token_key, ARMED_KEY, LOCK_SCRIPT, QUARANTINE_KEY, UNDO_SCRIPT, WITNESS_KEY,
     };
     let master = redlock_proxy::LocalMaster::start(None, &[]).unwrap();
     let port = master.port;
@@ -444,9 +444,10 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
                 &[
                     "EVAL",
                     LOCK_SCRIPT.text(),
-                    "4",
+                    "5",
                     ARMED_KEY,
                     QUARANTINE_KEY,
+                    WITNESS_KEY,
                     &k,
                     &tk,
                     "a",
@@ -460,9 +461,13 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
                 ],
             )
             .await;
-            // One acquire in the call: its answer is the only element.
+            // One acquire in the call: its answer, then the write witness if it took the key.
             let only = reply.strip_prefix("*[").and_then(|r| r.strip_suffix(']'));
-            only.unwrap_or_else(|| panic!("{reply}")).to_string()
+            let only = only.unwrap_or_else(|| panic!("{reply}"));
+            match only.strip_prefix("+OK,:") {
+                Some(witness) if witness.parse::<u64>().is_ok() => "+OK".to_string(),
+                _ => only.to_string(),
+            }
         }
     };
     // The clean-up names the attempt by its record (token and id).
@@ -523,9 +528,10 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
         &[
             "EVAL",
             LOCK_SCRIPT.text(),
-            "9",
+            "10",
             ARMED_KEY,
             QUARANTINE_KEY,
+            WITNESS_KEY,
             &k,
             &tk,
             &k,
@@ -562,7 +568,12 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
         ],
     )
     .await;
-    assert_eq!(merged, format!("*[+OK,$nil,:1,*[:-4,:{}]]", t_us + 10));
+    // The call took a key: the witness it counted up comes last.
+    let witness = master_get(port, WITNESS_KEY).await.expect("a witness");
+    assert_eq!(
+        merged,
+        format!("*[+OK,$nil,:1,*[:-4,:{}],:{witness}]", t_us + 10)
+    );
     assert_eq!(master_get(port, &k).await, None);
     assert_eq!(master_get(port, &tk).await, Some(r1));
 }

@@ -3,8 +3,10 @@
 
 use redlock_proxy::{LocalCluster, LocalMaster};
 use redlock_testkit::key;
-use redlock_testkit::launcher::{master_number, wait_for_info, Env, Proxy};
-use redlock_testkit::masters::{master_cmd, master_get, signal};
+use redlock_testkit::launcher::{
+    master_number, master_state, wait_for_info, wait_for_info_where, Env, Proxy,
+};
+use redlock_testkit::masters::{acquire_while_paused, master_cmd, master_get, signal};
 use redlock_testkit::resp::Client;
 use redlock_testkit::workload::wait_grantable;
 use std::time::{Duration, Instant};
@@ -259,4 +261,160 @@ async fn a_vote_counts_only_once_the_replica_confirms_it() {
         reply, "+OK",
         "negative control: without wait_replicas master 0's vote counts unconfirmed"
     );
+}
+
+/// Issue 37, fault 4: durability switched off for a moment between two looks. Master 2 runs
+/// with `appendonly yes` + `appendfsync always`; its persistence is switched off (no poll sees
+/// it: the health interval is 60 s), A is granted on masters 1 and 2 (master 0 paused), master
+/// 2 crashes and restarts with its original command line from an AOF that lacks A. Durable
+/// before and after, but its write witness is behind the one its grant of A answered: a loss
+/// (cause `witness_behind`), and B is refused. Negative control: the quarantine off grants B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_that_lost_acknowledged_writes_is_a_loss_though_durable() {
+    for quarantine in [true, false] {
+        let dir = aof_dir(&format!("toggle-{quarantine}"));
+        let aof: [&str; 6] = [
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--dir",
+            &dir,
+        ];
+        let mut masters = LocalCluster::start(2).expect("start");
+        masters
+            .masters
+            .push(LocalMaster::start(None, &aof).expect("start"));
+        let env = Env::start_over(masters, |c| {
+            c.health_interval_ms = 60_000;
+            c.quarantine = quarantine;
+        })
+        .await;
+        let mut c = env.proxy.client().await;
+        let port = env.ports()[2];
+        let k = key(&format!("aof-toggle-{quarantine}"));
+        assert_eq!(
+            master_cmd(port, &["CONFIG", "SET", "appendonly", "no"]).await,
+            "+OK"
+        );
+        let paused = env.masters.masters[0].pid().expect("running");
+        let timeout = env.proxy.config().node_timeout_ms;
+        let a = acquire_while_paused(&mut c, paused, (&k, "a", 20_000), timeout).await;
+        assert_eq!(a, "+OK");
+        assert_eq!(master_get(port, &k).await.as_deref(), Some("a"));
+        if !quarantine {
+            // Without the quarantine an acquire is a bare `SET` with no write deadline: master
+            // 0 took A late; the control removes it to start from the same state.
+            let first = env.ports()[0];
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while master_cmd(first, &["DEL", &k]).await != ":1" {
+                assert!(Instant::now() < deadline, "master 0 never took A");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let mut masters = env.masters;
+        tokio::task::block_in_place(|| masters.masters[2].restart(&aof)).expect("restart");
+        assert_eq!(master_get(port, &k).await, None, "the AOF lacks A");
+        // Judged once its new connection was polled; then B, tried for a second.
+        let info = wait_for_info_where(&mut c, Duration::from_secs(10), "master 2 judged", |i| {
+            master_number(i, 2, "connects") == Some(2)
+                && master_state(i, 2).is_some_and(|s| !s.starts_with("connecting"))
+        })
+        .await;
+        let mut b = String::new();
+        let tried = Instant::now();
+        while tried.elapsed() < Duration::from_secs(1) && b != "+OK" {
+            b = c.cmd(&["SET", &k, "b", "NX", "PX", "20000"]).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if quarantine {
+            assert_eq!(b, "$nil", "B granted while A holds the lock\n{info}");
+            let state = master_state(&info, 2).unwrap_or_default();
+            assert!(
+                state.starts_with("quarantined (restarted (run_id"),
+                "{state}"
+            );
+            assert!(
+                state.contains("without every lock write it acknowledged"),
+                "{state}"
+            );
+        } else {
+            assert_eq!(b, "+OK", "the scenario did not bite\n{info}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// Issue 37, fault 3: data replaced in place (`DEBUG RELOAD NOSAVE`: same `run_id`, the lock
+/// marker restored with the older data). A proxy that starts afterwards cannot tell it from a
+/// master that kept everything (once the process has run longer than the lease bound, its
+/// load from disk is no reason to wait), so a master whose `enable-debug-command` is not `no`
+/// does not vote unless the operator accepts it (`allow_debug_command`). Here (lease bound
+/// 4 s): A granted on masters 1 and 2 (master 0 paused) after master 2's last RDB save, when
+/// master 2 has run longer than the bound; no proxy runs while it reloads that RDB; a new
+/// proxy then asks for B: refused (master 2 is `unsafe`). Negative control: the new proxy with
+/// `allow_debug_command` grants B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_that_can_reload_in_place_does_not_vote_unless_allowed() {
+    let (ttl_ms, node_timeout_ms) = (4_000, 500);
+    for allowed in [false, true] {
+        let mut masters = LocalCluster::start(2).expect("start");
+        let debug = ["--enable-debug-command", "yes"];
+        masters
+            .masters
+            .push(LocalMaster::start(None, &debug).expect("start"));
+        let started = Instant::now();
+        let addrs = masters.addrs();
+        let port = masters.masters[2].port;
+        let config = |allow: bool| {
+            move |c: &mut redlock_proxy::Config| {
+                c.allow_debug_command = allow;
+                c.max_lock_ttl_ms = ttl_ms;
+                c.node_timeout_ms = node_timeout_ms;
+            }
+        };
+        let first = Proxy::start(addrs.clone(), config(true)).await;
+        let mut c = first.client().await;
+        wait_for_info(&mut c, "state=up", 3).await;
+        // Longer than the lease bound since master 2 started (its uptime counts whole seconds).
+        tokio::time::sleep(Duration::from_millis(ttl_ms + 1_200).saturating_sub(started.elapsed()))
+            .await;
+        let k = key(&format!("reload-{allowed}"));
+        assert_eq!(master_cmd(port, &["SAVE"]).await, "+OK");
+        let paused = masters.masters[0].pid().expect("running");
+        let granted = Instant::now();
+        let a = acquire_while_paused(&mut c, paused, (&k, "a", ttl_ms), node_timeout_ms).await;
+        assert_eq!(a, "+OK");
+        assert_eq!(master_get(port, &k).await.as_deref(), Some("a"));
+        first.stop().await;
+        assert_eq!(
+            master_cmd(port, &["DEBUG", "RELOAD", "NOSAVE"]).await,
+            "+OK"
+        );
+        assert_eq!(master_get(port, &k).await, None, "the reload dropped A");
+        let second = Proxy::start(addrs, config(allowed)).await;
+        let mut c = second.client().await;
+        let info = wait_for_info_where(&mut c, Duration::from_secs(10), "masters judged", |i| {
+            (0..3).all(|m| master_state(i, m).is_some_and(|s| !s.starts_with("connecting")))
+        })
+        .await;
+        let b = c
+            .cmd(&["SET", &k, "b", "NX", "PX", &ttl_ms.to_string()])
+            .await;
+        assert!(
+            granted.elapsed() < Duration::from_millis(ttl_ms),
+            "A's lease ended before B asked: {:?}",
+            granted.elapsed()
+        );
+        if allowed {
+            assert_eq!(b, "+OK", "the scenario did not bite\n{info}");
+        } else {
+            assert_eq!(b, "$nil", "B granted while A holds the lock\n{info}");
+            let state = master_state(&info, 2).unwrap_or_default();
+            assert!(
+                state.starts_with("unsafe (enable-debug-command is yes"),
+                "{state}"
+            );
+        }
+    }
 }

@@ -518,6 +518,10 @@ impl Tally {
                     Some(Reply::Integer(flags)) if *flags > 0 => capped |= flags,
                     _ => {}
                 }
+                // The guard ran after the write: it was acknowledged.
+                if matches!(pair.get(1), Some(Reply::Integer(0..))) {
+                    voter.uncovered_write();
+                }
             }
         }
         let (votes, reports) = raw.iter().map(script_vote).unzip();

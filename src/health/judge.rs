@@ -37,6 +37,32 @@ pub struct Observation {
     pub second_repl_offset: Option<u64>,
     /// Replicas connected to it and in sync (`slave<n>:…,state=online,…`).
     pub online_replicas: u32,
+    /// `enable-debug-command` (from `CONFIG GET`; empty if it could not be read): anything but
+    /// `no` lets a client replace the dataset in place (`DEBUG RELOAD`), keeping its `run_id`.
+    pub debug_command: String,
+    /// Its write witness against what this proxy saw it acknowledge (read beside `INFO` on a
+    /// single master; `None` on a cluster node).
+    pub witness: Option<WitnessCheck>,
+}
+
+/// A master's write witness (`redlock-proxy:witness`) against the writes it acknowledged to
+/// this proxy (docs/SAFETY.md, "Acknowledged writes"): what it holds, the highest value its
+/// replies carried before the witness was read, and whether a lock write no witness value
+/// covers (an extend, a lease script) was acknowledged since.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WitnessCheck {
+    pub holds: u64,
+    pub acknowledged: u64,
+    pub uncovered: bool,
+}
+
+impl WitnessCheck {
+    /// Every lock write it acknowledged is in its data: the witness it holds is at least the
+    /// highest it answered (a call's writes and its count are one script: both or neither),
+    /// and no acknowledged write lies beyond what that value covers.
+    pub fn kept_every_acknowledged_write(&self) -> bool {
+        self.holds >= self.acknowledged && !self.uncovered
+    }
 }
 
 impl Observation {
@@ -108,12 +134,14 @@ pub struct Judgement {
 /// Judges an observation of one master against the previous one (the loss rules between two
 /// looks: [`loss::between_looks`]) and on its own (an unsafe configuration). `last_primary`:
 /// its last observation while a primary; `wait_replicas`: how many replicas confirm every vote
-/// (`WAIT`, 0: off).
+/// (`WAIT`, 0: off); `allow_debug_command`: the operator accepts masters whose data `DEBUG`
+/// can replace in place.
 pub fn judge(
     prev: Option<&Observation>,
     now: &Observation,
     last_primary: Option<&Observation>,
     wait_replicas: u32,
+    allow_debug_command: bool,
 ) -> Judgement {
     let lost = prev.and_then(|p| loss::between_looks(p, now, last_primary, wait_replicas));
     let unsafe_config = if now.role != "master" {
@@ -125,6 +153,11 @@ pub fn judge(
         ))
     } else if now.loading {
         Some("loading its dataset".to_string())
+    } else if !allow_debug_command && !matches!(now.debug_command.as_str(), "no" | "") {
+        Some(format!(
+            "enable-debug-command is {}: DEBUG RELOAD can replace its data in place, losing locks no proxy can tell it lost (allow_debug_command = true accepts that)",
+            now.debug_command
+        ))
     } else if now.online_replicas < wait_replicas {
         Some(format!(
             "{} of the {wait_replicas} replicas wait_replicas needs are online: its writes cannot be confirmed",
@@ -208,6 +241,20 @@ impl Markers {
     }
 }
 
+/// The write witness a status reply carries as its fourth element (0 if none).
+pub fn witness_of(status: &Reply) -> u64 {
+    match status {
+        Reply::Array(items) => match items.get(3) {
+            Some(Reply::Bulk(value)) => std::str::from_utf8(value)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
 /// What `armed` holds where a proxy of an earlier version armed the master (no stamp).
 const UNSTAMPED: &[u8] = b"1";
 
@@ -218,7 +265,7 @@ impl Markers {
         };
         match items.as_slice() {
             [Reply::Null, ..] => Some(Markers::Unarmed),
-            [Reply::Bulk(_), Reply::Integer(left), Reply::Bulk(value)]
+            [Reply::Bulk(_), Reply::Integer(left), Reply::Bulk(value), ..]
                 if value.starts_with(CLAIM_PREFIX.as_bytes()) =>
             {
                 Some(Markers::Claimed {
@@ -493,7 +540,7 @@ mod tests {
         };
         let before = durable("aaaaaaaaaa", 100);
         assert_eq!(
-            judge(Some(&before), &durable("bbbbbbbbbb", 1), None, 0).lost,
+            judge(Some(&before), &durable("bbbbbbbbbb", 1), None, 0, false).lost,
             None
         );
         // Anything less than fsync-always AOF, before or after, may have lost the last writes.
@@ -513,11 +560,11 @@ mod tests {
         ];
         for after in &weaker {
             assert!(
-                judge(Some(&before), after, None, 0).lost.is_some(),
+                judge(Some(&before), after, None, 0, false).lost.is_some(),
                 "{after:?}"
             );
             assert!(
-                judge(Some(after), &durable("cccccccccc", 1), None, 0)
+                judge(Some(after), &durable("cccccccccc", 1), None, 0, false)
                     .lost
                     .is_some(),
                 "{after:?}"
@@ -533,42 +580,58 @@ mod tests {
     fn judgements() {
         let base = obs("aaaaaaaaaa", 100);
         let lost = |j: Judgement| j.lost.is_some();
-        assert_eq!(judge(None, &base, None, 0), Judgement::default());
+        assert_eq!(judge(None, &base, None, 0, false), Judgement::default());
         assert_eq!(
-            judge(Some(&base), &obs("aaaaaaaaaa", 101), None, 0),
+            judge(Some(&base), &obs("aaaaaaaaaa", 101), None, 0, false),
             Judgement::default()
         );
-        assert!(lost(judge(Some(&base), &obs("bbbbbbbbbb", 1), None, 0)));
-        assert!(lost(judge(Some(&base), &obs("aaaaaaaaaa", 5), None, 0)));
+        assert!(lost(judge(
+            Some(&base),
+            &obs("bbbbbbbbbb", 1),
+            None,
+            0,
+            false
+        )));
+        assert!(lost(judge(
+            Some(&base),
+            &obs("aaaaaaaaaa", 5),
+            None,
+            0,
+            false
+        )));
         let wiped = Observation {
             data_wipes: 1,
             ..base.clone()
         };
-        assert!(lost(judge(Some(&base), &wiped, None, 0)));
+        assert!(lost(judge(Some(&base), &wiped, None, 0, false)));
         let evicted = Observation {
             evicted_keys: 2,
             ..base.clone()
         };
         assert_eq!(
-            judge(Some(&base), &evicted, None, 0).lost.map(|l| l.detail),
+            judge(Some(&base), &evicted, None, 0, false)
+                .lost
+                .map(|l| l.detail),
             Some("2 keys evicted".to_string())
         );
         let replica = Observation {
             role: "slave".into(),
             ..base.clone()
         };
-        assert!(judge(Some(&base), &replica, None, 0)
+        assert!(judge(Some(&base), &replica, None, 0, false)
             .unsafe_config
             .is_some());
         assert_eq!(
-            judge(Some(&replica), &base, None, 0).lost.map(|l| l.detail),
+            judge(Some(&replica), &base, None, 0, false)
+                .lost
+                .map(|l| l.detail),
             Some("promoted from slave to master".to_string())
         );
         let lru = Observation {
             maxmemory_policy: "allkeys-lru".into(),
             ..base.clone()
         };
-        assert!(judge(None, &lru, None, 0)
+        assert!(judge(None, &lru, None, 0, false)
             .unsafe_config
             .unwrap()
             .contains("allkeys-lru"));
@@ -576,7 +639,9 @@ mod tests {
             loading: true,
             ..base.clone()
         };
-        assert!(judge(None, &loading, None, 0).unsafe_config.is_some());
+        assert!(judge(None, &loading, None, 0, false)
+            .unsafe_config
+            .is_some());
     }
 
     /// docs/SAFETY.md, "Confirmed writes": with every vote confirmed by `wait_replicas`
@@ -600,7 +665,7 @@ mod tests {
         };
         assert!(kept_every_confirmed_write(&primary, &promoted, 1));
         assert_eq!(
-            judge(Some(&primary), &promoted, Some(&primary), 1).lost,
+            judge(Some(&primary), &promoted, Some(&primary), 1, false).lost,
             None
         );
         // A planned failover: the proxy's last look found the old primary already demoted;
@@ -610,10 +675,12 @@ mod tests {
             ..primary.clone()
         };
         assert_eq!(
-            judge(Some(&demoted), &promoted, Some(&primary), 1).lost,
+            judge(Some(&demoted), &promoted, Some(&primary), 1, false).lost,
             None
         );
-        assert!(judge(Some(&demoted), &promoted, None, 1).lost.is_some());
+        assert!(judge(Some(&demoted), &promoted, None, 1, false)
+            .lost
+            .is_some());
         let cases: [(&str, Observation, Observation, u32); 6] = [
             ("wait_replicas off", primary.clone(), promoted.clone(), 0),
             (
@@ -669,7 +736,7 @@ mod tests {
                 "{case}"
             );
             assert!(
-                judge(Some(&before), &after, Some(&before), wait_replicas)
+                judge(Some(&before), &after, Some(&before), wait_replicas, false)
                     .lost
                     .is_some(),
                 "{case}"
@@ -680,11 +747,11 @@ mod tests {
             online_replicas: 0,
             ..primary.clone()
         };
-        assert!(judge(None, &alone, None, 1)
+        assert!(judge(None, &alone, None, 1, false)
             .unsafe_config
             .unwrap()
             .contains("0 of the 1"));
-        assert_eq!(judge(None, &alone, None, 0).unsafe_config, None);
+        assert_eq!(judge(None, &alone, None, 0, false).unsafe_config, None);
     }
 
     #[test]

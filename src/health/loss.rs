@@ -43,6 +43,9 @@ pub enum Cause {
     ClockStep,
     /// Its clock ran faster than 1 + drift factor over some window.
     ClockRate,
+    /// It lacks lock writes it acknowledged: its write witness is behind the highest one its
+    /// replies carried (data replaced in place, or a restart judged durable that was not).
+    WitnessBehind,
 }
 
 impl Cause {
@@ -58,12 +61,13 @@ impl Cause {
             Cause::SharedMarker => "shared_marker",
             Cause::LoadedFromDisk => "loaded_from_disk",
             Cause::ClockStep | Cause::ClockRate => "clock",
+            Cause::WitnessBehind => "witness_behind",
         }
     }
 }
 
 /// Every metric label of a [`Cause`], once each.
-pub const LABELS: [&str; 9] = [
+pub const LABELS: [&str; 10] = [
     "restarted",
     "failover",
     "data_wiped",
@@ -73,6 +77,7 @@ pub const LABELS: [&str; 9] = [
     "shared_marker",
     "loaded_from_disk",
     "clock",
+    "witness_behind",
 ];
 
 /// A loss: its cause, and what was seen (for the log and `INFO`).
@@ -146,12 +151,28 @@ pub fn between_looks(
     wait_replicas: u32,
 ) -> Option<Loss> {
     // A restart loses nothing when every write was on disk before its reply, before the
-    // restart and after it; a failover nothing when the new primary had every write whose
-    // vote counted.
-    let restart_loses = !(prev.durable() && now.durable());
+    // restart and after it, and the master holds every write it acknowledged (persistence
+    // may have been off for a moment between two looks); a failover nothing when the new
+    // primary had every write whose vote counted.
+    let kept = now
+        .witness
+        .is_none_or(|w| w.kept_every_acknowledged_write());
+    let restart_loses = !(prev.durable() && now.durable() && kept);
     let failover_loses = !last_primary
         .is_some_and(|primary| kept_every_confirmed_write(primary, now, wait_replicas));
-    if prev.run_id != now.run_id && restart_loses && failover_loses {
+    let restarted = prev.run_id != now.run_id || now.uptime_secs < prev.uptime_secs;
+    if restarted && restart_loses && failover_loses && prev.durable() && now.durable() {
+        // Durable before and after, but not every acknowledged write is there.
+        Some(Loss::new(
+            Cause::WitnessBehind,
+            format!(
+                "restarted (run_id {} -> {}) without every lock write it acknowledged, though durable before and after ({})",
+                short(&prev.run_id),
+                short(&now.run_id),
+                witness_text(now.witness)
+            ),
+        ))
+    } else if prev.run_id != now.run_id && restart_loses && failover_loses {
         Some(Loss::new(
             Cause::Restarted,
             format!(
@@ -174,6 +195,16 @@ pub fn between_looks(
         ))
     } else if now.data_wipes > prev.data_wipes {
         Some(Loss::new(Cause::DataWiped, "data wiped (FLUSHALL/DEBUG)"))
+    } else if let Some(w) = now.witness.filter(|w| w.holds < w.acknowledged) {
+        // The same process, with fewer of its writes than it acknowledged: its data was
+        // replaced in place (DEBUG RELOAD with allow_debug_command, SWAPDB, a restore).
+        Some(Loss::new(
+            Cause::WitnessBehind,
+            format!(
+                "lacks lock writes it acknowledged ({})",
+                witness_text(Some(w))
+            ),
+        ))
     } else if now.evicted_keys > prev.evicted_keys {
         Some(Loss::new(
             Cause::Evicted,
@@ -181,6 +212,18 @@ pub fn between_looks(
         ))
     } else {
         None
+    }
+}
+
+/// What a witness check saw, for the log.
+fn witness_text(witness: Option<super::judge::WitnessCheck>) -> String {
+    match witness {
+        Some(w) if w.uncovered && w.holds >= w.acknowledged => format!(
+            "witness {}; an extend or lease script acknowledged after witness {} is not covered",
+            w.holds, w.acknowledged
+        ),
+        Some(w) => format!("witness {}, acknowledged {}", w.holds, w.acknowledged),
+        None => "no witness".into(),
     }
 }
 
@@ -341,6 +384,7 @@ mod tests {
             LoadedFromDisk,
             ClockStep,
             ClockRate,
+            WitnessBehind,
         ];
         for cause in causes {
             assert!(LABELS.contains(&cause.label()), "{cause:?}");

@@ -91,7 +91,7 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-pub use crate::on_master::{ARMED_KEY, QUARANTINE_KEY};
+pub use crate::on_master::{ARMED_KEY, QUARANTINE_KEY, WITNESS_KEY};
 
 /// The `INFO` sections the monitor needs (Redis 7 accepts several sections at once), then the
 /// fsync policy, which `INFO` does not show.
@@ -107,15 +107,27 @@ fn info_command() -> Bytes {
             "commandstats",
         ])[..],
     );
-    both.extend_from_slice(&encode_command(&["CONFIG", "GET", "appendfsync"]));
+    both.extend_from_slice(&encode_command(&[
+        "CONFIG",
+        "GET",
+        "appendfsync",
+        "enable-debug-command",
+    ]));
     both.freeze()
 }
 
-/// Whether `CONFIG GET appendfsync` answered `always` (an error, e.g. `CONFIG` renamed away,
-/// counts as not).
-fn fsync_always(reply: &Reply) -> bool {
-    matches!(reply, Reply::Array(items) if matches!(items.as_slice(),
-        [_, Reply::Bulk(policy)] if policy.eq_ignore_ascii_case(b"always")))
+/// A parameter's value in a `CONFIG GET` reply (name, value pairs in any order; `None` if
+/// absent, or the reply is an error: `CONFIG` renamed away).
+fn config_value<'r>(reply: &'r Reply, name: &str) -> Option<&'r [u8]> {
+    let Reply::Array(items) = reply else {
+        return None;
+    };
+    items.chunks(2).find_map(|pair| match pair {
+        [Reply::Bulk(n), Reply::Bulk(v)] if n.eq_ignore_ascii_case(name.as_bytes()) => {
+            Some(v.as_ref())
+        }
+        _ => None,
+    })
 }
 
 /// This proxy's view of the deployment, shared by the monitors of all masters and the
@@ -232,6 +244,9 @@ pub struct MonitorConfig {
     /// The drift factor F: a master's clock may run at most 1 + F times the proxy's
     /// ([`loss::clock`]).
     pub drift_factor: f64,
+    /// Masters whose `enable-debug-command` is not `no` may vote (the operator accepts that
+    /// `DEBUG RELOAD` can replace their data in place).
+    pub allow_debug_command: bool,
 }
 
 /// Where a master is, as its voter routes to it and the monitors watch it: one server, or a
@@ -260,7 +275,15 @@ pub fn spawn_monitors(
         judged: Notify::new(),
         run_ids: std::sync::Mutex::new(vec![String::new(); masters.len()]),
     });
-    let status = markers_command(STATUS_SCRIPT.text(), &[]);
+    // A single master's status also reads its write witness.
+    let status = encode_command(&[
+        "EVAL",
+        STATUS_SCRIPT.text(),
+        "3",
+        ARMED_KEY,
+        QUARANTINE_KEY,
+        WITNESS_KEY,
+    ]);
     let preload: Vec<Bytes> = policy
         .preload
         .iter()
@@ -583,11 +606,15 @@ impl Monitor {
         let Some(Reply::Array(answers)) = self.ask_n(self.info.clone(), 2).await else {
             return None;
         };
-        let [Reply::Bulk(text), fsync] = answers.as_slice() else {
+        let [Reply::Bulk(text), config] = answers.as_slice() else {
             return None;
         };
         let mut obs = parse_info(&String::from_utf8_lossy(text));
-        obs.fsync_always = fsync_always(fsync);
+        obs.fsync_always =
+            config_value(config, "appendfsync").is_some_and(|p| p.eq_ignore_ascii_case(b"always"));
+        obs.debug_command = config_value(config, "enable-debug-command")
+            .map(|v| String::from_utf8_lossy(v).to_ascii_lowercase())
+            .unwrap_or_default();
         Some(obs)
     }
 
@@ -621,7 +648,8 @@ impl Monitor {
         let first = health.first_sight() && !kept;
         let waited = first_sight_wait(&obs, self.policy.lease_bound).filter(|_| first);
         let clock = self.judge_clock(&obs.run_id);
-        let lost = health.observe(addr, obs, None, replicas, took_over.as_ref());
+        let allow_debug = self.policy.allow_debug_command;
+        let lost = health.observe(addr, obs, None, replicas, took_over.as_ref(), allow_debug);
         let lost = lost
             .or(clock)
             .or_else(|| waited.map(|_| Loss::loaded_from_disk()));
@@ -640,17 +668,24 @@ impl Monitor {
         // a master claimed for the founding would be taken for one unarmed in a running
         // deployment. A verdict that changes wakes the monitor for another poll.
         let verdict = self.view.verdict();
-        let Some(markers) = self
-            .ask(status.clone())
-            .await
-            .as_ref()
-            .and_then(Markers::parse)
-        else {
+        // What the link saw acknowledged before the status request leaves: every write of it
+        // ran on the master before the status script does (one connection, in order).
+        let (acknowledged, uncovered) = link.witness.acknowledged();
+        let Some(reply) = self.ask(status.clone()).await else {
             return;
         };
-        let Some(obs) = self.read_info().await else {
+        let Some(markers) = Markers::parse(&reply) else {
             return;
         };
+        let Some(mut obs) = self.read_info().await else {
+            return;
+        };
+        let holds = judge::witness_of(&reply);
+        obs.witness = Some(judge::WitnessCheck {
+            holds,
+            acknowledged,
+            uncovered,
+        });
         let now = Instant::now();
         let first = health.first_sight();
         let watched = health.last_run_id();
@@ -669,7 +704,8 @@ impl Monitor {
         });
         let judged = obs.clone();
         let clock = self.judge_clock(&obs.run_id);
-        let mut lost = health.observe(&link.addr, obs, twin, policy.wait_replicas, None);
+        let (replicas, allow_debug) = (policy.wait_replicas, policy.allow_debug_command);
+        let mut lost = health.observe(&link.addr, obs, twin, replicas, None, allow_debug);
         lost = lost.or(clock);
         if armed {
             self.view.decide(Deployment::Live, "a master is armed");
@@ -702,7 +738,13 @@ impl Monitor {
             }
         }
         let step = marker_step(&markers, health.seen_armed(), verdict, &self.view.tag, lost);
+        let quarantining = matches!(step, MarkerStep::Quarantine(_));
         let ready = self.take(step, now).await;
+        if quarantining {
+            // The loss is quarantined: the writes it lacks are covered, judging starts again
+            // from what it holds.
+            link.witness.reset(holds);
+        }
         if ready {
             health.set_ready(connect);
         }

@@ -235,12 +235,19 @@ impl MasterHealth {
         also_unsafe: Option<String>,
         wait_replicas: u32,
         took_over: Option<&Observation>,
+        allow_debug_command: bool,
     ) -> Option<Loss> {
         let Ok(mut h) = self.state.lock() else {
             return None;
         };
         let last_primary = took_over.or(h.last_primary.as_ref());
-        let mut verdict = judge(h.last.as_ref(), &obs, last_primary, wait_replicas);
+        let mut verdict = judge(
+            h.last.as_ref(),
+            &obs,
+            last_primary,
+            wait_replicas,
+            allow_debug_command,
+        );
         verdict.unsafe_config = verdict.unsafe_config.or(also_unsafe);
         if verdict.unsafe_config != h.unsafe_reason {
             match &verdict.unsafe_config {
@@ -351,16 +358,16 @@ mod tests {
                 kept_every_confirmed_write(&last, &promoted, 1),
             )
         };
-        health.observe("m", primary("a", 2, 90), None, 1, None);
-        health.observe("m", primary("a", 1, 100), None, 1, None);
+        health.observe("m", primary("a", 2, 90), None, 1, None, false);
+        health.observe("m", primary("a", 1, 100), None, 1, None, false);
         assert_eq!(kept(&health), (2, false));
         // Never more than one: the promoted replica keeps every confirmed write.
         let single = MasterHealth::default();
-        single.observe("m", primary("a", 1, 90), None, 1, None);
-        single.observe("m", primary("a", 0, 100), None, 1, None);
+        single.observe("m", primary("a", 1, 90), None, 1, None, false);
+        single.observe("m", primary("a", 0, 100), None, 1, None, false);
         assert_eq!(kept(&single), (1, true));
         // Another process: its own looks only.
-        health.observe("m", primary("a2", 1, 5), None, 1, None);
+        health.observe("m", primary("a2", 1, 5), None, 1, None, false);
         assert_eq!(health.last_primary().map(|p| p.online_replicas), Some(1));
     }
 

@@ -10,7 +10,9 @@ use crate::error::ProxyError;
 use crate::health::instance_name;
 use crate::lease::{Granted, Lease, Outcome};
 use crate::masters::{Ask, LateVotes, Masters};
-use crate::on_master::{script_sha, ARMED_KEY, LOCK_SCRIPT, QUARANTINE_KEY, TOKEN_KEY_PREFIX};
+use crate::on_master::{
+    script_sha, ARMED_KEY, LOCK_SCRIPT, QUARANTINE_KEY, TOKEN_KEY_PREFIX, WITNESS_KEY,
+};
 use crate::protocol::{encode_command, Reply, ScriptCall};
 use crate::redlock::{
     acquire_decision, backend_ttl_ms, held_by_majority, majority_unreachable, may_hold_our_value,
@@ -33,6 +35,7 @@ pub fn lock_script() -> Arc<SharedScript> {
         shared_keys: vec![
             Bytes::from_static(ARMED_KEY.as_bytes()),
             Bytes::from_static(QUARANTINE_KEY.as_bytes()),
+            Bytes::from_static(WITNESS_KEY.as_bytes()),
         ],
         names_in_argv: false,
     })

@@ -70,6 +70,9 @@ pub(super) async fn extend(
         if *vote == Vote::Replied(UNARMED) {
             voter.recheck(key_slot(key));
         }
+        if extended_from(vote).is_some() {
+            voter.uncovered_write();
+        }
     }
     let granted = extended(&votes) >= quorum(votes.len());
     let now = Instant::now();

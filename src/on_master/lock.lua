@@ -1,6 +1,6 @@
 -- The lock operations of one master, for every acquire and release a link merged into this
 -- call, run in order (docs/SAFETY.md, "Merged calls decide nothing together").
--- KEYS: the armed marker, the quarantine marker, then each operation's keys.
+-- KEYS: the armed marker, the quarantine marker, the write witness, then each operation's keys.
 -- ARGV: each operation, led by its kind:
 --   acquire 'a': KEYS lock key, token counter; ARGV value, PX, counter record
 --     (<token>:<proxy instance>), deadline (ms, master clock), proposed token (16 digits),
@@ -9,12 +9,15 @@
 -- Reply: one element per operation. Acquire: OK or nil from SET NX; -1 unarmed or
 -- quarantined; -2 past the deadline; {-3, clock us} token too far ahead of the clock;
 -- {-4, counter} token not above the counter. Release: 1 deleted, 0 not ours, or its error.
+-- Then, if an acquire took its key, the write witness counted up once for the call: every
+-- acquire this master acknowledged is in its data only if the witness it answered is
+-- (docs/SAFETY.md, "Acknowledged writes").
 local t = redis.call('time')
 -- ms with the us as a fraction: at least as strict as whole ms for the deadline.
 local now = t[1] * 1000 + t[2] / 1000
 -- One MGET for the markers and every acquire's counter.
 local names = {KEYS[1], KEYS[2]}
-local k, a = 3, 1
+local k, a = 4, 1
 while a <= #ARGV do
   if ARGV[a] == 'a' then
     names[#names + 1] = KEYS[k + 1]
@@ -28,8 +31,8 @@ end
 local m = redis.call('mget', unpack(names))
 local armed = m[1] and not m[2]
 -- written: the counters this call set, so each acquire compares with the counter at its turn.
-local r, written, i, c = {}, {}, 1, 3
-k, a = 3, 1
+local r, written, i, c, took = {}, {}, 1, 3, false
+k, a = 4, 1
 while a <= #ARGV do
   if ARGV[a] == 'a' then
     local counter = written[KEYS[k + 1]] or m[c]
@@ -49,6 +52,7 @@ while a <= #ARGV do
       if ok and not ok.err then
         redis.call('set', KEYS[k + 1], ARGV[a + 3], 'PX', ARGV[a + 7])
         written[KEYS[k + 1]] = ARGV[a + 3]
+        took = true
       end
       r[i] = ok
     end
@@ -68,4 +72,5 @@ while a <= #ARGV do
   end
   i = i + 1
 end
+if took then r[i] = redis.call('incr', KEYS[3]) end
 return r

@@ -22,6 +22,10 @@ pub const RESERVED_PREFIX: &str = "redlock-proxy:";
 pub const ARMED_KEY: &str = "redlock-proxy:armed";
 /// The shared quarantine marker (`PX` = the lease bound, only ever lengthened).
 pub const QUARANTINE_KEY: &str = "redlock-proxy:quarantine";
+/// The write witness (no expiry): counted up by every merged lock call that takes a key, in the
+/// same script, so a master that kept every acquire it acknowledged holds at least the highest
+/// value it answered (docs/SAFETY.md, "Acknowledged writes").
+pub const WITNESS_KEY: &str = "redlock-proxy:witness";
 /// How a founding claim in [`QUARANTINE_KEY`] starts (`founding:<instance>`), as [`CLAIM_SCRIPT`]
 /// writes and compares it.
 pub const CLAIM_PREFIX: &str = "founding:";
@@ -269,8 +273,8 @@ mod tests {
         let pinned: &[(&str, &str, usize, usize, bool)] = &[
             (
                 "lock.lua",
-                "8cd01091e428bf647eaa677fca92b7fe99f9b8dd",
-                2,
+                "ea88c69aa0bf61826000db33ec373b3d180fb612",
+                3,
                 0,
                 true,
             ),
@@ -311,8 +315,8 @@ mod tests {
             ),
             (
                 "status.lua",
-                "15fd35393ce3eb570d36a6c485a482da96070027",
-                2,
+                "f8596f268234f90676363f16dd40d7e85841fc70",
+                3,
                 0,
                 false,
             ),
@@ -397,7 +401,7 @@ mod tests {
 
     #[test]
     fn key_names_are_the_reserved_prefix_s() {
-        for key in [ARMED_KEY, QUARANTINE_KEY] {
+        for key in [ARMED_KEY, QUARANTINE_KEY, WITNESS_KEY] {
             assert!(key.starts_with(RESERVED_PREFIX), "{key}");
         }
         assert_eq!(&token_key(b"k")[..], b"redlock-proxy:token:k");

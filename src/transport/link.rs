@@ -41,6 +41,46 @@ pub struct Link {
     pub(super) new_connection: Notify,
     /// Clean-ups whose connection ended before they were confirmed.
     pub(super) cleanups: Cleanups,
+    /// What the master acknowledged of the proxy's lock writes ([`Witness`]).
+    pub witness: Witness,
+}
+
+/// The master's write witness as this link saw it (docs/SAFETY.md, "Acknowledged writes"): the
+/// highest value of `redlock-proxy:witness` a merged lock call that took a key answered (the
+/// master counts such calls in the same script, so every acquire it acknowledged here is at or
+/// below it), and whether a lock write outside those calls (an extend, a lease script) was
+/// acknowledged since the last such answer, which no witness value covers yet.
+#[derive(Debug, Default)]
+pub struct Witness {
+    highest: AtomicU64,
+    uncovered: AtomicBool,
+}
+
+impl Witness {
+    /// A merged lock call answered `value`: it covers every write acknowledged before it.
+    pub(crate) fn saw(&self, value: u64) {
+        self.highest.fetch_max(value, Ordering::Relaxed);
+        self.uncovered.store(false, Ordering::Relaxed);
+    }
+
+    /// A lock write outside the merged lock calls was acknowledged.
+    pub fn uncovered_write(&self) {
+        self.uncovered.store(true, Ordering::Relaxed);
+    }
+
+    /// The highest witness seen, and whether a write since is not covered by one.
+    pub fn acknowledged(&self) -> (u64, bool) {
+        (
+            self.highest.load(Ordering::Relaxed),
+            self.uncovered.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Starts afresh from what the master holds now (after its loss was quarantined).
+    pub fn reset(&self, value: u64) {
+        self.highest.store(value, Ordering::Relaxed);
+        self.uncovered.store(false, Ordering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for Link {
@@ -68,6 +108,7 @@ impl Link {
             auth_refused: Mutex::new(None),
             new_connection: Notify::new(),
             cleanups: Cleanups::default(),
+            witness: Witness::default(),
         });
         let driver = Driver::new(link.clone(), connector);
         (link, driver)

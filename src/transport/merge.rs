@@ -8,12 +8,13 @@
 //!   in that order and atomically, as it would have run them one after another.
 //! - Each caller gets element `i` of the reply array, or, when the reply is not an array of
 //!   one element per caller (an error: `BUSY`, `OOM`, …), the same answer as every caller of
-//!   the call.
+//!   the call. One more element, an integer, is the master's write witness after the call
+//!   (the lock script adds it when an acquire took its key): the link's [`Witness`] notes it.
 //! - A merged call the master answered `NOSCRIPT` is queued again at once, call by call with
 //!   the body (merged again by the writer), whether or not its callers still wait.
 
 use super::connection::{Answer, AwaitingReply, Outgoing, Payload, Recipients, ReplyTo};
-use super::SharedScript;
+use super::{SharedScript, Witness};
 use crate::protocol::{encode_script_call, Invoke, Reply, ScriptCall};
 use bytes::BytesMut;
 use std::collections::VecDeque;
@@ -125,6 +126,7 @@ impl MergedCalls {
         answer: Answer,
         queued_at: Instant,
         resend: &mpsc::UnboundedSender<Outgoing>,
+        witness: &Witness,
     ) {
         if !self.by_body && matches!(&answer, Ok(r) if r.is_error_code("NOSCRIPT")) {
             for (call, caller) in self.calls.into_iter().zip(self.callers) {
@@ -146,6 +148,15 @@ impl MergedCalls {
             return;
         }
         let txs: Vec<Option<ReplyTo>> = self.callers.into_iter().map(|c| c.reply).collect();
+        let mut answer = answer;
+        if let Ok(Reply::Array(items)) = &mut answer {
+            if items.len() == txs.len() + 1 {
+                if let Some(Reply::Integer(value @ 0..)) = items.last() {
+                    witness.saw(*value as u64);
+                    items.pop();
+                }
+            }
+        }
         match answer {
             Ok(Reply::Array(items)) if items.len() == txs.len() => {
                 for (tx, item) in txs.into_iter().zip(items) {

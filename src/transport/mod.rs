@@ -65,7 +65,7 @@ mod reader;
 mod writer;
 
 pub use driver::Driver;
-pub use link::{Link, Pending};
+pub use link::{Link, Pending, Witness};
 
 use crate::protocol::Names;
 use bytes::Bytes;

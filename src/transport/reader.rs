@@ -18,7 +18,7 @@
 use super::connection::{
     Answer, AwaitingReply, Connection, Outgoing, Payload, Pipe, Recipients, ReplyTo, Unconfirmed,
 };
-use super::{Link, NoReply, ReadHalf};
+use super::{Link, NoReply, ReadHalf, Witness};
 use crate::protocol::{decode_reply, Reply};
 use bytes::{Bytes, BytesMut};
 use std::collections::VecDeque;
@@ -49,7 +49,7 @@ pub(super) async fn read_loop(
                 match read {
                     Ok(0) | Err(_) => break NoReply::Closed,
                     Ok(_) => {
-                        if !deliver(&mut buf, &pipe.in_flight, &conn.queue, &link.addr) {
+                        if !deliver(&mut buf, &pipe.in_flight, &conn.queue, &link) {
                             break NoReply::Closed;
                         }
                         pipe.answered.notify_one();
@@ -76,7 +76,7 @@ pub(super) async fn read_loop(
         if let Some((payload, expires)) = entry.cleanup.take() {
             link.cleanups.keep(&link.addr, payload, expires);
         }
-        entry.answer(Err(why), &conn.queue);
+        entry.answer(Err(why), &conn.queue, &link.witness);
     }
 }
 
@@ -108,8 +108,9 @@ fn deliver(
     buf: &mut BytesMut,
     in_flight: &Mutex<VecDeque<AwaitingReply>>,
     resend: &mpsc::UnboundedSender<Outgoing>,
-    addr: &str,
+    link: &Link,
 ) -> bool {
+    let addr = &link.addr;
     loop {
         let reply = match decode_reply(buf) {
             Ok(Some(reply)) => reply,
@@ -139,14 +140,14 @@ fn deliver(
         } else {
             Reply::Array(std::mem::take(&mut done.got))
         };
-        done.answer(Ok(reply), resend);
+        done.answer(Ok(reply), resend, &link.witness);
     }
 }
 
 impl AwaitingReply {
     /// Hands over the reply (`Err`: none will come); requests the master answered `NOSCRIPT`
     /// are queued again on `resend`, with the body.
-    fn answer(self, answer: Answer, resend: &mpsc::UnboundedSender<Outgoing>) {
+    fn answer(self, answer: Answer, resend: &mpsc::UnboundedSender<Outgoing>, witness: &Witness) {
         match self.to {
             Recipients::One(Some(tx)) => answer_one(
                 tx,
@@ -158,7 +159,7 @@ impl AwaitingReply {
                 resend,
             ),
             Recipients::One(None) => {}
-            Recipients::Merged(merged) => merged.answer(answer, self.queued_at, resend),
+            Recipients::Merged(merged) => merged.answer(answer, self.queued_at, resend, witness),
             Recipients::Confirm { replicas, requests } => confirm(&answer, replicas, requests),
         }
     }

@@ -97,3 +97,21 @@ pub fn signal(pid: u32, sig: &str) {
         .success();
     assert!(ok, "kill -{sig} {pid}");
 }
+
+/// `SET key value NX PX ttl_ms` through the proxy on `client` while the master with process
+/// `paused` is SIGSTOPped, so that the others decide it; the master resumes once its copy of
+/// the acquire is past its write deadline (the proxy's `node_timeout_ms`, plus a margin), so
+/// it writes nothing there. The acquire's reply.
+pub async fn acquire_while_paused(
+    client: &mut Client,
+    paused: u32,
+    (key, value, ttl_ms): (&str, &str, u64),
+    node_timeout_ms: u64,
+) -> String {
+    signal(paused, "STOP");
+    let ttl = ttl_ms.to_string();
+    let reply = client.cmd(&["SET", key, value, "NX", "PX", &ttl]).await;
+    tokio::time::sleep(Duration::from_millis(node_timeout_ms + 500)).await;
+    signal(paused, "CONT");
+    reply
+}
