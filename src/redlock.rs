@@ -135,12 +135,21 @@ impl TokenRules {
     }
 }
 
-/// The token to propose: at least each master's estimated clock (µs; the masters' windows
-/// then accept it), and above `last`, the highest this proxy proposed or saw refused.
-pub fn propose_token(master_clocks_us: impl IntoIterator<Item = u64>, last: u64) -> u64 {
-    master_clocks_us
-        .into_iter()
-        .max()
+/// The token to propose, from the masters' estimated clocks (µs) out of `masters`: at least
+/// the Q-th highest clock (a quorum's clocks are then at or below it, within their windows if
+/// they agree), not the highest, so that up to N − Q masters whose clocks run ahead by more
+/// than the window (a step not yet corrected, quarantined for it) do not push every proposal
+/// out of the others' windows; with fewer estimates than Q, the highest. And above `last`,
+/// the highest this proxy proposed or saw refused. Which token is proposed decides only which
+/// masters accept it: each master checks its own window and counter (docs/SAFETY.md).
+pub fn propose_token(master_clocks_us: &[u64], masters: usize, last: u64) -> u64 {
+    let mut clocks = master_clocks_us.to_vec();
+    clocks.sort_unstable_by(|a, b| b.cmp(a));
+    let q = quorum(masters);
+    let at = if clocks.len() < q { 0 } else { q - 1 };
+    clocks
+        .get(at)
+        .copied()
         .unwrap_or(0)
         .max(last.saturating_add(1))
 }
@@ -524,14 +533,24 @@ mod tests {
 
     #[test]
     fn token_proposals_and_refusals() {
-        let cases: &[(&[u64], u64, u64)] = &[
-            (&[1_000, 1_500, 1_200], 0, 1_500),
-            (&[1_000, 1_500], 1_500, 1_501),
-            (&[1_000], 9_000, 9_001),
-            (&[], 0, 1),
+        // (clocks, masters, last, proposal)
+        let cases: &[(&[u64], usize, u64, u64)] = &[
+            (&[1_000, 1_500, 1_200], 3, 0, 1_200),
+            // One master 40 s ahead (a forward step): the others' clocks decide.
+            (&[1_000, 40_001_000, 1_100], 3, 0, 1_100),
+            (&[1_000, 1_500, 1_200, 1_400, 1_300], 5, 0, 1_300),
+            // Fewer readings than a quorum: the highest.
+            (&[1_000, 1_500], 5, 0, 1_500),
+            (&[1_000, 1_500], 3, 1_500, 1_501),
+            (&[1_000], 3, 9_000, 9_001),
+            (&[], 3, 0, 1),
         ];
-        for (clocks, last, expected) in cases {
-            assert_eq!(propose_token(clocks.iter().copied(), *last), *expected);
+        for (clocks, masters, last, expected) in cases {
+            assert_eq!(
+                propose_token(clocks, *masters, *last),
+                *expected,
+                "{clocks:?}"
+            );
         }
         let stale = |code: i64, n: i64| {
             Vote::Replied(Reply::Array(vec![Reply::Integer(code), Reply::Integer(n)]))

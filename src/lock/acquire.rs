@@ -70,21 +70,20 @@ impl Tokens {
     pub(super) fn propose(&self, masters: &Masters, floor: u64) -> u64 {
         // Read once, not on every compare-and-swap retry: each estimate locks that master's
         // health record.
-        let clock = if self.clock {
+        let clocks: Vec<u64> = if self.clock {
             let now = Instant::now();
-            masters
-                .voters()
-                .iter()
+            (masters.voters().iter())
                 .filter_map(|v| v.clock_estimate_us(now))
-                .max()
+                .collect()
         } else {
-            None
+            Vec::new()
         };
+        let n = masters.voters().len();
         let mut token = 0;
         let _ = self
             .last
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
-                token = propose_token(clock, last.max(floor));
+                token = propose_token(&clocks, n, last.max(floor));
                 Some(token)
             });
         token

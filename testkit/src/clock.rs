@@ -105,6 +105,14 @@ impl FakeClock {
         self.write();
     }
 
+    /// Back to real time at once (a backward step, as NTP correcting the clock would make).
+    pub fn reset(&mut self) {
+        self.anchor_ns = 0;
+        self.offset_ns = 0;
+        self.rate = 1.0;
+        self.write();
+    }
+
     fn rebase(&mut self, rate: f64) {
         let now = real_ns();
         self.offset_ns = self.ahead_ns(now);

@@ -13,6 +13,7 @@
 //! [`Nemesis::faults`] counts the faults that took effect; the verdict demands a minimum
 //! ([`crate::rig::Expect`]).
 
+use crate::clock::FakeClock;
 use crate::masters::signal;
 use crate::relay::{Mode, Relay};
 use crate::resp::{blocking_cmd, Reply};
@@ -47,6 +48,9 @@ pub struct Nemesis {
     pub restart_args: Vec<Vec<String>>,
     /// Each relay's cut count when its blackhole or reset began.
     cut_before: Vec<Option<u64>>,
+    /// Each master's wall clock, where the masters run with the clock shim
+    /// ([`crate::rig::Rig::start_with_clocks`]); empty otherwise.
+    pub clocks: Vec<FakeClock>,
 }
 
 /// A master's `run_id` (`INFO server`); panics if it does not answer within 2 s.
@@ -62,6 +66,26 @@ fn run_id(port: u16) -> String {
         .unwrap_or_else(|| panic!("no run_id from port {port}"))
         .trim()
         .to_string()
+}
+
+/// A master's clock (`TIME`), in ms; panics if it does not answer within 2 s.
+fn master_ms(port: u16) -> u64 {
+    let reply = blocking_cmd(port, &[b"TIME"], Duration::from_secs(2))
+        .unwrap_or_else(|err| panic!("TIME on port {port}: {err}"));
+    let Reply::Array(parts) = reply else {
+        panic!("TIME on port {port}: {reply}");
+    };
+    let number = |r: &Reply| match r {
+        Reply::Bulk(b) => String::from_utf8_lossy(b).parse::<u64>().ok(),
+        _ => None,
+    };
+    match parts.as_slice() {
+        [secs, micros] => number(secs)
+            .zip(number(micros))
+            .map(|(s, us)| s * 1000 + us / 1000),
+        _ => None,
+    }
+    .unwrap_or_else(|| panic!("TIME on port {port}: {parts:?}"))
 }
 
 /// Whether process `pid` is stopped (state `T` in `/proc/<pid>/stat`).
@@ -94,6 +118,7 @@ impl Nemesis {
             rng: Rng::new(seed),
             log: Vec::new(),
             faults: 0,
+            clocks: Vec::new(),
         }
     }
 
@@ -113,6 +138,7 @@ impl Nemesis {
             run_ids: Vec::new(),
             restart_args: Vec::new(),
             cut_before: Vec::new(),
+            clocks: Vec::new(),
         }
     }
 
@@ -220,6 +246,56 @@ impl Nemesis {
             "FLUSHALL m{i}: {reply:?}"
         );
         self.note_fault(format!("FLUSHALL m{i}: +OK"));
+    }
+
+    /// Steps master `i`'s wall clock forward by `ms` (its monotonic clock stays real);
+    /// panics unless its `TIME` moved by at least that much.
+    pub fn step_clock(&mut self, i: usize, ms: u64) {
+        let port = self.masters.masters[i].port;
+        let before = master_ms(port);
+        self.clocks[i].step_forward(Duration::from_millis(ms));
+        // The shim reads its file at most once per ms.
+        std::thread::sleep(Duration::from_millis(5));
+        let after = master_ms(port);
+        assert!(after >= before + ms, "clock step m{i}: {before} -> {after}");
+        self.note_fault(format!("clock of m{i} stepped forward {ms} ms"));
+    }
+
+    /// Master `i`'s wall clock runs at `rate` times real time from now on (1.0: real again).
+    pub fn speed_clock(&mut self, i: usize, rate: f64) {
+        self.clocks[i].set_rate(rate);
+        self.note_fault(format!("clock of m{i} at {rate:.2}x"));
+    }
+
+    /// Master `i`'s wall clock back to real time (a backward step after a forward fault, as
+    /// NTP correcting it would make).
+    pub fn restore_clock(&mut self, i: usize) {
+        self.clocks[i].reset();
+        self.note(format!("clock of m{i} back to real time"));
+    }
+
+    /// `SAVE` on master `i`: the data a later [`Nemesis::reload`] brings back.
+    pub fn save(&mut self, i: usize) {
+        let port = self.masters.masters[i].port;
+        let reply = blocking_cmd(port, &[b"SAVE"], Duration::from_secs(5)).map(|r| r.to_string());
+        assert!(
+            matches!(reply.as_deref(), Ok("+OK")),
+            "SAVE m{i}: {reply:?}"
+        );
+        self.note(format!("SAVE m{i}"));
+    }
+
+    /// `DEBUG RELOAD NOSAVE` on master `i`: its data replaced in place by its last `SAVE`
+    /// (same `run_id`, its markers as they were then).
+    pub fn reload(&mut self, i: usize) {
+        let port = self.masters.masters[i].port;
+        let command: [&[u8]; 3] = [b"DEBUG", b"RELOAD", b"NOSAVE"];
+        let reply = blocking_cmd(port, &command, Duration::from_secs(5)).map(|r| r.to_string());
+        assert!(
+            matches!(reply.as_deref(), Ok("+OK")),
+            "DEBUG RELOAD m{i}: {reply:?}"
+        );
+        self.note_fault(format!("DEBUG RELOAD NOSAVE m{i}: +OK"));
     }
 
     /// Blackhole the link to master `i`: nothing passes either way.
@@ -419,6 +495,44 @@ pub fn step_links(nem: &mut Nemesis) {
         }
     }
     nem.sleep(50, 300);
+}
+
+/// One master's wall clock steps forward by ½–3 leases, or runs at 1.3–2× for 1–2 leases;
+/// then a quarantine passes and the clock is set back to real time (as NTP would correct it:
+/// a clock left ahead refuses every token the others' clocks give). Needs masters with clocks.
+pub fn step_clock(nem: &mut Nemesis) {
+    let i = nem.rng.below(nem.n());
+    if nem.rng.chance(0.5) {
+        let ms = nem.rng.range(TTL_MS / 2, 3 * TTL_MS);
+        nem.step_clock(i, ms);
+    } else {
+        let rate = 1.3 + nem.rng.range(0, 70) as f64 / 100.0;
+        nem.speed_clock(i, rate);
+        nem.sleep(TTL_MS, 2 * TTL_MS);
+    }
+    sleep_past_quarantine(nem);
+    nem.restore_clock(i);
+}
+
+/// Kleppmann's scenario with the data replaced in place as the loss: every master saved
+/// first, then a minority partitioned while locks are granted, healed, and one master of the
+/// majority reloads its saved data (`DEBUG RELOAD NOSAVE`: same `run_id`). Needs masters with
+/// `enable-debug-command` (proxies with `allow_debug_command`).
+pub fn step_partition_then_reload(nem: &mut Nemesis) {
+    for i in 0..nem.n() {
+        nem.save(i);
+    }
+    partition_then_lose(nem, Nemesis::reload);
+}
+
+/// Every kind of fault, clock steps and rates and reloads in place among them (masters with
+/// clocks: [`crate::rig::Rig::start_with_clocks`]).
+pub fn step_mixed_with_clocks(nem: &mut Nemesis) {
+    match nem.rng.below(4) {
+        0 => step_clock(nem),
+        1 => step_partition_then_reload(nem),
+        _ => step_mixed(nem),
+    }
 }
 
 /// Every kind of fault.

@@ -6,6 +6,7 @@
 //! around what went wrong.
 
 use crate::checker::{ms, Report};
+use crate::clock::FakeClock;
 use crate::launcher::Proxy;
 use crate::nemesis::{quarantine_ms, Nemesis, NODE_TIMEOUT_MS};
 use crate::relay::Relay;
@@ -144,6 +145,47 @@ impl Rig {
             seed,
             tweak,
             before_proxies,
+        )
+        .await
+    }
+
+    /// [`Rig::start`] over `n` masters that each run with a wall clock of their own (the clock
+    /// nemesis: [`crate::clock`]) and `enable-debug-command yes` (for reloads in place), the
+    /// proxies with `allow_debug_command`.
+    pub async fn start_with_clocks(
+        n: usize,
+        relays: bool,
+        proxies: usize,
+        seed: u64,
+        tweak: impl Fn(&mut Config),
+    ) -> Rig {
+        let clocks: Vec<FakeClock> = (0..n).map(|_| FakeClock::new()).collect();
+        let masters = LocalCluster {
+            masters: clocks
+                .iter()
+                .map(|clock| {
+                    LocalMaster::start_with_env(
+                        None,
+                        &["--enable-debug-command", "yes"],
+                        clock.env(),
+                    )
+                    .expect("redis-server with the clock shim")
+                })
+                .collect(),
+        };
+        let allowing = |c: &mut Config| {
+            tweak(c);
+            c.allow_debug_command = true;
+        };
+        let nemesis_clocks = |nem: &mut Nemesis| nem.clocks = clocks;
+        Rig::start_over(
+            masters,
+            Vec::new(),
+            relays,
+            proxies,
+            seed,
+            allowing,
+            nemesis_clocks,
         )
         .await
     }
