@@ -3,8 +3,7 @@
 //! state and votes of each master) and `COMMAND` (the command table in Redis' shapes, so
 //! redis-cli's hints and clients' command discovery work).
 
-use super::handshake::REDIS_VERSION;
-use super::{Action, Ctx, Session, COMMANDS};
+use super::{Action, Ctx, Session, COMMANDS, REDIS_VERSION};
 use crate::error::ProxyError;
 use crate::health::Deployment;
 use crate::lock::AcquireResult;

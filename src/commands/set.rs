@@ -7,10 +7,9 @@
 //! PX/EX, `SETNX`) is refused: it cannot be made safe, since a crashed holder would hold it
 //! forever and a restarted master would forget it.
 
-use super::keys::forward_request;
-use super::{Action, Ctx, Session};
+use super::{acquire, forward_request, refuse_acquire, Action, Ctx, Session};
 use crate::error::ProxyError;
-use crate::lock::{Attempt, Started};
+use crate::lock::Attempt;
 use crate::protocol::Request;
 use bytes::Bytes;
 
@@ -120,35 +119,11 @@ pub fn set(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
         (_, _, None) => return refuse_acquire(ctx, ProxyError::SetNxWithoutExpiry),
         (_, _, Some(ttl_ms)) => ttl_ms,
     };
-    acquire(ctx, &request, ttl_ms, false)
-}
-
-/// An acquire refused by rule before it reaches the masters: counted, then answered `err`.
-pub fn refuse_acquire(ctx: &Ctx<'_>, err: ProxyError) -> Action {
-    ctx.shard.acquirer.stats.refused_by_rule();
-    Action::error(err)
-}
-
-/// Starts the Redlock acquire of `request`'s key and value (`args[1]`, `args[2]`).
-pub fn acquire(ctx: &Ctx<'_>, request: &Request, ttl_ms: u64, with_token: bool) -> Action {
-    let attempt = Attempt {
-        key: request.args[1].clone(),
-        value: request.args[2].clone(),
-        ttl_ms,
-        received_at: ctx.received_at,
-        with_token,
-    };
-    start(ctx, attempt)
-}
-
-/// Starts the Redlock acquire `attempt`.
-pub fn start(ctx: &Ctx<'_>, attempt: Attempt) -> Action {
-    match ctx.shard.acquirer.acquire(attempt) {
-        Started::Leading(acquire) => Action::Defer(acquire),
-        // Nothing later from this client may reach the masters before this acquire has
-        // (a pipelined `DEL` must not overtake its `SET`): a barrier.
-        Started::Queued(acquire) => Action::Barrier(acquire),
-    }
+    let (key, value) = (request.args[1].clone(), request.args[2].clone());
+    acquire(
+        ctx,
+        Attempt::new(key, value, ttl_ms, ctx.received_at, false),
+    )
 }
 
 /// `SETNX key value` has no expiry: refused unless the configuration allows it as a plain write.

@@ -14,12 +14,13 @@ use super::acquire::{Attempt, Tokens};
 use super::flights::{self, Flights, Started};
 use super::rollback::{HashGrant, RollbackPlan, Undo};
 use super::{extend, lock_script, LockStats};
+use crate::cluster::keys::token_key_on;
 use crate::cluster::slots::key_slot;
 use crate::config::NoQuorumReply;
 use crate::lease::{Outcome, Rollback};
-use crate::masters::{Ask, Masters};
-use crate::on_master::LOCK_SCRIPT;
-use crate::protocol::{Reply, ScriptCall};
+use crate::masters::{Ask, Forms, Masters};
+use crate::on_master::{LOCK_SCRIPT, TOKEN_SCRIPT};
+use crate::protocol::{encode_command, Reply, ScriptCall};
 use crate::redlock::{MergeRule, Policy, TokenRules};
 use crate::script_keys::TokenOffer;
 use crate::transport::SharedScript;
@@ -109,6 +110,21 @@ impl Acquirer {
             Some(Ask::Script(script, call.clone()))
         };
         self.masters.quorum_reply_each(slot, ask, rule).await
+    }
+
+    /// The fencing token of `key`'s grant to `value` (a string lock's value, or a field of a
+    /// hash lock): only if a majority answers that one token ([`MergeRule::Identical`]; each
+    /// master runs [`TOKEN_SCRIPT`], whose counter is named in the key's slot on a cluster
+    /// master), else null. `LOCK.TOKEN`, and the token of a Redisson re-entry.
+    pub async fn token(&self, key: &[u8], value: &[u8]) -> Reply {
+        let read = Forms::new(&self.masters, |cluster| {
+            let token_key = token_key_on(cluster, key);
+            let script = TOKEN_SCRIPT.text().as_bytes();
+            encode_command(&[b"EVAL", script, b"2", key, &token_key, value])
+        });
+        (self.masters)
+            .quorum_reply_forms(key_slot(key), &read, MergeRule::Identical)
+            .await
     }
 
     /// Extends `key` to `ttl_ms` if `value` holds it on a majority of armed, unquarantined
