@@ -7,7 +7,8 @@
 //! [`sorted_sets`] (`ZADD`, `ZREM`, … for semaphores over sorted sets), [`hashes`] (`HSET`,
 //! `HINCRBY`, … for locks kept as hashes), [`handshake`] (connection commands answered by the
 //! proxy itself), [`clients`] (`CLIENT`), [`introspection`] (`INFO`, `COMMAND`), [`pubsub`]
-//! (`SUBSCRIBE`, `PUBLISH`, …), [`lists`] (`LPUSH`, `BLPOP`, … as wake-up signals).
+//! (`SUBSCRIBE`, `PUBLISH`, …), [`lists`] (`LPUSH`, `BLPOP`, … as wake-up signals),
+//! [`conditional`] (Redis 8.4's `DELEX` and `DIGEST`, Valkey's `DELIFEQ`).
 //!
 //! Invariant: no family uses another (`tests/layers.rs` checks it). What several share is
 //! here: the fan-out under the quorum rule, the guarded write, and one entry per lock
@@ -15,6 +16,7 @@
 //! of that operation (a command, a client library's script, a Redis 8.4 option) calls.
 
 pub mod clients;
+pub mod conditional;
 pub mod fencing;
 pub mod handshake;
 pub mod hashes;
@@ -29,14 +31,17 @@ pub mod sorted_sets;
 use crate::auth::{KeyPatterns, User};
 use crate::client_registry::ClientHandle;
 use crate::cluster::slots::key_slot;
+use crate::condition::{Condition, OnMasters};
 use crate::error::ProxyError;
 use crate::lease::Outcome;
 use crate::lock::guard::{guard_command, guarded};
-use crate::lock::{Attempt, Started};
+use crate::lock::{Acquirer, Attempt, Started};
 use crate::masters::{Forms, Masters};
+use crate::on_master::CONDITIONAL_SCRIPT;
 use crate::protocol::{encode_command, Protocol, Reply, Request};
 use crate::redlock::MergeRule;
 use crate::shared::{Shard, Shared};
+use crate::stats::ServerStats;
 use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
 use std::sync::Arc;
@@ -247,6 +252,15 @@ pub static COMMANDS: &[Spec] = &[
     spec("expire", -3, &["write", "fast"], ONE_KEY, keys::expire),
     spec("type", 2, READ, ONE_KEY, keys::forward),
     spec("strlen", 2, READ, ONE_KEY, keys::forward),
+    spec("delex", -2, &["write", "fast"], ONE_KEY, conditional::delex),
+    spec(
+        "delifeq",
+        3,
+        &["write", "fast"],
+        ONE_KEY,
+        conditional::delifeq,
+    ),
+    spec("digest", 2, READ, ONE_KEY, conditional::digest),
     spec(
         "zadd",
         -4,
@@ -622,17 +636,84 @@ pub fn acquire(ctx: &Ctx<'_>, attempt: Attempt) -> Action {
     }
 }
 
-/// The release of `key` if it holds `value` on every master, answered by the release rule
-/// ([`crate::lock::Acquirer::release`]) and counted: `LOCK.RELEASE`, the compare-and-delete
-/// script of every client library, node-redlock's release, `DELEX … IFEQ`, `DELIFEQ`.
+/// The release of `key` if it holds `value` on every master ([`LockOps::release`]).
 pub fn release(ctx: &Ctx<'_>, key: Bytes, value: Bytes) -> Action {
-    let acquirer = ctx.shard.acquirer.clone();
-    let stats = ctx.shared.stats.clone();
+    let ops = LockOps::of(ctx);
     Action::Defer(Box::pin(async move {
-        let reply = acquirer.release(&key, &value).await;
-        stats.count_if_release(MergeRule::Release, &reply);
-        Outcome::Reply(reply)
+        Outcome::Reply(ops.release(&key, &value).await)
     }))
+}
+
+/// What a lock operation decided after the request's handler returned needs of its context
+/// (a Redis 8.4 condition is resolved against the masters' answers first).
+#[derive(Clone)]
+pub struct LockOps {
+    pub acquirer: Arc<Acquirer>,
+    stats: Arc<ServerStats>,
+    /// When the request was read: the start of its validity clock.
+    pub received_at: Instant,
+}
+
+impl LockOps {
+    pub fn of(ctx: &Ctx<'_>) -> LockOps {
+        LockOps {
+            acquirer: ctx.shard.acquirer.clone(),
+            stats: ctx.shared.stats.clone(),
+            received_at: ctx.received_at,
+        }
+    }
+
+    /// The release of `key` if it holds `value`, on every master, answered by the release rule
+    /// ([`crate::lock::Acquirer::release`]) and counted: `LOCK.RELEASE`, the compare-and-delete
+    /// script of every client library, node-redlock's release, `DELEX … IFEQ`, `DELIFEQ`.
+    pub async fn release(&self, key: &Bytes, value: &Bytes) -> Reply {
+        let reply = self.acquirer.release(key, value).await;
+        self.stats.count_if_release(MergeRule::Release, &reply);
+        reply
+    }
+
+    /// The value a majority holds at `key` (`GET` under the quorum rule), or the reply to
+    /// answer instead (`WRONGTYPE`, `NOQUORUM`).
+    pub async fn value(&self, key: &Bytes) -> Result<Option<Bytes>, Reply> {
+        let get = encode_command(&[b"GET".as_ref(), key]);
+        let masters = self.acquirer.masters();
+        match masters
+            .quorum_reply(key_slot(key), &get, MergeRule::Known)
+            .await
+        {
+            Reply::Bulk(value) => Ok(Some(value)),
+            Reply::Null => Ok(None),
+            other => Err(other),
+        }
+    }
+
+    /// `condition` as the masters can check it, with the value a majority holds where it had
+    /// to be read (a digest condition: [`crate::condition`]), or the reply to answer instead.
+    pub async fn resolve(
+        &self,
+        key: &Bytes,
+        condition: &Condition,
+    ) -> Result<(Option<Bytes>, OnMasters), Reply> {
+        let current = match condition.needs_value() {
+            true => self.value(key).await?,
+            false => None,
+        };
+        let on_masters = condition.resolve(current.as_ref());
+        Ok((current, on_masters))
+    }
+
+    /// A conditional write that is not a lock operation ([`CONDITIONAL_SCRIPT`] with `args`
+    /// after the key) on every master, under the quorum rule.
+    pub async fn conditional(&self, key: &Bytes, args: &[&[u8]]) -> Reply {
+        let script = CONDITIONAL_SCRIPT.text().as_bytes();
+        let mut call: Vec<&[u8]> = vec![b"EVAL", script, b"1", key];
+        call.extend(args);
+        let masters = self.acquirer.masters();
+        let payload = encode_command(&call);
+        masters
+            .quorum_reply(key_slot(key), &payload, MergeRule::Known)
+            .await
+    }
 }
 
 /// How a reply read in RESP2 becomes Redis 7's reply to a RESP3 client.

@@ -11,13 +11,14 @@
 //!   [`SharedScript`] (`script`), so the links merge the calls of acquires and releases.
 
 use super::acquire::{Attempt, Tokens};
+use super::extend::{self, Change};
 use super::flights::{self, Flights, Started};
 use super::rollback::{HashGrant, RollbackPlan, Undo};
-use super::{extend, lock_script, LockStats};
+use super::{lock_script, LockStats};
 use crate::cluster::keys::token_key_on;
 use crate::cluster::slots::key_slot;
 use crate::config::NoQuorumReply;
-use crate::lease::{Outcome, Rollback};
+use crate::lease::{Granted, Outcome, Rollback};
 use crate::masters::{Ask, Forms, Masters};
 use crate::on_master::{LOCK_SCRIPT, TOKEN_SCRIPT};
 use crate::protocol::{encode_command, Reply, ScriptCall};
@@ -137,7 +138,41 @@ impl Acquirer {
         ttl_ms: u64,
         received_at: Instant,
     ) -> Outcome {
-        extend::extend(self, key, value, ttl_ms, received_at).await
+        let change = Change::Extend { from: value };
+        extend::write(
+            self,
+            key,
+            change,
+            Some(ttl_ms),
+            received_at,
+            Granted::Validity,
+        )
+        .await
+    }
+
+    /// Hands `key` over from `from` to `to` (`to` = `from`: extends it) if `from` holds it on a
+    /// majority of armed, unquarantined masters, with `ttl_ms` (`None`: the TTL is kept): a
+    /// lease answering `answer` (written only within the validity, undone otherwise), or null
+    /// (or the error a majority gave), undone where it took effect. `SET key to IFEQ from` with
+    /// an expiry; see [`super::extend`].
+    pub async fn hand_over(
+        &self,
+        key: &Bytes,
+        (from, to): (&Bytes, &Bytes),
+        ttl_ms: Option<u64>,
+        received_at: Instant,
+        answer: Reply,
+    ) -> Outcome {
+        let change = Change::HandOver { from, to };
+        extend::write(
+            self,
+            key,
+            change,
+            ttl_ms,
+            received_at,
+            Granted::Reply(answer),
+        )
+        .await
     }
 
     /// The token a client script's run may take where it makes a new holder of a key
