@@ -126,6 +126,10 @@ pub enum ProxyError {
     SetNxAbsoluteExpiry,
     #[error("ERR SET NX without PX/EX is refused by redlock-proxy: a lock without expiry cannot be made safe; add PX <milliseconds>")]
     SetNxWithoutExpiry,
+    /// `SET … IFEQ|IFDEQ` without an expiry: Redis drops the key's TTL, which would leave a
+    /// held lock without expiry.
+    #[error("ERR SET IFEQ/IFDEQ without PX/EX/EXAT/PXAT/KEEPTTL is refused by redlock-proxy: it would leave the lock without expiry; add PX <milliseconds> or KEEPTTL")]
+    SetIfEqWithoutExpiry,
     #[error("ERR SETNX is refused by redlock-proxy: a lock without expiry cannot be made safe; use SET key value NX PX <milliseconds>")]
     Setnx,
     #[error("ERR SELECT {0} is refused by redlock-proxy: locks live in DB 0 on every master")]
@@ -311,6 +315,7 @@ mod tests {
             ProxyError::SetNxGet,
             ProxyError::SetNxAbsoluteExpiry,
             ProxyError::SetNxWithoutExpiry,
+            ProxyError::SetIfEqWithoutExpiry,
             ProxyError::Setnx,
             ProxyError::SelectNonZero(1),
             ProxyError::ScriptReachesGlobals,

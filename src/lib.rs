@@ -18,7 +18,8 @@
 //!    proxy makes), [`lease`] (a reply that promises a lock until a deadline), [`secret`] (a
 //!    password that never prints), [`backend`] (a master's address as configured), [`auth`]
 //!    (users, password checks, key patterns), [`live`] (durations a reload changes),
-//!    [`cluster`] (Redis Cluster's hash slots, the proxy's keys per slot, the slot map).
+//!    [`cluster`] (Redis Cluster's hash slots, the proxy's keys per slot, the slot map),
+//!    [`condition`] (Redis 8.4's `IFEQ`/`IFNE`/`IFDEQ`/`IFDNE` conditions and XXH3 `DIGEST`).
 //! 2. [`transport`]: one pipelined FIFO connection per master (send, replies in order,
 //!    reconnect, watchdog, clean-ups that survive reconnects). Knows nothing of votes.
 //!    [`dial`] opens its streams: TCP or TLS, `AUTH`. Beside it [`pubsub`]: the clients'
@@ -49,6 +50,7 @@ mod client_registry;
 mod client_stream;
 pub mod cluster;
 mod commands;
+mod condition;
 mod config;
 mod connection;
 mod dial;

@@ -146,3 +146,57 @@ fn modules_use_only_their_layer_and_the_layers_above() {
         "src/ breaks the # Layers of src/lib.rs:\n{failures}"
     );
 }
+
+/// The command modules (`src/commands/<family>.rs`, with their own submodules) never name one
+/// another: what two families share lives in `commands/mod.rs` or below `commands/` (the lock
+/// operations in `src/lock/`), so each spelling of an operation calls down into it and a new
+/// spelling is a row of the table and a handler. Checked on every `super::<name>` and
+/// `crate::commands::<name>` path of a command module's code (comments aside).
+#[test]
+fn command_modules_use_no_other_command_module() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/commands");
+    let family = |path: &Path| {
+        let shown = path.strip_prefix(&dir).unwrap().display().to_string();
+        shown.split(['/', '.']).next().unwrap().to_string()
+    };
+    let families: BTreeSet<String> = files(&dir)
+        .iter()
+        .map(|path| family(path))
+        .filter(|name| name != "mod")
+        .collect();
+    assert!(families.contains("scripts") && families.contains("set"));
+    let mut failures = Vec::new();
+    for file in files(&dir) {
+        let own = family(&file);
+        if own == "mod" {
+            continue;
+        }
+        let text = fs::read_to_string(&file).unwrap();
+        let code = text.split("#[cfg(test)]\nmod tests").next().unwrap();
+        // A submodule's `super` is its own family's module.
+        let nested = file.parent() != Some(dir.as_path());
+        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for (prefix, applies) in [("super::", !nested), ("crate::commands::", true)] {
+                for path in line.split(prefix).skip(1).filter(|_| applies) {
+                    let named: String = path
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    if named != own && families.contains(&named) {
+                        failures.push(format!("{own} names the command module {named}: {line}"));
+                    }
+                }
+            }
+            if line.contains("use super::{") && !nested {
+                let group = line.split("use super::{").nth(1).unwrap_or_default();
+                for named in group
+                    .split([',', '}', ' '])
+                    .filter(|n| families.contains(*n))
+                {
+                    failures.push(format!("{own} names the command module {named}: {line}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -1,15 +1,59 @@
-//! `CLIENT LIST`, `CLIENT INFO` and `CLIENT KILL` over the registry of connected clients
-//! ([`crate::client_registry::Clients`]), in Redis' formats: one `field=value` line per client, and
-//! Redis' old (`CLIENT KILL ip:port`) and filter (`CLIENT KILL ID n | ADDR ip:port | …`) forms.
+//! `CLIENT`: `ID`, `GETNAME`, `SETNAME`, `SETINFO` on the session, and `LIST`, `INFO`, `KILL`
+//! over the registry of connected clients ([`crate::client_registry::Clients`]), in Redis'
+//! formats: one `field=value` line per client, and Redis' old (`CLIENT KILL ip:port`) and filter (`CLIENT KILL ID n | ADDR ip:port | …`) forms.
 
-use super::{Action, Ctx, Session};
+use super::{check_client_name, printable, Action, Ctx, Session};
 use crate::client_registry::ClientHandle;
 use crate::error::ProxyError;
-use crate::protocol::Reply;
+use crate::protocol::{Reply, Request};
 use bytes::Bytes;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use tokio::time::Instant;
+
+/// `CLIENT ID|SETNAME|GETNAME|SETINFO|INFO|LIST|KILL`; other subcommands get Redis'
+/// unknown-subcommand error (clients ignore it, e.g. `CLIENT MAINT_NOTIFICATIONS`).
+pub fn client(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
+    let args = &request.args;
+    let sub = args[1].to_ascii_uppercase();
+    let reply = match (sub.as_slice(), args.len()) {
+        (b"ID", 2) => Reply::Integer(session.client.id as i64),
+        (b"GETNAME", 2) => session.name.clone().map_or(Reply::Null, Reply::Bulk),
+        (b"SETNAME", 3) => match check_client_name(&args[2]) {
+            Ok(()) => {
+                session.name = (!args[2].is_empty()).then(|| args[2].clone());
+                Reply::ok()
+            }
+            Err(err) => err.into(),
+        },
+        (b"SETINFO", 4) => {
+            let attr = args[2].to_ascii_uppercase();
+            match attr.as_slice() {
+                b"LIB-NAME" | b"LIB-VER" if !printable(&args[3]) => {
+                    ProxyError::ClientInfo(String::from_utf8_lossy(&attr).into_owned()).into()
+                }
+                b"LIB-NAME" => {
+                    session.lib_name = Some(args[3].clone());
+                    Reply::ok()
+                }
+                b"LIB-VER" => {
+                    session.lib_ver = Some(args[3].clone());
+                    Reply::ok()
+                }
+                _ => ProxyError::UnrecognizedOption(String::from_utf8_lossy(&args[2]).into_owned())
+                    .into(),
+            }
+        }
+        (b"INFO", 2) => info(session),
+        (b"LIST", _) => list(ctx, args),
+        (b"KILL", n) if n >= 3 => return kill(ctx, session, args),
+        (b"ID" | b"GETNAME" | b"SETNAME" | b"SETINFO" | b"INFO" | b"KILL", _) => {
+            ProxyError::subcommand_arity("client", &sub).into()
+        }
+        _ => ProxyError::unknown_subcommand(&args[1], "CLIENT").into(),
+    };
+    Action::Ready(reply)
+}
 
 /// A client's line in Redis' `CLIENT LIST` format (fields the proxy does not have, such as
 /// memory and buffer sizes, are 0; db 0; flags `P` subscribed, `b` blocked, else `N`).

@@ -9,17 +9,15 @@
 //!   with the acquire's padding, validity rule and write deadline, counted only on armed,
 //!   unquarantined masters, undone where it took effect if refused ([`crate::lock`]); it also
 //!   keeps the key's token counter at least as long as the lock.
+//!
+//! Each is one spelling of an operation of [`crate::lock::Acquirer`], reached through the
+//! helpers of [`super`] that every other spelling uses too.
 
-use super::set::{acquire, refuse_acquire};
-use super::{Action, Ctx, Session};
-use crate::cluster::keys::token_key_on;
+use super::{acquire, refuse_acquire, release, Action, Ctx, Session};
 use crate::error::ProxyError;
 use crate::lease::Outcome;
-use crate::masters::{slot_of, Forms, Masters};
-use crate::on_master::TOKEN_SCRIPT;
-use crate::protocol::{encode_command, Request};
-use crate::redlock::MergeRule;
-use bytes::Bytes;
+use crate::lock::Attempt;
+use crate::protocol::Request;
 
 /// A positive TTL in ms from `arg`, within the cap, with Redis' texts for a bad one.
 fn ttl_arg(ctx: &Ctx<'_>, arg: &[u8], command: &'static str) -> Result<u64, ProxyError> {
@@ -35,59 +33,27 @@ fn ttl_arg(ctx: &Ctx<'_>, arg: &[u8], command: &'static str) -> Result<u64, Prox
 /// `LOCK.ACQUIRE key value ttl_ms`
 pub fn lock_acquire(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     match ttl_arg(ctx, &request.args[3], "lock.acquire") {
-        Ok(ttl_ms) => acquire(ctx, &request, ttl_ms, true),
+        Ok(ttl_ms) => {
+            let (key, value) = (request.args[1].clone(), request.args[2].clone());
+            acquire(ctx, Attempt::new(key, value, ttl_ms, ctx.received_at, true))
+        }
         Err(err) => refuse_acquire(ctx, err),
     }
 }
 
 /// `LOCK.TOKEN key value`: the masters that hold the value answer the same token (one grant
-/// wrote it), the others null: null unless a majority answers that one token
-/// ([`MergeRule::Identical`]).
+/// wrote it), the others null: null unless a majority answers that one token.
 pub fn lock_token(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
-    let (key, value) = (&request.args[1], &request.args[2]);
-    let payload = token_read(&ctx.masters(), key, value);
-    eval_by_quorum(ctx, slot_of(&[key]), payload, MergeRule::Identical)
-}
-
-/// The token of `key`'s grant to `value` on each master ([`TOKEN_SCRIPT`]; the counter's name
-/// differs on a cluster master: in the key's slot).
-pub(crate) fn token_read(masters: &Masters, key: &[u8], value: &[u8]) -> Forms {
-    Forms::new(masters, |cluster| {
-        let token_key = token_key_on(cluster, key);
-        let script = TOKEN_SCRIPT.text().as_bytes();
-        encode_command(&[b"EVAL", script, b"2", key, &token_key, value])
-    })
+    let acquirer = ctx.shard.acquirer.clone();
+    Action::Defer(Box::pin(async move {
+        Outcome::Reply(acquirer.token(&request.args[1], &request.args[2]).await)
+    }))
 }
 
 /// `LOCK.RELEASE key value`
 pub fn lock_release(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
     let (key, value) = (request.args[1].clone(), request.args[2].clone());
     release(ctx, key, value)
-}
-
-/// The compare-and-delete of `key` if it holds `value`, on every master, answered by the
-/// release rule ([`crate::lock::Acquirer::release`]): `LOCK.RELEASE`, and the recognised
-/// compare-and-delete script of every client library.
-pub fn release(ctx: &Ctx<'_>, key: Bytes, value: Bytes) -> Action {
-    let acquirer = ctx.shard.acquirer.clone();
-    let stats = ctx.shared.stats.clone();
-    Action::Defer(Box::pin(async move {
-        let reply = acquirer.release(&key, &value).await;
-        stats.count_if_release(MergeRule::Release, &reply);
-        Outcome::Reply(reply)
-    }))
-}
-
-/// `payload` (an `EVAL` on keys of `slot`) on every master, answered by the quorum rule
-/// `rule`.
-fn eval_by_quorum(ctx: &Ctx<'_>, slot: u16, payload: Forms, rule: MergeRule) -> Action {
-    let masters = ctx.masters();
-    let stats = ctx.shared.stats.clone();
-    Action::Defer(Box::pin(async move {
-        let reply = masters.quorum_reply_forms(slot, &payload, rule).await;
-        stats.count_if_release(rule, &reply);
-        Outcome::Reply(reply)
-    }))
 }
 
 /// `LOCK.EXTEND key value ttl_ms` ([`crate::lock::Acquirer::extend`]).

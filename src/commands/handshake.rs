@@ -1,17 +1,14 @@
 //! Connection and handshake commands answered by the proxy itself: `PING`, `ECHO`, `SELECT`,
-//! `HELLO`, `AUTH`, `ACL WHOAMI`, `CLIENT`, `QUIT`, `RESET`.
+//! `HELLO`, `AUTH`, `ACL WHOAMI`, `QUIT`, `RESET` (`CLIENT` is [`super::clients`]'s).
 //!
 //! These are what unmodified clients send before any lock command (redis-py and node-redis 6
 //! `HELLO 3`, ioredis' `INFO` ready check, `CLIENT SETINFO`, redis-cli's `COMMAND DOCS`); each
 //! gets the reply shape Redis 7 gives, so no client notices it is not talking to one Redis.
 
-use super::{Action, Ctx, Session};
+use super::{check_client_name, Action, Ctx, Session, REDIS_VERSION};
 use crate::auth::DEFAULT_USER;
 use crate::error::ProxyError;
 use crate::protocol::{Protocol, Reply, Request};
-
-/// The Redis version the proxy presents itself as (the protocol level it implements).
-pub const REDIS_VERSION: &str = "7.0.15";
 
 pub fn ping(_ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
     let message = match request.args.len() {
@@ -166,62 +163,6 @@ fn hello_map(protocol: Protocol, client_id: u64) -> Reply {
         (Reply::bulk("role"), Reply::bulk("master")),
         (Reply::bulk("modules"), Reply::Array(vec![])),
     ])
-}
-
-/// Redis allows only printable ASCII without spaces in client names and library info.
-fn printable(text: &[u8]) -> bool {
-    text.iter().all(|c| (b'!'..=b'~').contains(c))
-}
-
-fn check_client_name(name: &[u8]) -> Result<(), ProxyError> {
-    if !printable(name) {
-        return Err(ProxyError::ClientName);
-    }
-    Ok(())
-}
-
-/// `CLIENT ID|SETNAME|GETNAME|SETINFO|INFO|LIST|KILL`; other subcommands get Redis'
-/// unknown-subcommand error (clients ignore it, e.g. `CLIENT MAINT_NOTIFICATIONS`).
-pub fn client(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
-    let args = &request.args;
-    let sub = args[1].to_ascii_uppercase();
-    let reply = match (sub.as_slice(), args.len()) {
-        (b"ID", 2) => Reply::Integer(session.client.id as i64),
-        (b"GETNAME", 2) => session.name.clone().map_or(Reply::Null, Reply::Bulk),
-        (b"SETNAME", 3) => match check_client_name(&args[2]) {
-            Ok(()) => {
-                session.name = (!args[2].is_empty()).then(|| args[2].clone());
-                Reply::ok()
-            }
-            Err(err) => err.into(),
-        },
-        (b"SETINFO", 4) => {
-            let attr = args[2].to_ascii_uppercase();
-            match attr.as_slice() {
-                b"LIB-NAME" | b"LIB-VER" if !printable(&args[3]) => {
-                    ProxyError::ClientInfo(String::from_utf8_lossy(&attr).into_owned()).into()
-                }
-                b"LIB-NAME" => {
-                    session.lib_name = Some(args[3].clone());
-                    Reply::ok()
-                }
-                b"LIB-VER" => {
-                    session.lib_ver = Some(args[3].clone());
-                    Reply::ok()
-                }
-                _ => ProxyError::UnrecognizedOption(String::from_utf8_lossy(&args[2]).into_owned())
-                    .into(),
-            }
-        }
-        (b"INFO", 2) => super::clients::info(session),
-        (b"LIST", _) => super::clients::list(ctx, args),
-        (b"KILL", n) if n >= 3 => return super::clients::kill(ctx, session, args),
-        (b"ID" | b"GETNAME" | b"SETNAME" | b"SETINFO" | b"INFO" | b"KILL", _) => {
-            ProxyError::subcommand_arity("client", &sub).into()
-        }
-        _ => ProxyError::unknown_subcommand(&args[1], "CLIENT").into(),
-    };
-    Action::Ready(reply)
 }
 
 pub fn quit(_ctx: &Ctx<'_>, _s: &mut Session, _request: Request) -> Action {

@@ -4,13 +4,13 @@
 //!
 //! Each is sent unchanged to every master and answered by the quorum reply rule
 //! ([`MergeRule::Known`](crate::redlock::MergeRule::Known)), as the plain key commands of
-//! [`super::keys`]: the reply Q masters agree on, else the Q-th largest count, else null for a
+//! `keys.rs`: the reply Q masters agree on, else the Q-th largest count, else null for a
 //! mix of one value and null, else `NOQUORUM`. Arguments are checked by the masters, so every
 //! error is Redis' own text.
 //!
 //! `HSET` and `HINCRBY` can create a key, and a key they create has no expiry: each is followed
 //! on every master, in the same pipeline, by the script guard over its key
-//! ([`super::keys::guarded_write`]), so no key written through the proxy outlives the lease
+//! ([`super::guarded_write`]), so no key written through the proxy outlives the lease
 //! bound (a key without expiry, or with a longer one, gets the bound; a shorter TTL is kept),
 //! and a master the guard finds unarmed or quarantined does not vote. The reply is the
 //! command's own even where the guard gave the key its TTL, as for `ZADD`. `HDEL` only removes
@@ -19,8 +19,7 @@
 //! The masters are spoken to in RESP2; a RESP3 client gets Redis 7's RESP3 shape of `HGETALL`,
 //! a map.
 
-use super::keys::{guarded_write, pairs, resp3, shaped};
-use super::{Action, Ctx, Session};
+use super::{guarded_write, pairs, resp3, shaped, Action, Ctx, Session};
 use crate::protocol::{Reply, Request};
 
 /// `HSET key field value …` / `HINCRBY key field increment`: fanned out with the guard after

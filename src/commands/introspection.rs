@@ -3,8 +3,7 @@
 //! state and votes of each master) and `COMMAND` (the command table in Redis' shapes, so
 //! redis-cli's hints and clients' command discovery work).
 
-use super::handshake::REDIS_VERSION;
-use super::{Action, Ctx, Session, COMMANDS};
+use super::{Action, Ctx, Session, COMMANDS, REDIS_VERSION};
 use crate::error::ProxyError;
 use crate::health::Deployment;
 use crate::lock::AcquireResult;
@@ -56,6 +55,15 @@ pub fn info(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Action {
     }
     if show("masters") {
         masters_section(&mut out, shared);
+    }
+    // As in Redis, not a default section: only named, or with `all` / `everything`.
+    let named = |section: &str| {
+        wanted
+            .iter()
+            .any(|w| w == section || w == "all" || w == "everything")
+    };
+    if named("commandstats") {
+        commandstats_section(&mut out, shared);
     }
     if out.ends_with("\r\n\r\n") {
         out.truncate(out.len() - 2);
@@ -113,6 +121,19 @@ fn stats_section(out: &mut String, shared: &Shared) {
         pubsub.delivered.load(Ordering::Relaxed),
         pubsub.duplicates.load(Ordering::Relaxed)
     );
+}
+
+/// Appends INFO's `commandstats` section: Redis' `cmdstat_<name>:calls=<n>` line for each row
+/// of the command table that was called (the proxy does not time commands per row).
+fn commandstats_section(out: &mut String, shared: &Shared) {
+    out.push_str("# Commandstats\r\n");
+    for (slot, spec) in COMMANDS.iter().enumerate() {
+        let calls = shared.stats.commands_of(Some(slot));
+        if calls > 0 {
+            let _ = write!(out, "cmdstat_{}:calls={calls}\r\n", spec.name);
+        }
+    }
+    out.push_str("\r\n");
 }
 
 /// Appends INFO's `masters` section: the quorum and lock policy, then one line per master.
@@ -216,8 +237,8 @@ pub fn describe(_ctx: &Ctx<'_>, _s: &mut Session, request: Request) -> Action {
                             Reply::bulk(s.name),
                             Reply::Map(vec![
                                 (Reply::bulk("summary"), Reply::bulk(summary(s))),
-                                (Reply::bulk("since"), Reply::bulk("1.0.0")),
-                                (Reply::bulk("group"), Reply::bulk("generic")),
+                                (Reply::bulk("since"), Reply::bulk(since(s))),
+                                (Reply::bulk("group"), Reply::bulk(group(s))),
                             ]),
                         )
                     })
@@ -229,11 +250,30 @@ pub fn describe(_ctx: &Ctx<'_>, _s: &mut Session, request: Request) -> Action {
     Action::Ready(reply)
 }
 
+/// The version that brought the command, as Redis' (and Valkey's) `COMMAND DOCS` say it.
+fn since(spec: &super::Spec) -> &'static str {
+    match spec.name {
+        "delex" | "digest" => "8.4.0",
+        "delifeq" => "9.0.0",
+        _ => "1.0.0",
+    }
+}
+
+fn group(spec: &super::Spec) -> &'static str {
+    match spec.name {
+        "delex" | "digest" | "delifeq" => "string",
+        _ => "generic",
+    }
+}
+
 fn summary(spec: &super::Spec) -> &'static str {
     match spec.kind {
         super::Kind::Refused(_) => "Refused by redlock-proxy",
         super::Kind::Handled(_) => match spec.name {
-            "set" => "Acquire a lock (NX with PX/EX) by Redlock majority, or write to every master",
+            "set" => "Acquire a lock (NX with PX/EX), extend or hand it over (IFEQ with PX/EX) by Redlock majority, or write to every master",
+            "delex" => "Release a lock (IFEQ, IFDEQ, IFDNE: compare-and-delete on every master), or delete conditionally; reply 1 or 0",
+            "delifeq" => "Release a lock if value holds it (compare-and-delete); reply 1 or 0",
+            "digest" => "The XXH3 digest of the value a majority holds, as 16 hex digits",
             "eval" | "evalsha" | "eval_ro" | "evalsha_ro" => {
                 "Run a script on every master; reply by quorum"
             }

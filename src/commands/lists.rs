@@ -19,8 +19,7 @@
 //! - Nothing after a blocked pop is dispatched before it is answered (a barrier), as a
 //!   blocked Redis client runs nothing else.
 
-use super::keys::{guarded_write_at, payload, with_guard};
-use super::{Action, Ctx, Session};
+use super::{guarded_write_at, payload, with_guard, Action, Ctx, Session};
 use crate::client_registry::ClientHandle;
 use crate::error::ProxyError;
 use crate::lease::Outcome;

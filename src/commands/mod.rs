@@ -2,14 +2,21 @@
 //! locally, fanned out to the masters, or refused) and its handler. Arity checks, unknown-command
 //! errors and refusals come from this one place, with Redis' own wording.
 //!
-//! Families: [`lock`] (`SET`, the acquire), [`scripts`] (`EVAL`, `EVALSHA`, `SCRIPT`), [`keys`]
-//! (plain key commands under the quorum reply rule), [`sorted_sets`] (`ZADD`, `ZREM`, … for
-//! semaphores over sorted sets), [`hashes`] (`HSET`, `HINCRBY`, … for locks kept as hashes),
-//! [`handshake`] (connection commands answered by the proxy itself), [`introspection`] (`INFO`,
-//! `COMMAND`), [`pubsub`] (`SUBSCRIBE`, `PUBLISH`, …), [`lists`] (`LPUSH`, `BLPOP`, … as
-//! wake-up signals).
+//! Families: [`set`] (`SET`, the acquire), [`fencing`] (`LOCK.*`), [`scripts`] (`EVAL`,
+//! `EVALSHA`, `SCRIPT`), [`keys`] (plain key commands under the quorum reply rule),
+//! [`sorted_sets`] (`ZADD`, `ZREM`, … for semaphores over sorted sets), [`hashes`] (`HSET`,
+//! `HINCRBY`, … for locks kept as hashes), [`handshake`] (connection commands answered by the
+//! proxy itself), [`clients`] (`CLIENT`), [`introspection`] (`INFO`, `COMMAND`), [`pubsub`]
+//! (`SUBSCRIBE`, `PUBLISH`, …), [`lists`] (`LPUSH`, `BLPOP`, … as wake-up signals),
+//! [`conditional`] (Redis 8.4's `DELEX` and `DIGEST`, Valkey's `DELIFEQ`).
+//!
+//! Invariant: no family uses another (`tests/layers.rs` checks it). What several share is
+//! here: the fan-out under the quorum rule, the guarded write, and one entry per lock
+//! operation ([`acquire`], [`release`], …) over [`crate::lock::Acquirer`], which every spelling
+//! of that operation (a command, a client library's script, a Redis 8.4 option) calls.
 
 pub mod clients;
+pub mod conditional;
 pub mod fencing;
 pub mod handshake;
 pub mod hashes;
@@ -24,12 +31,18 @@ pub mod sorted_sets;
 use crate::auth::{KeyPatterns, User};
 use crate::client_registry::ClientHandle;
 use crate::cluster::slots::key_slot;
+use crate::condition::{Condition, OnMasters};
 use crate::error::ProxyError;
 use crate::lease::Outcome;
-use crate::masters::Masters;
-use crate::protocol::{Protocol, Reply, Request};
+use crate::lock::guard::{guard_command, guarded};
+use crate::lock::{Acquirer, Attempt, Started};
+use crate::masters::{Forms, Masters};
+use crate::on_master::CONDITIONAL_SCRIPT;
+use crate::protocol::{encode_command, Protocol, Reply, Request};
+use crate::redlock::MergeRule;
 use crate::shared::{Shard, Shared};
-use bytes::Bytes;
+use crate::stats::ServerStats;
+use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -239,6 +252,15 @@ pub static COMMANDS: &[Spec] = &[
     spec("expire", -3, &["write", "fast"], ONE_KEY, keys::expire),
     spec("type", 2, READ, ONE_KEY, keys::forward),
     spec("strlen", 2, READ, ONE_KEY, keys::forward),
+    spec("delex", -2, &["write", "fast"], ONE_KEY, conditional::delex),
+    spec(
+        "delifeq",
+        3,
+        &["write", "fast"],
+        ONE_KEY,
+        conditional::delifeq,
+    ),
+    spec("digest", 2, READ, ONE_KEY, conditional::digest),
     spec(
         "zadd",
         -4,
@@ -304,7 +326,7 @@ pub static COMMANDS: &[Spec] = &[
     spec("hello", -1, NO_AUTH, NO_KEYS, handshake::hello),
     spec("auth", -2, NO_AUTH, NO_KEYS, handshake::auth),
     spec("acl", -2, LOCAL, NO_KEYS, handshake::acl),
-    spec("client", -2, LOCAL, NO_KEYS, handshake::client),
+    spec("client", -2, LOCAL, NO_KEYS, clients::client),
     spec("info", -1, LOCAL, NO_KEYS, introspection::info),
     spec("command", -1, LOCAL, NO_KEYS, introspection::describe),
     spec("quit", -1, NO_AUTH, NO_KEYS, handshake::quit),
@@ -576,6 +598,216 @@ pub async fn sleep_until_some(deadline: Option<Instant>) {
 /// Parses an integer argument the way Redis does (`getLongLongFromObject`).
 pub fn parse_int(arg: &[u8]) -> Result<i64, ProxyError> {
     crate::protocol::parse_strict_i64(arg).ok_or(ProxyError::NotAnInteger)
+}
+
+/// Redis allows only printable ASCII without spaces in client names and library info.
+pub fn printable(text: &[u8]) -> bool {
+    text.iter().all(|c| (b'!'..=b'~').contains(c))
+}
+
+/// A client name as Redis accepts it (`CLIENT SETNAME`, `HELLO … SETNAME`).
+pub fn check_client_name(name: &[u8]) -> Result<(), ProxyError> {
+    if !printable(name) {
+        return Err(ProxyError::ClientName);
+    }
+    Ok(())
+}
+
+/// The Redis version the proxy presents itself as (the protocol level it implements).
+pub const REDIS_VERSION: &str = "7.0.15";
+
+// The helpers below are what command modules share: no command module uses another, so a
+// new spelling of an operation is a row of the table and a handler over these.
+
+/// An acquire refused by rule before it reaches the masters: counted, then answered `err`.
+pub fn refuse_acquire(ctx: &Ctx<'_>, err: ProxyError) -> Action {
+    ctx.shard.acquirer.stats.refused_by_rule();
+    Action::error(err)
+}
+
+/// The Redlock acquire `attempt` ([`crate::lock::Acquirer::acquire`]): `SET … NX PX`,
+/// `LOCK.ACQUIRE` and node-redlock's acquire script.
+pub fn acquire(ctx: &Ctx<'_>, attempt: Attempt) -> Action {
+    match ctx.shard.acquirer.acquire(attempt) {
+        Started::Leading(acquire) => Action::Defer(acquire),
+        // Nothing later from this client may reach the masters before this acquire has
+        // (a pipelined `DEL` must not overtake its `SET`): a barrier.
+        Started::Queued(acquire) => Action::Barrier(acquire),
+    }
+}
+
+/// The release of `key` if it holds `value` on every master ([`LockOps::release`]).
+pub fn release(ctx: &Ctx<'_>, key: Bytes, value: Bytes) -> Action {
+    let ops = LockOps::of(ctx);
+    Action::Defer(Box::pin(async move {
+        Outcome::Reply(ops.release(&key, &value).await)
+    }))
+}
+
+/// What a lock operation decided after the request's handler returned needs of its context
+/// (a Redis 8.4 condition is resolved against the masters' answers first).
+#[derive(Clone)]
+pub struct LockOps {
+    pub acquirer: Arc<Acquirer>,
+    stats: Arc<ServerStats>,
+    /// When the request was read: the start of its validity clock.
+    pub received_at: Instant,
+}
+
+impl LockOps {
+    pub fn of(ctx: &Ctx<'_>) -> LockOps {
+        LockOps {
+            acquirer: ctx.shard.acquirer.clone(),
+            stats: ctx.shared.stats.clone(),
+            received_at: ctx.received_at,
+        }
+    }
+
+    /// The release of `key` if it holds `value`, on every master, answered by the release rule
+    /// ([`crate::lock::Acquirer::release`]) and counted: `LOCK.RELEASE`, the compare-and-delete
+    /// script of every client library, node-redlock's release, `DELEX … IFEQ`, `DELIFEQ`.
+    pub async fn release(&self, key: &Bytes, value: &Bytes) -> Reply {
+        let reply = self.acquirer.release(key, value).await;
+        self.stats.count_if_release(MergeRule::Release, &reply);
+        reply
+    }
+
+    /// The value a majority holds at `key` (`GET` under the quorum rule), or the reply to
+    /// answer instead (`WRONGTYPE`, `NOQUORUM`).
+    pub async fn value(&self, key: &Bytes) -> Result<Option<Bytes>, Reply> {
+        let get = encode_command(&[b"GET".as_ref(), key]);
+        let masters = self.acquirer.masters();
+        match masters
+            .quorum_reply(key_slot(key), &get, MergeRule::Known)
+            .await
+        {
+            Reply::Bulk(value) => Ok(Some(value)),
+            Reply::Null => Ok(None),
+            other => Err(other),
+        }
+    }
+
+    /// `condition` as the masters can check it, with the value a majority holds where it had
+    /// to be read (a digest condition: [`crate::condition`]), or the reply to answer instead.
+    pub async fn resolve(
+        &self,
+        key: &Bytes,
+        condition: &Condition,
+    ) -> Result<(Option<Bytes>, OnMasters), Reply> {
+        let current = match condition.needs_value() {
+            true => self.value(key).await?,
+            false => None,
+        };
+        let on_masters = condition.resolve(current.as_ref());
+        Ok((current, on_masters))
+    }
+
+    /// A conditional write that is not a lock operation ([`CONDITIONAL_SCRIPT`] with `args`
+    /// after the key) on every master, under the quorum rule.
+    pub async fn conditional(&self, key: &Bytes, args: &[&[u8]]) -> Reply {
+        let script = CONDITIONAL_SCRIPT.text().as_bytes();
+        let mut call: Vec<&[u8]> = vec![b"EVAL", script, b"1", key];
+        call.extend(args);
+        let masters = self.acquirer.masters();
+        let payload = encode_command(&call);
+        masters
+            .quorum_reply(key_slot(key), &payload, MergeRule::Known)
+            .await
+    }
+}
+
+/// How a reply read in RESP2 becomes Redis 7's reply to a RESP3 client.
+pub type Shape = fn(Reply) -> Reply;
+
+/// A flat `a, b, a, b, …` array (as the masters answer in RESP2) as its pairs, for the RESP3
+/// shapes built from them; any other reply comes back as it is.
+pub fn pairs(reply: Reply) -> Result<Vec<(Reply, Reply)>, Reply> {
+    match reply {
+        Reply::Array(flat) if flat.len() % 2 == 0 => {
+            let mut pairs = Vec::with_capacity(flat.len() / 2);
+            let mut items = flat.into_iter();
+            while let (Some(a), Some(b)) = (items.next(), items.next()) {
+                pairs.push((a, b));
+            }
+            Ok(pairs)
+        }
+        other => Err(other),
+    }
+}
+
+/// The bytes to send the masters: the request as it was received, or re-encoded (inline).
+pub fn payload(request: Request) -> Bytes {
+    request.raw.unwrap_or_else(|| encode_command(&request.args))
+}
+
+/// The slot of a forwarded command: that of its key, which every command forwarded here has
+/// first (`args[1]`) if it has one (a command of keys of several slots is refused where a
+/// master is a cluster: [`dispatch`]).
+pub fn request_slot(request: &Request) -> u16 {
+    crate::masters::slot_of(request.args.get(1..2).unwrap_or_default())
+}
+
+/// Sends `request` to every master as it was received and answers by the quorum rule.
+pub fn forward_request(masters: Arc<Masters>, request: Request) -> Action {
+    let slot = request_slot(&request);
+    let payload = payload(request);
+    Action::Defer(Box::pin(async move {
+        Outcome::Reply(masters.quorum_reply(slot, &payload, MergeRule::Known).await)
+    }))
+}
+
+/// `shape` for a RESP3 session when `applies`, else the reply as the masters gave it.
+pub fn resp3(session: &Session, applies: bool, shape: Shape) -> Shape {
+    match (session.protocol, applies) {
+        (Protocol::Resp3, true) => shape,
+        _ => |reply| reply,
+    }
+}
+
+/// Fans `request` out under the quorum rule and shapes the merged reply.
+pub fn shaped(ctx: &Ctx<'_>, request: Request, shape: Shape) -> Action {
+    match forward_request(ctx.masters(), request) {
+        Action::Defer(reply) => Action::Defer(Box::pin(async move {
+            match reply.await {
+                Outcome::Reply(reply) => Outcome::Reply(shape(reply)),
+                other => other,
+            }
+        })),
+        other => other,
+    }
+}
+
+/// A command that can create its key (`args[1]`), sent to every master followed in the same
+/// pipeline by the script guard over that key ([`guard_command`]): a key without expiry, or
+/// with one longer than the lease bound, gets the bound; a shorter TTL is kept. The merged
+/// reply (quorum rule, counting only the masters the guard vouched for) is the command's own,
+/// shaped.
+pub fn guarded_write(ctx: &Ctx<'_>, request: Request, shape: Shape) -> Action {
+    guarded_write_at(ctx, request, 1, shape)
+}
+
+/// [`guarded_write`] for a command whose key is `args[key]`.
+pub fn guarded_write_at(ctx: &Ctx<'_>, request: Request, key: usize, shape: Shape) -> Action {
+    let masters = ctx.masters();
+    let guarded_key = request.args[key].clone();
+    let slot = crate::masters::slot_of(&[&guarded_key]);
+    let both = with_guard(ctx, &payload(request), &guarded_key);
+    Action::Defer(Box::pin(async move {
+        let ask = masters.ask_forms(&both);
+        let reply = guarded(&masters, slot, ask, MergeRule::Known).await.reply;
+        Outcome::Reply(shape(reply))
+    }))
+}
+
+/// `command` (encoded) followed, in the same pipeline, by the script guard over `key`
+/// ([`guard_command`]), in each master's form (a cluster's guard checks the slot's markers).
+pub fn with_guard(ctx: &Ctx<'_>, command: &[u8], key: &Bytes) -> Forms {
+    let policy = &ctx.shared.policy;
+    Forms::new(&ctx.masters(), |cluster| {
+        let mut both = BytesMut::from(command);
+        both.extend_from_slice(&guard_command(std::slice::from_ref(key), policy, cluster));
+        both.freeze()
+    })
 }
 
 #[cfg(test)]

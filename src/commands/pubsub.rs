@@ -165,7 +165,7 @@ pub fn publish(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Actio
     let channel = request.args[1].clone();
     let hub = ctx.shared.pubsub.clone();
     let masters = ctx.masters();
-    let payload = super::keys::payload(request);
+    let payload = super::payload(request);
     Action::Defer(Box::pin(async move {
         // A master counts this proxy's subscriptions as they stood when it ran the publish,
         // somewhere between these two looks: a leave (or a join) that master confirms in

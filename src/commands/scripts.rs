@@ -34,21 +34,21 @@
 
 mod hash_lock;
 
-use super::keys::forward_request;
-use super::{Action, Ctx, Session};
+use super::{forward_request, Action, Ctx, Session};
 use crate::auth::KeyPatterns;
-use crate::cluster::keys::{markers_on, token_prefix_on};
+use crate::cluster::keys::token_prefix_on;
 use crate::error::ProxyError;
 use crate::lease::{Granted, Lease, Outcome};
 use crate::lease_script::KnownLock;
+use crate::lock::guard::{
+    guard_command, script_votes, Guarded, Tally, CAPPED_NO_EXPIRY, CAPPED_TTL,
+};
 use crate::lock::Acquirer;
 use crate::lock::Attempt;
 use crate::masters::{slot_of, Ask, Forms, LateVotes, Masters, Voter};
-use crate::on_master::{script_sha, CLUSTER_GUARD_SCRIPT, GUARD_SCRIPT};
+use crate::on_master::script_sha;
 use crate::protocol::{encode_command, Reply, Request};
-use crate::redlock::{
-    merge, merged, quorum, token_refusal, validity_window, MergeRule, MissingReason, Policy, Vote,
-};
+use crate::redlock::{merge, validity_window, MergeRule, Policy, Vote};
 use crate::script_cache::Script;
 use crate::script_keys::{access_args, TokenOffer, COUNTERS_AT, DEADLINE_AT};
 use bytes::Bytes;
@@ -57,11 +57,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// The guard's flags (`src/on_master/guard.lua`): a key had a TTL above the bound.
-const CAPPED_TTL: i64 = 1;
-/// The guard's flag: a key had no expiry.
-const CAPPED_NO_EXPIRY: i64 = 2;
 
 /// Checks `numkeys` as Redis' `evalGetKeys` does; returns it.
 fn check_numkeys(args: &[Bytes]) -> Result<usize, ProxyError> {
@@ -360,7 +355,7 @@ fn known_lock(
     }
     let (key, value) = (args.get(3)?.clone(), args.get(3 + numkeys)?.clone());
     if script.merge == MergeRule::Release {
-        return Some(super::fencing::release(ctx, key, value));
+        return Some(super::release(ctx, key, value));
     }
     let known = script.lock?;
     if let Some(action) = hash_lock::acquire(ctx, session, script, args, numkeys, known) {
@@ -373,21 +368,15 @@ fn known_lock(
         KnownLock::RedissonAcquire
         | KnownLock::RedissonFencedAcquire
         | KnownLock::RedissonFencedLockAcquire => None,
-        KnownLock::NodeRedlockRelease => Some(super::fencing::release(ctx, key, value)),
+        KnownLock::NodeRedlockRelease => Some(super::release(ctx, key, value)),
         KnownLock::NodeRedlockAcquire => {
             let ttl_ms = super::parse_int(args.get(5)?).ok()?;
             let ttl_ms = u64::try_from(ttl_ms).ok().filter(|ms| *ms > 0)?;
             if let Err(err) = ctx.shared.policy.check_ttl(ttl_ms) {
                 return Some(Action::error(err));
             }
-            let attempt = Attempt {
-                key,
-                value,
-                ttl_ms,
-                received_at: ctx.received_at,
-                with_token: false,
-            };
-            Some(counted(super::set::start(ctx, attempt)))
+            let attempt = Attempt::new(key, value, ttl_ms, ctx.received_at, false);
+            Some(counted(super::acquire(ctx, attempt)))
         }
     }
 }
@@ -412,167 +401,6 @@ fn counted(action: Action) -> Action {
         Action::Barrier(acquire) => Action::Barrier(count(acquire)),
         other => other,
     }
-}
-
-/// What a master's prelude reported beside a script's reply ([`crate::script_keys`]).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Report {
-    /// The shortest lease the script set there (the client's TTL in ms, 0: none).
-    lease_ms: u64,
-    /// The counter or clock (µs) at which the master refused the run's token, if it did
-    /// (`{-3|-4, seen}`; a token refused as too late, `{-2, clock}`, says nothing of later
-    /// proposals).
-    token_refused_at: Option<u64>,
-    /// The master took the run's token for a new holder (verdict `1`).
-    token_taken: bool,
-}
-
-/// The script's vote of one master from its `[script reply, guard reply]` pair, and what the
-/// prelude reported there. The script reply is the prelude's `{noted, token verdict, reply}`
-/// when the script returned ([`crate::script_keys`]; an error it raised comes alone). Counted
-/// only if the guard vouched for the master (`-1`: unarmed or quarantined, no vote).
-fn script_vote(vote: &Vote) -> (Vote, Report) {
-    let not_eligible = || (Vote::Missing(MissingReason::NotEligible), Report::default());
-    let Vote::Replied(answer) = vote else {
-        return (vote.clone(), Report::default());
-    };
-    let Reply::Array(pair) = answer else {
-        return not_eligible();
-    };
-    match pair.as_slice() {
-        [Reply::Array(reported), Reply::Integer(n)] if *n >= 0 => match reported.as_slice() {
-            // A script's nil reply ends the Lua table: `{noted, verdict}` alone.
-            [Reply::Integer(noted), verdict, reply @ ..] if reply.len() <= 1 => {
-                let reply = reply.first().cloned().unwrap_or(Reply::Null);
-                let report = Report {
-                    lease_ms: u64::try_from(*noted).unwrap_or(0),
-                    token_refused_at: token_refusal(verdict),
-                    token_taken: *verdict == Reply::Integer(1),
-                };
-                (Vote::Replied(reply), report)
-            }
-            _ => (Vote::Replied(pair[0].clone()), Report::default()),
-        },
-        [reply, Reply::Integer(n)] if *n >= 0 => (Vote::Replied(reply.clone()), Report::default()),
-        _ => not_eligible(),
-    }
-}
-
-/// The guard over `keys` (`EVAL <guard> (2 + keys) <armed> <quarantine> <keys…> <bound>`), to
-/// send on each master right after a command that may have written them; on a cluster
-/// (`cluster`) its cluster form with the markers of the keys' slot.
-pub(crate) fn guard_command(keys: &[Bytes], policy: &Policy, cluster: bool) -> Bytes {
-    let count = (keys.len() + 2).to_string();
-    let bound = policy.lease_bound().as_millis().to_string();
-    let script = match cluster {
-        false => GUARD_SCRIPT.text(),
-        true => CLUSTER_GUARD_SCRIPT.text(),
-    };
-    let [armed, quarantine] = markers_on(cluster, slot_of(keys));
-    let mut parts: Vec<&[u8]> = vec![
-        b"EVAL",
-        script.as_bytes(),
-        count.as_bytes(),
-        &armed,
-        &quarantine,
-    ];
-    parts.extend(keys.iter().map(|k| k.as_ref()));
-    parts.push(bound.as_bytes());
-    encode_command(&parts)
-}
-
-/// What [`guarded`] found: the merged reply, what the guards capped ([`CAPPED_TTL`] and
-/// [`CAPPED_NO_EXPIRY`] or-ed over the masters that answered), and the lease a script set if a
-/// majority of the masters counted took one: the shortest client TTL they noted (ms).
-pub(crate) struct Guarded {
-    pub reply: Reply,
-    pub capped: i64,
-    pub lease: Option<u64>,
-    /// The highest counter or clock (µs) at which a master refused a script's token.
-    pub token_refused_at: Option<u64>,
-}
-
-/// The script votes of a fan-out's `[script reply, guard reply]` pairs (see [`script_vote`]).
-fn script_votes(votes: &[Vote]) -> Vec<Vote> {
-    votes.iter().map(|v| script_vote(v).0).collect()
-}
-
-/// A guarded fan-out's votes, read: each master's script vote (counted only where its guard
-/// vouched for it) and what its prelude reported, and what the guards capped.
-struct Tally {
-    votes: Vec<Vote>,
-    reports: Vec<Report>,
-    /// [`CAPPED_TTL`] and [`CAPPED_NO_EXPIRY`] or-ed over the masters that answered.
-    capped: i64,
-}
-
-impl Tally {
-    /// Reads the `[script reply, guard reply]` votes; a master whose guard found it unarmed or
-    /// quarantined is re-checked by its health monitor at once.
-    fn of(masters: &Masters, slot: u16, raw: &[Vote]) -> Tally {
-        let mut capped = 0;
-        for (vote, voter) in raw.iter().zip(masters.voters()) {
-            if let Vote::Replied(Reply::Array(pair)) = vote {
-                match pair.get(1) {
-                    Some(Reply::Integer(-1)) => voter.recheck(slot),
-                    Some(Reply::Integer(flags)) if *flags > 0 => capped |= flags,
-                    _ => {}
-                }
-                // The guard ran after the write: it was acknowledged.
-                if matches!(pair.get(1), Some(Reply::Integer(0..))) {
-                    voter.uncovered_write();
-                }
-            }
-        }
-        let (votes, reports) = raw.iter().map(script_vote).unzip();
-        Tally {
-            votes,
-            reports,
-            capped,
-        }
-    }
-
-    /// The lease the run set if a majority of the masters counted took one: the shortest
-    /// client TTL they noted (ms).
-    fn lease(&self) -> Option<u64> {
-        let leases: Vec<u64> = (self.votes.iter().zip(&self.reports))
-            .filter(|(vote, report)| matches!(vote, Vote::Replied(_)) && report.lease_ms > 0)
-            .map(|(_, report)| report.lease_ms)
-            .collect();
-        (leases.len() >= quorum(self.votes.len()))
-            .then(|| leases.iter().min().copied())
-            .flatten()
-    }
-
-    /// The highest counter or clock (µs) at which a master refused the run's token.
-    fn token_refused_at(&self) -> Option<u64> {
-        self.reports.iter().filter_map(|r| r.token_refused_at).max()
-    }
-
-    /// The masters merged by `rule`, with what [`Guarded`] keeps.
-    fn guarded(&self, rule: MergeRule) -> Guarded {
-        let reply = merged(&self.votes, rule);
-        Guarded {
-            reply,
-            capped: self.capped,
-            lease: self.lease(),
-            token_refused_at: self.token_refused_at(),
-        }
-    }
-}
-
-/// Runs a command followed by its guard ([`guard_command`]) on every master (two replies each)
-/// and merges the command's replies, counting a master only if its guard vouched for it
-/// ([`Tally`]).
-pub(crate) async fn guarded(
-    masters: &Masters,
-    slot: u16,
-    ask: impl Fn(usize) -> Option<Ask>,
-    rule: MergeRule,
-) -> Guarded {
-    let decided = |v: &[Vote]| merge(&script_votes(v), rule).is_some();
-    let (votes, _late) = masters.fan_out_each(slot, ask, 2, decided).await;
-    Tally::of(masters, slot, &votes).guarded(rule)
 }
 
 /// A script's [`Guarded`] reply: a guard that had to cap a key makes it an error (a key left

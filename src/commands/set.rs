@@ -1,4 +1,4 @@
-//! `SET` (the acquire) and `SETNX`.
+//! `SET` (the acquire, and Redis 8.4's conditional `SET`) and `SETNX`.
 //!
 //! `SET key value NX PX ms` / `NX EX s` (options in any order and case) is a Redlock acquire
 //! ([`crate::lock`]): every master is asked to set the key with `PX = ms + drift`; granted only
@@ -6,12 +6,20 @@
 //! is a plain write under the quorum reply rule. A lock without expiry (`SET … NX` without
 //! PX/EX, `SETNX`) is refused: it cannot be made safe, since a crashed holder would hold it
 //! forever and a restarted master would forget it.
+//!
+//! `SET key value IFEQ v|IFDEQ digest …` (Redis 8.4) with an expiry is a lock operation: the
+//! hand-over of the lock from its holder `v` to `value` ([`crate::lock::Acquirer::hand_over`]:
+//! the new value on a majority within the validity, or undone), an extend when `value` is `v`.
+//! `IFNE`, `IFDNE` and a condition without expiry are plain conditional writes
+//! ([`LockOps::conditional`]). A digest is resolved against the value a majority holds
+//! ([`crate::condition`]) and reaches the masters as a condition on that value.
 
-use super::keys::forward_request;
-use super::{Action, Ctx, Session};
+use super::{acquire, forward_request, refuse_acquire, Action, Ctx, LockOps, Session};
+use crate::condition::{Condition, OnMasters};
 use crate::error::ProxyError;
-use crate::lock::{Attempt, Started};
-use crate::protocol::Request;
+use crate::lease::Outcome;
+use crate::lock::Attempt;
+use crate::protocol::{Reply, Request};
 use bytes::Bytes;
 
 /// The parsed options of a `SET`.
@@ -25,6 +33,8 @@ struct SetOptions {
     ttl_ms: Option<u64>,
     /// Absolute expiry in ms since the epoch (`EXAT` × 1000 or `PXAT`).
     expire_at_ms: Option<i64>,
+    /// Redis 8.4's `IFEQ`, `IFNE`, `IFDEQ`, `IFDNE`.
+    condition: Option<Condition>,
 }
 
 /// Parses `SET` options like Redis' `parseExtendedStringArgumentsOrReply` (`t_string.c`).
@@ -45,8 +55,15 @@ fn parse_set_options(args: &[Bytes]) -> Result<SetOptions, ProxyError> {
         };
         let next = args.get(i + 1);
         match arg {
-            b"NX" if !opts.xx => opts.nx = true,
-            b"XX" if !opts.nx => opts.xx = true,
+            // One of NX, XX and the conditions (Redis 8.4's `t_string.c`).
+            b"NX" if !opts.xx && opts.condition.is_none() => opts.nx = true,
+            b"XX" if !opts.nx && opts.condition.is_none() => opts.xx = true,
+            b"IFEQ" | b"IFNE" | b"IFDEQ" | b"IFDNE"
+                if !opts.nx && !opts.xx && opts.condition.is_none() && next.is_some() =>
+            {
+                opts.condition = next.and_then(|value| Condition::parse(arg, value));
+                i += 1;
+            }
             b"GET" => opts.get = true,
             b"KEEPTTL" if !expire_seen => {
                 opts.keep_ttl = true;
@@ -108,6 +125,9 @@ pub fn set(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
             Action::error(err)
         };
     }
+    if let Some(condition) = opts.condition.clone() {
+        return conditional(ctx, request, &opts, condition, relative);
+    }
     if !opts.nx {
         return forward_request(ctx.masters(), request);
     }
@@ -120,34 +140,93 @@ pub fn set(ctx: &Ctx<'_>, _session: &mut Session, request: Request) -> Action {
         (_, _, None) => return refuse_acquire(ctx, ProxyError::SetNxWithoutExpiry),
         (_, _, Some(ttl_ms)) => ttl_ms,
     };
-    acquire(ctx, &request, ttl_ms, false)
+    let (key, value) = (request.args[1].clone(), request.args[2].clone());
+    acquire(
+        ctx,
+        Attempt::new(key, value, ttl_ms, ctx.received_at, false),
+    )
 }
 
-/// An acquire refused by rule before it reaches the masters: counted, then answered `err`.
-pub fn refuse_acquire(ctx: &Ctx<'_>, err: ProxyError) -> Action {
-    ctx.shard.acquirer.stats.refused_by_rule();
-    Action::error(err)
-}
-
-/// Starts the Redlock acquire of `request`'s key and value (`args[1]`, `args[2]`).
-pub fn acquire(ctx: &Ctx<'_>, request: &Request, ttl_ms: u64, with_token: bool) -> Action {
-    let attempt = Attempt {
-        key: request.args[1].clone(),
-        value: request.args[2].clone(),
-        ttl_ms,
-        received_at: ctx.received_at,
-        with_token,
+/// `SET key value <condition> [GET] [expiry]` (see the module doc). `relative` is the expiry
+/// in ms from now, if one was given (`EXAT`/`PXAT` measured from this proxy's clock).
+fn conditional(
+    ctx: &Ctx<'_>,
+    request: Request,
+    opts: &SetOptions,
+    condition: Condition,
+    relative: Option<u64>,
+) -> Action {
+    // The lease of a lock operation: `Some(None)` keeps the TTL.
+    let lease = match (relative, opts.keep_ttl) {
+        (Some(ms), _) => Some(Some(ms)),
+        (None, true) => Some(None),
+        (None, false) => None,
     };
-    start(ctx, attempt)
+    let holder_condition = matches!(condition, Condition::Eq(_) | Condition::DigestEq(_));
+    if lease.is_none() && holder_condition && !ctx.shared.config.allow_locks_without_expiry {
+        return Action::error(ProxyError::SetIfEqWithoutExpiry);
+    }
+    // A plain write's expiry as the masters take it (the client's own, as a plain `SET`).
+    let expiry: [Bytes; 2] = match (opts.ttl_ms, opts.expire_at_ms, opts.keep_ttl) {
+        (Some(ms), _, _) => [Bytes::from_static(b"PX"), Bytes::from(ms.to_string())],
+        (_, Some(at), _) => [Bytes::from_static(b"PXAT"), Bytes::from(at.to_string())],
+        (_, _, true) => [Bytes::from_static(b"KEEPTTL"), Bytes::new()],
+        _ => [Bytes::new(), Bytes::new()],
+    };
+    let ops = LockOps::of(ctx);
+    let get = opts.get;
+    let (key, value) = (request.args[1].clone(), request.args[2].clone());
+    Action::Defer(Box::pin(async move {
+        let (current, on_masters) = match ops.resolve(&key, &condition).await {
+            Ok(resolved) => resolved,
+            Err(reply) => return Outcome::Reply(reply),
+        };
+        let (mode, compared) = match (on_masters, lease) {
+            // With GET, Redis answers the old value whether or not it set.
+            (OnMasters::Never, _) => {
+                let old = current.filter(|_| get).map_or(Reply::Null, Reply::Bulk);
+                return Outcome::Reply(old);
+            }
+            (OnMasters::Holds(holder), Some(ttl_ms)) => {
+                return hand_over(&ops, &key, (holder, value), ttl_ms, get).await;
+            }
+            (OnMasters::Holds(holder), None) => (b"eq", holder),
+            (OnMasters::Differs(other), _) => (b"ne", other),
+            (OnMasters::Missing, _) => (b"nx", Bytes::new()),
+        };
+        let get_flag: &[u8] = if get { b"1" } else { b"0" };
+        let args: [&[u8]; 7] = [
+            b"set", mode, &compared, &value, get_flag, &expiry[0], &expiry[1],
+        ];
+        Outcome::Reply(ops.conditional(&key, &args).await)
+    }))
 }
 
-/// Starts the Redlock acquire `attempt`.
-pub fn start(ctx: &Ctx<'_>, attempt: Attempt) -> Action {
-    match ctx.shard.acquirer.acquire(attempt) {
-        Started::Leading(acquire) => Action::Defer(acquire),
-        // Nothing later from this client may reach the masters before this acquire has
-        // (a pipelined `DEL` must not overtake its `SET`): a barrier.
-        Started::Queued(acquire) => Action::Barrier(acquire),
+/// The hand-over of `key` from `holder` to `value` (an extend if they are one), answering `OK`
+/// or, with `GET`, the holder's value. Refused with `GET`: what a majority holds now, never the
+/// holder's own value (a client reads that as "still mine").
+async fn hand_over(
+    ops: &LockOps,
+    key: &Bytes,
+    (holder, value): (Bytes, Bytes),
+    ttl_ms: Option<u64>,
+    get: bool,
+) -> Outcome {
+    let answer = match get {
+        true => Reply::Bulk(holder.clone()),
+        false => Reply::ok(),
+    };
+    let pair = (&holder, &value);
+    let outcome = (ops.acquirer)
+        .hand_over(key, pair, ttl_ms, ops.received_at, answer)
+        .await;
+    match outcome {
+        Outcome::Reply(Reply::Null) if get => Outcome::Reply(match ops.value(key).await {
+            Ok(Some(now)) if now != holder => Reply::Bulk(now),
+            Ok(_) => Reply::Null,
+            Err(reply) => reply,
+        }),
+        other => other,
     }
 }
 

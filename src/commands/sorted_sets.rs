@@ -5,13 +5,13 @@
 //!
 //! Each is sent unchanged to every master and answered by the quorum reply rule
 //! ([`MergeRule::Known`](crate::redlock::MergeRule::Known)), as the plain key commands of
-//! [`super::keys`]: the reply Q masters agree on, else the Q-th largest count, else null for a
+//! `keys.rs`: the reply Q masters agree on, else the Q-th largest count, else null for a
 //! mix of one value and null, else `NOQUORUM`. Arguments are checked by the masters, so every
 //! error is Redis' own text.
 //!
 //! `ZADD` is the one that can create a key, and a key it creates has no expiry: it is followed
 //! on every master, in the same pipeline, by the script guard over its key
-//! ([`super::keys::guarded_write`]), so no key written through the proxy outlives the lease
+//! ([`super::guarded_write`]), so no key written through the proxy outlives the lease
 //! bound (a key without expiry, or with a longer one, gets the bound; a shorter TTL is kept),
 //! and a master the guard finds unarmed or quarantined does not vote. Unlike a script's, the
 //! reply is `ZADD`'s own even where the guard gave the key its TTL: `ZADD` cannot carry an
@@ -21,8 +21,7 @@
 //! The masters are spoken to in RESP2; a RESP3 client gets Redis 7's RESP3 shapes back: scores
 //! as doubles (`ZSCORE`, `ZADD … INCR`) and `ZRANGE … WITHSCORES` as `[member, score]` pairs.
 
-use super::keys::{guarded_write, pairs, resp3, shaped};
-use super::{Action, Ctx, Session};
+use super::{guarded_write, pairs, resp3, shaped, Action, Ctx, Session};
 use crate::protocol::{Reply, Request};
 
 /// `ZADD key [NX|XX] [GT|LT] [CH] [INCR] score member …`: fanned out with the guard after it.

@@ -154,6 +154,26 @@ pub struct Attempt {
     pub with_token: bool,
 }
 
+impl Attempt {
+    /// The acquire of `key` for `value` with `ttl_ms`, its validity counted from
+    /// `received_at`; answering `[token, validity_ms]` if `with_token`.
+    pub fn new(
+        key: Bytes,
+        value: Bytes,
+        ttl_ms: u64,
+        received_at: Instant,
+        with_token: bool,
+    ) -> Self {
+        Attempt {
+            key,
+            value,
+            ttl_ms,
+            received_at,
+            with_token,
+        }
+    }
+}
+
 /// An acquire whose votes are in.
 pub(super) struct Decided {
     /// What the client is told once `undo` (if any) has run.

@@ -11,15 +11,17 @@
 //!   [`SharedScript`] (`script`), so the links merge the calls of acquires and releases.
 
 use super::acquire::{Attempt, Tokens};
+use super::extend::{self, Change};
 use super::flights::{self, Flights, Started};
 use super::rollback::{HashGrant, RollbackPlan, Undo};
-use super::{extend, lock_script, LockStats};
+use super::{lock_script, LockStats};
+use crate::cluster::keys::token_key_on;
 use crate::cluster::slots::key_slot;
 use crate::config::NoQuorumReply;
-use crate::lease::{Outcome, Rollback};
-use crate::masters::{Ask, Masters};
-use crate::on_master::LOCK_SCRIPT;
-use crate::protocol::{Reply, ScriptCall};
+use crate::lease::{Granted, Outcome, Rollback};
+use crate::masters::{Ask, Forms, Masters};
+use crate::on_master::{LOCK_SCRIPT, TOKEN_SCRIPT};
+use crate::protocol::{encode_command, Reply, ScriptCall};
 use crate::redlock::{MergeRule, Policy, TokenRules};
 use crate::script_keys::TokenOffer;
 use crate::transport::SharedScript;
@@ -111,6 +113,21 @@ impl Acquirer {
         self.masters.quorum_reply_each(slot, ask, rule).await
     }
 
+    /// The fencing token of `key`'s grant to `value` (a string lock's value, or a field of a
+    /// hash lock): only if a majority answers that one token ([`MergeRule::Identical`]; each
+    /// master runs [`TOKEN_SCRIPT`], whose counter is named in the key's slot on a cluster
+    /// master), else null. `LOCK.TOKEN`, and the token of a Redisson re-entry.
+    pub async fn token(&self, key: &[u8], value: &[u8]) -> Reply {
+        let read = Forms::new(&self.masters, |cluster| {
+            let token_key = token_key_on(cluster, key);
+            let script = TOKEN_SCRIPT.text().as_bytes();
+            encode_command(&[b"EVAL", script, b"2", key, &token_key, value])
+        });
+        (self.masters)
+            .quorum_reply_forms(key_slot(key), &read, MergeRule::Identical)
+            .await
+    }
+
     /// Extends `key` to `ttl_ms` if `value` holds it on a majority of armed, unquarantined
     /// masters: a lease of the new validity (written only while it lasts, undone otherwise),
     /// or null (undone where it took effect). See [`super::extend`].
@@ -121,7 +138,41 @@ impl Acquirer {
         ttl_ms: u64,
         received_at: Instant,
     ) -> Outcome {
-        extend::extend(self, key, value, ttl_ms, received_at).await
+        let change = Change::Extend { from: value };
+        extend::write(
+            self,
+            key,
+            change,
+            Some(ttl_ms),
+            received_at,
+            Granted::Validity,
+        )
+        .await
+    }
+
+    /// Hands `key` over from `from` to `to` (`to` = `from`: extends it) if `from` holds it on a
+    /// majority of armed, unquarantined masters, with `ttl_ms` (`None`: the TTL is kept): a
+    /// lease answering `answer` (written only within the validity, undone otherwise), or null
+    /// (or the error a majority gave), undone where it took effect. `SET key to IFEQ from` with
+    /// an expiry; see [`super::extend`].
+    pub async fn hand_over(
+        &self,
+        key: &Bytes,
+        (from, to): (&Bytes, &Bytes),
+        ttl_ms: Option<u64>,
+        received_at: Instant,
+        answer: Reply,
+    ) -> Outcome {
+        let change = Change::HandOver { from, to };
+        extend::write(
+            self,
+            key,
+            change,
+            ttl_ms,
+            received_at,
+            Granted::Reply(answer),
+        )
+        .await
     }
 
     /// The token a client script's run may take where it makes a new holder of a key

@@ -1,6 +1,9 @@
 //! `LOCK.EXTEND` on every master ([`Acquirer::extend`]): a compare-and-extend with the
 //! acquire's padding, validity rule and write deadline, counted only on armed, unquarantined
-//! masters, and undone where it took effect if the client is not told "extended".
+//! masters, and undone where it took effect if the client is not told "extended". The same
+//! operation hands a lock over (`SET key new IFEQ holder PX ms`, [`Acquirer::hand_over`]): the
+//! new value on a majority within the validity, or undone where it was written; an extend
+//! spelled `SET key holder IFEQ holder PX ms` is the hand-over of a lock to its own holder.
 //!
 //! Why the deadline and the undo (issue 22, item 2): an extend held up in a paused master's
 //! socket buffer runs when the master resumes, even after the proxy gave up on it; and the
@@ -12,10 +15,14 @@
 
 use super::Acquirer;
 use crate::cluster::slots::key_slot;
-use crate::lease::{Granted, Lease, Outcome, Rollback};
+use crate::lease::Granted as Answer;
+use crate::lease::{Lease, Outcome, Rollback};
 use crate::lock::UNARMED;
 use crate::masters::{Ask, LateVotes, Masters};
-use crate::on_master::{CLUSTER_EXTEND_SCRIPT, EXTEND_SCRIPT, UNEXTEND_SCRIPT};
+use crate::on_master::{
+    CLUSTER_COMPARE_AND_SET_SCRIPT, CLUSTER_EXTEND_SCRIPT, COMPARE_AND_SET_SCRIPT, EXTEND_SCRIPT,
+    RESTORE_SCRIPT, UNEXTEND_SCRIPT,
+};
 use crate::protocol::{encode_command, Reply};
 use crate::redlock::{backend_ttl_ms, quorum, validity_window, Vote};
 use bytes::Bytes;
@@ -48,24 +55,36 @@ fn refused(votes: &[Vote]) -> usize {
         .count()
 }
 
-/// [`Acquirer::extend`]: extends `key` to `ttl_ms` if `value` holds it on a majority of armed,
-/// unquarantined masters: a lease of the new validity (written only while it lasts, undone
-/// otherwise), or null (undone where it took effect).
-pub(super) async fn extend(
+/// What a compare-and-write changes on each master where `from` holds the key.
+#[derive(Clone, Copy)]
+pub(super) enum Change<'a> {
+    /// `LOCK.EXTEND`: the TTL of `from`'s lock ([`EXTEND_SCRIPT`]).
+    Extend { from: &'a Bytes },
+    /// `SET key to IFEQ from`: the value `to`, with the TTL given or kept
+    /// ([`COMPARE_AND_SET_SCRIPT`]; `to` = `from` is an extend).
+    HandOver { from: &'a Bytes, to: &'a Bytes },
+}
+
+/// [`Acquirer::extend`] and [`Acquirer::hand_over`]: writes `change` on every master that may
+/// vote where its holder holds `key`, with `PX = ttl_ms + drift` (`None`: the TTL is kept, and
+/// the validity is that of the shortest TTL the masters that wrote had). Granted (`answer`,
+/// written only within the validity, undone otherwise) if a majority wrote; else null, or the
+/// error a majority gave a hand-over (Redis' `WRONGTYPE`), undone where it took effect.
+pub(super) async fn write(
     acquirer: &Acquirer,
     key: &Bytes,
-    value: &Bytes,
-    ttl_ms: u64,
+    change: Change<'_>,
+    ttl_ms: Option<u64>,
     received_at: Instant,
+    answer: Answer,
 ) -> Outcome {
     let drift_factor = acquirer.policy.drift_factor;
-    let Some(window) = validity_window(ttl_ms, drift_factor) else {
+    let px_ms = ttl_ms.map_or(0, |ttl| backend_ttl_ms(ttl, drift_factor));
+    if ttl_ms.is_some_and(|ttl| validity_window(ttl, drift_factor).is_none()) {
         return Outcome::Reply(Reply::Null);
-    };
-    let deadline = received_at + window;
-    let px_ms = backend_ttl_ms(ttl_ms, drift_factor);
+    }
     let masters = &acquirer.masters;
-    let (votes, answered, late) = fan_out(masters, key, value, px_ms, drift_factor).await;
+    let (votes, answered, late) = fan_out(masters, key, change, px_ms, drift_factor).await;
     for (vote, voter) in votes.iter().zip(masters.voters()) {
         if *vote == Vote::Replied(UNARMED) {
             voter.recheck(key_slot(key));
@@ -75,40 +94,62 @@ pub(super) async fn extend(
         }
     }
     let granted = extended(&votes) >= quorum(votes.len());
+    // A kept TTL is as long as the shortest a writing master had (a key without one: the bound).
+    let kept = votes
+        .iter()
+        .filter_map(extended_from)
+        .map(|before| u64::try_from(before).unwrap_or(acquirer.policy.max_lock_ttl_ms));
+    let lease_ms = ttl_ms.or_else(|| kept.min());
+    let window = lease_ms.and_then(|ms| validity_window(ms, drift_factor));
+    // An error a majority gave (Redis' `WRONGTYPE`), never a blend of answers.
+    let agreed = |error: &&Vote| votes.iter().filter(|v| v == error).count() >= quorum(votes.len());
+    let refusal = match (change, votes.iter().find(agreed)) {
+        (Change::HandOver { .. }, Some(Vote::Replied(error @ Reply::Error(_)))) => error.clone(),
+        _ => Reply::Null,
+    };
     let now = Instant::now();
     let undo = Box::new(Unextend {
         masters: masters.clone(),
         key: key.clone(),
-        value: value.clone(),
+        undo: match change {
+            Change::Extend { from } => Undo::Extend {
+                value: from.clone(),
+            },
+            Change::HandOver { from, to } => Undo::HandOver {
+                from: from.clone(),
+                to: to.clone(),
+            },
+        },
         votes: votes
             .into_iter()
             .zip(answered)
             .map(|(vote, at)| (vote, at.get().copied().unwrap_or(now)))
             .collect(),
         late,
-        lives: Duration::from_millis(px_ms),
+        lives: Duration::from_millis(px_ms.max(lease_ms.unwrap_or(0))),
     });
-    if !granted {
-        // Not extended on a majority: the caller must not count on the new TTL, and the
-        // masters that took it give it back.
+    let (true, Some(window)) = (granted, window) else {
+        // Not written on a majority (or no validity left): the caller must not count on it,
+        // and the masters that took it give it back.
         Box::new(*undo).run().await;
-        return Outcome::Reply(Reply::Null);
-    }
+        return Outcome::Reply(refusal);
+    };
     Outcome::Lease(Lease {
-        deadline,
-        granted: Granted::Validity,
+        deadline: received_at + window,
+        granted: answer,
         expired: Reply::Null,
         rollback: Some(undo),
     })
 }
 
-/// Asks every master that may vote to extend (with `PX` `px_ms` and its own write deadline)
+/// Asks every master that may vote to write `change` (with `PX` `px_ms`, 0 to keep the TTL,
+/// and its own write deadline)
 /// and collects the votes until a majority extended, or can no longer; also when each answer
 /// came (seen here as it comes), for the undo, and the votes still to come.
 async fn fan_out(
     masters: &Masters,
     key: &Bytes,
-    value: &Bytes,
+    change: Change<'_>,
     px_ms: u64,
     drift_factor: f64,
 ) -> (Vec<Vote>, Vec<OnceLock<Instant>>, LateVotes) {
@@ -124,23 +165,22 @@ async fn fan_out(
         let write_by = voter
             .write_deadline(slot, sent, node_timeout, drift_factor)?
             .to_string();
-        let script = match voter.cluster() {
-            None => EXTEND_SCRIPT.text(),
-            Some(_) => CLUSTER_EXTEND_SCRIPT.text(),
+        let cluster = voter.cluster().is_some();
+        let (script, values): (&str, &[&[u8]]) = match (change, cluster) {
+            (Change::Extend { from }, false) => (EXTEND_SCRIPT.text(), &[from]),
+            (Change::Extend { from }, true) => (CLUSTER_EXTEND_SCRIPT.text(), &[from]),
+            (Change::HandOver { from, to }, false) => (COMPARE_AND_SET_SCRIPT.text(), &[from, to]),
+            (Change::HandOver { from, to }, true) => {
+                (CLUSTER_COMPARE_AND_SET_SCRIPT.text(), &[from, to])
+            }
         };
         let [armed, quarantine] = voter.markers(slot);
-        Some(Ask::Commands(encode_command(&[
-            b"EVAL".as_ref(),
-            script.as_bytes(),
-            b"4",
-            key,
-            &voter.token_key(key),
-            &armed,
-            &quarantine,
-            value,
-            px.as_bytes(),
-            write_by.as_bytes(),
-        ])))
+        let token_key = voter.token_key(key);
+        let mut call: Vec<&[u8]> = vec![b"EVAL", script.as_bytes(), b"4", key, &token_key];
+        call.extend([armed.as_ref(), quarantine.as_ref()]);
+        call.extend(values);
+        call.extend([px.as_bytes(), write_by.as_bytes()]);
+        Some(Ask::Commands(encode_command(&call)))
     };
     let n = masters.voters().len();
     let q = quorum(n);
@@ -159,12 +199,21 @@ async fn fan_out(
     (votes, answered, late)
 }
 
-/// The undo of an extend: every master that extended (those that answered after the decision
-/// too) gets its TTL back.
+/// What an undo puts back.
+enum Undo {
+    /// The TTL of the extended lock ([`UNEXTEND_SCRIPT`]: only ever shortened).
+    Extend { value: Bytes },
+    /// The holder's value `from` where `to` was written, with the TTL it had
+    /// ([`RESTORE_SCRIPT`]).
+    HandOver { from: Bytes, to: Bytes },
+}
+
+/// The undo of an extend or hand-over: every master that wrote (those that answered after the
+/// decision too) gets its TTL, and its holder, back.
 struct Unextend {
     masters: Arc<Masters>,
     key: Bytes,
-    value: Bytes,
+    undo: Undo,
     /// Each master's vote and a moment after its answer came (so after the extend ran there).
     votes: Vec<(Vote, Instant)>,
     late: LateVotes,
@@ -190,15 +239,21 @@ impl Unextend {
                 continue;
             };
             let since = answered.elapsed().as_millis() as i64;
-            let before = before.saturating_sub(since).max(1).to_string();
-            let payload = encode_command(&[
-                b"EVAL".as_ref(),
-                UNEXTEND_SCRIPT.text().as_bytes(),
-                b"1",
-                &self.key,
-                &self.value,
-                before.as_bytes(),
-            ]);
+            // A hand-over's key that had no TTL keeps the one it has now (`0`).
+            let before = match (&self.undo, before) {
+                (Undo::HandOver { .. }, ..=0) => "0".to_string(),
+                (_, ms) => ms.saturating_sub(since).max(1).to_string(),
+            };
+            let (script, values): (&str, [&[u8]; 2]) = match &self.undo {
+                Undo::Extend { value } => (UNEXTEND_SCRIPT.text(), [value, before.as_bytes()]),
+                Undo::HandOver { from, to } => (RESTORE_SCRIPT.text(), [to, from]),
+            };
+            let mut call: Vec<&[u8]> = vec![b"EVAL", script.as_bytes(), b"1", &self.key];
+            call.extend(values);
+            if let Undo::HandOver { .. } = self.undo {
+                call.push(before.as_bytes());
+            }
+            let payload = encode_command(&call);
             if let Some(server) = voter.server(key_slot(&self.key)) {
                 drop(server.link.send_cleanup(payload, self.lives));
             }

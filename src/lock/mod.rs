@@ -1,7 +1,8 @@
 //! Lock operations over the masters: the Redlock acquire with its per-key single flight
-//! ([`Acquirer`]), the rollback of refused attempts, and the scripts they run on the masters.
-//! Used by the `SET` command ([`crate::commands::set`]); knows nothing of connections or
-//! the command table.
+//! ([`Acquirer`]), release, extend, the rollback of refused attempts, the guard after writes
+//! ([`guard`]), and the scripts they run on the masters. Every spelling of an operation (a
+//! command, a client library's script) calls down into the one operation here; this module
+//! knows nothing of connections or the command table.
 //!
 //! [`Acquirer`]'s whole API is one `impl` ([`acquirer`]); each method calls the free functions
 //! of its concern: [`flights`] (the per-key single flight), [`acquire`] (one attempt's Redlock
@@ -13,6 +14,7 @@ mod acquire;
 mod acquirer;
 mod extend;
 mod flights;
+pub mod guard;
 mod rollback;
 mod stats;
 

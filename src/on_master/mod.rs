@@ -123,6 +123,12 @@ on_master! {
     TOKEN_SCRIPT = "token.lua";
     /// The guard after every command that may write (docs/PROTOCOL.md §5).
     GUARD_SCRIPT = "guard.lua";
+    /// `SET … IFEQ` as a lock operation on one master: a hand-over or an extend.
+    COMPARE_AND_SET_SCRIPT = "compare_and_set.lua";
+    /// The undo of a [`COMPARE_AND_SET_SCRIPT`] the client was not given.
+    RESTORE_SCRIPT = "restore.lua";
+    /// `SET` and `DELEX` with a condition that is a plain write.
+    CONDITIONAL_SCRIPT = "conditional.lua";
 }
 
 /// How a script names the redis-server it runs on, as a single master: its `run_id`.
@@ -181,6 +187,11 @@ on_cluster! {
         "redis.call('exists', KEYS[3]) == 0",
         "redis.call('get', KEYS[3]) ~= redis.call('cluster', 'myid')",
     )];
+    /// [`COMPARE_AND_SET_SCRIPT`] for a slot.
+    CLUSTER_COMPARE_AND_SET_SCRIPT = COMPARE_AND_SET_SCRIPT, [(
+        "redis.call('exists', KEYS[3]) == 0",
+        "redis.call('get', KEYS[3]) ~= redis.call('cluster', 'myid')",
+    )];
     /// [`GUARD_SCRIPT`] for a slot. A node notifies a key's changes (keyspace events) only to
     /// its own subscribers, and the proxy subscribes on one node per cluster: after a write
     /// that leaves a key a list (a push, a move's destination, a script's push), the guard
@@ -228,6 +239,10 @@ mod tests {
             (
                 "CLUSTER_EXTEND_SCRIPT",
                 "a5b58e3b307e9eca5835b9ba2a512fc033935bd7",
+            ),
+            (
+                "CLUSTER_COMPARE_AND_SET_SCRIPT",
+                "6981be9cdeaf270fd38505064e58e88fce368cfe",
             ),
             (
                 "CLUSTER_GUARD_SCRIPT",
@@ -368,6 +383,27 @@ mod tests {
                 2,
                 1,
                 true,
+            ),
+            (
+                "compare_and_set.lua",
+                "41b09e594a00eff8dd44c227300f6fb0c9b44fb2",
+                4,
+                4,
+                false,
+            ),
+            (
+                "restore.lua",
+                "606b7b87a432ed3c2631d2240aa13b84bf846cf6",
+                1,
+                3,
+                false,
+            ),
+            (
+                "conditional.lua",
+                "494fbb059cb34dca2789957885ffed5b400116d3",
+                1,
+                7,
+                false,
             ),
         ];
         assert_eq!(pinned.len(), ALL.len(), "a script without a pin");

@@ -6,16 +6,13 @@
 //! have been taken ([`crate::lock::Acquirer::hash_rollback`]). `RFencedLock`'s token is the
 //! proxy's fencing token of the grant.
 
-use super::{
-    clients_sha, lease_ttl, script_vote, script_votes, Ballot, MasterCall, Tally, CAPPED_NO_EXPIRY,
-    CAPPED_TTL,
-};
+use super::{clients_sha, lease_ttl, Ballot, MasterCall};
 use crate::auth::KeyPatterns;
-use crate::commands::fencing::token_read;
 use crate::commands::{Action, Ctx, Session};
 use crate::error::ProxyError;
 use crate::lease::{Granted, Lease, Outcome, Rollback};
 use crate::lease_script::{unlock_channel, KnownLock, REDISSON_ACQUIRES};
+use crate::lock::guard::{script_vote, script_votes, Tally, CAPPED_NO_EXPIRY, CAPPED_TTL};
 use crate::lock::{Acquirer, HashGrant};
 use crate::masters::{slot_of, Masters};
 use crate::protocol::Reply;
@@ -235,12 +232,7 @@ impl Run {
         if let Some(token) = offered.filter(|_| taken >= quorum(tally.votes.len())) {
             return i64::try_from(token).ok();
         }
-        let read = token_read(&self.masters, &self.key, &self.field);
-        let slot = slot_of(&[&self.key]);
-        match (self.masters)
-            .quorum_reply_forms(slot, &read, MergeRule::Identical)
-            .await
-        {
+        match self.acquirer.token(&self.key, &self.field).await {
             Reply::Integer(token) => Some(token),
             _ => None,
         }
