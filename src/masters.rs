@@ -75,8 +75,9 @@ pub struct VoteStats {
     pub timeout: AtomicU64,
     pub closed: AtomicU64,
     pub unconfirmed: AtomicU64,
-    /// Its votes in acquires, by [`AcquireVote`].
-    acquire_votes: [Counter; 5],
+    /// Its votes in acquires, by [`AcquireVote`]: `[0]` those in at the decision, `[1]` those
+    /// that came after it (a master a little slower than the quorum still votes every time).
+    acquire_votes: [[Counter; 5]; 2],
     /// Request to reply, in seconds, of the replies that came within the node timeout.
     pub reply_duration: Histogram,
 }
@@ -157,15 +158,16 @@ impl VoteStats {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts a master's vote at an acquire's decision (votes still pending are not counted).
-    pub fn count_acquire_vote(&self, vote: &Vote) {
+    /// Counts a master's vote in an acquire, in at its decision or `late` (after it); a vote
+    /// still pending is counted when it comes ([`LateVotes::count_acquire_votes`]).
+    pub fn count_acquire_vote(&self, vote: &Vote, late: bool) {
         if let Some(kind) = AcquireVote::of(vote) {
-            self.acquire_votes[kind as usize].inc();
+            self.acquire_votes[usize::from(late)][kind as usize].inc();
         }
     }
 
-    pub fn acquire_votes(&self, kind: AcquireVote) -> u64 {
-        self.acquire_votes[kind as usize].get()
+    pub fn acquire_votes(&self, kind: AcquireVote, late: bool) -> u64 {
+        self.acquire_votes[usize::from(late)][kind as usize].get()
     }
 
     /// Missing votes of every reason.
@@ -469,15 +471,32 @@ pub struct LateVotes {
     waiting: Vec<(usize, Arc<Voter>, Pending)>,
     /// Wakes the fan-out at the earliest node timeout among `waiting`.
     timer: Option<Pin<Box<Sleep>>>,
+    /// Whether each vote, as it comes, is counted as a late acquire vote of its master
+    /// ([`LateVotes::count_acquire_votes`]).
+    acquire: bool,
 }
 
 impl LateVotes {
     /// The next vote to come as `(master index, vote)`; `None` once every vote is in.
     pub async fn next(&mut self) -> Option<(usize, Vote)> {
-        std::future::poll_fn(|cx| self.poll_next(cx)).await
+        let (i, vote, voter) = std::future::poll_fn(|cx| self.poll_next(cx)).await?;
+        if self.acquire {
+            voter.stats.count_acquire_vote(&vote, true);
+        }
+        Some((i, vote))
     }
 
-    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<(usize, Vote)>> {
+    /// Counts every vote still to come in its master's acquire votes, as late, whoever waits
+    /// for it: a refusal's rollback does, and once a grant is delivered nobody does, so the
+    /// votes dropped with it are then waited for on a task of their own (each within its node
+    /// timeout). Without this a master that always answers just after the quorum would
+    /// never show a vote.
+    pub fn count_acquire_votes(&mut self) {
+        self.acquire = true;
+    }
+
+    /// The next vote, with its voter.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<(usize, Vote, Arc<Voter>)>> {
         loop {
             // Every answer still to come is polled (so each wakes this task), up to the first
             // that has come; an answer is taken once.
@@ -491,7 +510,8 @@ impl LateVotes {
                     });
             if let Some((at, answer)) = came {
                 let (i, voter, pending) = self.waiting.swap_remove(at);
-                return Poll::Ready(Some((i, voter.vote_on(answer, pending.queued_at))));
+                let vote = voter.vote_on(answer, pending.queued_at);
+                return Poll::Ready(Some((i, vote, voter)));
             }
             let Some((at, earliest)) = (self.waiting.iter().map(|w| w.2.timeout_at()))
                 .enumerate()
@@ -503,7 +523,7 @@ impl LateVotes {
                 let (i, voter, pending) = self.waiting.swap_remove(at);
                 let asked = pending.queued_at;
                 let vote = voter.vote_on(Err(pending.time_out()), asked);
-                return Poll::Ready(Some((i, vote)));
+                return Poll::Ready(Some((i, vote, voter)));
             }
             let timer = self
                 .timer
@@ -515,6 +535,29 @@ impl LateVotes {
                 return Poll::Pending;
             }
         }
+    }
+}
+
+impl Drop for LateVotes {
+    fn drop(&mut self) {
+        if !self.acquire || self.waiting.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        // Not counted through `next`: a runtime that is shutting down drops the task at once,
+        // and its votes must not be handed to yet another task.
+        let mut rest = LateVotes {
+            waiting: std::mem::take(&mut self.waiting),
+            timer: None,
+            acquire: false,
+        };
+        runtime.spawn(async move {
+            while let Some((_, vote, voter)) = std::future::poll_fn(|cx| rest.poll_next(cx)).await {
+                voter.stats.count_acquire_vote(&vote, true);
+            }
+        });
     }
 }
 
