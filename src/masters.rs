@@ -580,7 +580,15 @@ pub struct Masters {
     stop: watch::Sender<bool>,
     /// Whether the masters were judged since start ([`Masters::started`]).
     startup: health::Startup,
+    /// When the links were made: the start of the start-up hold ([`STARTUP_HOLD`]).
+    connected_at: Instant,
 }
+
+/// How long after the links are made a request that needs the masters judged waits for it
+/// ([`Masters::wait_started`]): a founding that waits for a master that does not answer
+/// takes about a second (its patience, ten health intervals), and an acquire answered with an
+/// error in that second would only have had to wait.
+pub const STARTUP_HOLD: Duration = Duration::from_secs(2);
 
 impl Masters {
     /// Connects to, and watches, every master of `config.backends` (TCP or TLS, with their
@@ -677,6 +685,7 @@ impl Masters {
             fanouts: Semaphore::new(MAX_FANOUTS),
             stop,
             startup,
+            connected_at: Instant::now(),
         })
     }
 
@@ -689,10 +698,12 @@ impl Masters {
         self.startup.started(|verdict| self.judged(verdict))
     }
 
-    /// Waits for [`Masters::started`] at most `limit`; whether it started.
+    /// Waits for [`Masters::started`] until the start-up hold ([`STARTUP_HOLD`]) is over, or
+    /// `limit` if that is later; whether it started.
     pub async fn wait_started(&self, limit: Duration) -> bool {
+        let hold = (self.connected_at + STARTUP_HOLD).saturating_duration_since(Instant::now());
         self.startup
-            .wait_started(limit, |verdict| self.judged(verdict))
+            .wait_started(limit.max(hold), |verdict| self.judged(verdict))
             .await
     }
 
