@@ -1,6 +1,7 @@
 //! The `redlock-proxy` binary: flags (docs/PROTOCOL.md §2), logging, `--local` masters,
 //! `--check-config`, the listeners, then [`redlock_proxy::run_with`] until SIGINT/SIGTERM,
-//! reloading the configuration (and the TLS certificate files) on SIGHUP.
+//! reloading the configuration (and the TLS certificate files) on SIGHUP; and `redlock-proxy
+//! status`, which prints a running proxy's status view ([`redlock_proxy::Status`]).
 
 use clap::Parser;
 use redlock_proxy::{
@@ -113,9 +114,39 @@ struct Cli {
     /// masters (a shard); 1 runs everything on one thread [default: 1].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
-    /// Serve /metrics, /healthz and /readyz over HTTP on ADDR:PORT [default: off].
+    /// Serve /metrics, /healthz, /readyz and the status page (/, /status.json) over HTTP on
+    /// ADDR:PORT [default: off].
     #[arg(long, value_name = "ADDR:PORT")]
     metrics: Option<String>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+enum Command {
+    /// Print a running proxy's status (each master's state and why, votes and latency over
+    /// the last minute, the deployment, quorum, acquires per second, clients) from its
+    /// metrics endpoint's /status.json, then exit: 0 if a quorum of masters may vote, 1 if
+    /// not, 2 if the proxy does not answer.
+    Status {
+        /// The proxy's metrics endpoint (its --metrics).
+        #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9379")]
+        metrics: String,
+    },
+}
+
+/// `redlock-proxy status`: the status on stdout, or why there is none on stderr.
+fn print_status(metrics: &str) -> ExitCode {
+    match redlock_proxy::Status::fetch(metrics) {
+        Ok(status) => {
+            print!("{}", status.to_text());
+            ExitCode::from(u8::from(!status.ready))
+        }
+        Err(err) => {
+            eprintln!("redlock-proxy: {err}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 impl Cli {
@@ -331,6 +362,9 @@ fn main() -> ExitCode {
         }
     };
     let cli = Cli::parse();
+    if let Some(Command::Status { metrics }) = &cli.command {
+        return print_status(metrics);
+    }
     if let Some(path) = &cli.check_config {
         return check_config(&cli, path);
     }

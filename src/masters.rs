@@ -80,6 +80,9 @@ pub struct VoteStats {
     acquire_votes: [[Counter; 5]; 2],
     /// Request to reply, in seconds, of the replies that came within the node timeout.
     pub reply_duration: Histogram,
+    /// Their total, in microseconds (the histogram's sum is not readable outside its
+    /// exposition): the status view's mean latency over a window.
+    pub reply_micros: AtomicU64,
 }
 
 impl Default for VoteStats {
@@ -93,6 +96,7 @@ impl Default for VoteStats {
             unconfirmed: AtomicU64::default(),
             acquire_votes: Default::default(),
             reply_duration: Histogram::new(latency_buckets()),
+            reply_micros: AtomicU64::default(),
         }
     }
 }
@@ -372,7 +376,7 @@ impl Voter {
         }
     }
 
-    /// `up`, `down`, `auth_failed (…)`, `connecting`, `quarantined (…)` or `unsafe (…)`, for
+    /// `up`, `down (…)`, `auth_failed (…)`, `connecting`, `quarantined (…)` or `unsafe (…)`, for
     /// `INFO`; a cluster's slots in brief.
     pub fn state(&self) -> String {
         let (link, health) = match &self.place {
@@ -380,9 +384,10 @@ impl Voter {
             Place::Cluster(cluster) => return cluster.state(),
         };
         if !link.is_connected() {
-            return match link.auth_refused() {
-                Some(reason) => format!("auth_failed ({reason})"),
-                None => "down".into(),
+            return match (link.auth_refused(), link.down_reason()) {
+                (Some(reason), _) => format!("auth_failed ({reason})"),
+                (None, Some(reason)) => format!("down ({reason})"),
+                (None, None) => "down".into(),
             };
         }
         health.state(link.connect_count())
@@ -428,8 +433,9 @@ impl Voter {
     fn vote_on(&self, answer: Result<Reply, NoReply>, asked: Instant) -> Vote {
         let vote = match answer {
             Ok(reply) => {
-                let took = asked.elapsed().as_secs_f64();
-                self.stats.reply_duration.observe(took);
+                let took = asked.elapsed();
+                self.stats.reply_duration.observe(took.as_secs_f64());
+                (self.stats.reply_micros).fetch_add(took.as_micros() as u64, Ordering::Relaxed);
                 if let Some(cluster) = self.cluster() {
                     cluster.note_reply(&reply);
                 }
