@@ -254,12 +254,23 @@ fn init_logging(config: &Config) -> redlock_proxy::ReloadHook {
     let (filter, handle) = reload::Layer::new(filter);
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let registry = tracing_subscriber::registry().with(filter);
+    // With shards, each logs what it sees of the masters (its own founding among them): the
+    // thread's name (`main` for the first shard, `redlock-proxy-shard-<i>`) says which.
+    let shards = config.threads > 1;
     match config.log_format {
         LogFormat::Text => registry
-            .with(tracing_subscriber::fmt::layer().with_ansi(ansi))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(ansi)
+                    .with_thread_names(shards),
+            )
             .init(),
         LogFormat::Json => registry
-            .with(tracing_subscriber::fmt::layer().json())
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_thread_names(shards),
+            )
             .init(),
     }
     Box::new(move |config: &Config| {

@@ -451,6 +451,51 @@ async fn sighup_applies_a_good_file_and_a_broken_one_changes_nothing() {
     wait_warnings(&proxy, warned + 2).await;
     wait_maxclients(proxy.port, 7).await;
     assert_eq!(c.cmd(&["PING"]).await, "+PONG");
+    // Each error said once, on one line (issue 40: a TOML error spans lines, and each was
+    // written twice, in the message and as a field).
+    let parse = proxy.logged(&["configuration not reloaded", "TOML parse error"]);
+    assert_eq!(parse.len(), 1, "{:?}", proxy.logged(&[]));
+    assert!(parse[0].contains("invalid basic string"), "{parse:?}");
+    assert_eq!(parse[0].matches("TOML parse error").count(), 1, "{parse:?}");
+    let restart = proxy.logged(&["changing drift_factor needs a restart"]);
+    assert_eq!(restart.len(), 1, "{restart:?}");
+    assert_eq!(
+        restart[0].matches("needs a restart").count(),
+        1,
+        "{restart:?}"
+    );
+}
+
+/// Issue 40: with `--threads 2` each shard founds or joins the deployment on its own
+/// connections, and says so in the log: each line names its thread (the binary's JSON log, as
+/// the test kit runs it: `threadName`), so the two are told apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_shard_s_log_lines_name_its_thread() {
+    let masters = redlock_proxy::LocalCluster::start(3).unwrap();
+    let args = ["--threads".to_string(), "2".into()];
+    let proxy = ProxyProcess::start(Path::new(BIN), &masters.addrs(), &args).unwrap();
+    let decided = ["deployment decided"];
+    let both = eventually(Duration::from_secs(10), async || {
+        proxy.logged(&decided).len() == 2
+    })
+    .await;
+    assert!(both, "{:?}", proxy.logged(&[]));
+    let lines = proxy.logged(&decided);
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.contains(r#""threadName":"main""#))
+            .count(),
+        1,
+        "{lines:?}"
+    );
+    assert_eq!(
+        (lines.iter())
+            .filter(|l| l.contains(r#""threadName":"redlock-proxy-shard-1""#))
+            .count(),
+        1,
+        "{lines:?}"
+    );
 }
 
 const NOPERM: &str =
@@ -807,9 +852,18 @@ async fn no_quorum_reply_and_one_log_line_per_change() {
     );
     assert_eq!(logged_once(&nulling, &refusing).await, 1);
 
-    // Back empty: quarantined 2 s, then the acquires resume.
+    // Back empty: quarantined 2 s, then the acquires resume, which is logged when the quorum
+    // is back, without waiting for an acquire (issue 40).
     for m in &mut masters.masters[..3] {
         m.restart(&[]).unwrap();
+    }
+    let resumed = ["acquires resume: a quorum of masters answers again"];
+    for proxy in [&erring, &nulling] {
+        let told = eventually(Duration::from_secs(20), async || {
+            proxy.logged(&resumed).len() == 1
+        })
+        .await;
+        assert!(told, "no acquire, no resume line: {:?}", proxy.logged(&[]));
     }
     let granted = eventually(Duration::from_secs(20), async || {
         e.cmd(&["SET", &key("nq-after"), "v", "NX", "PX", "1000"])
@@ -818,7 +872,6 @@ async fn no_quorum_reply_and_one_log_line_per_change() {
     })
     .await;
     assert!(granted, "{:?}", erring.logged(&[]));
-    let resumed = ["acquires resume: a quorum of masters answers again"];
     assert_eq!(
         logged_once(&erring, &resumed).await,
         1,
