@@ -29,6 +29,10 @@ struct Cli {
     /// exit: 0 if it is valid, 1 if not (like `nginx -t`).
     #[arg(long, value_name = "FILE")]
     check_config: Option<PathBuf>,
+    /// With --check-config: check the file's syntax and values only, without reading the TLS
+    /// files it names (a template checked on a machine that does not have them).
+    #[arg(long, requires = "check_config")]
+    syntax_only: bool,
     /// TOML configuration file (examples in configs/); flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -77,7 +81,7 @@ struct Cli {
     /// How long one master may take to answer before its vote counts as "no" [default: 50].
     #[arg(long, value_name = "MS")]
     node_timeout_ms: Option<u64>,
-    /// Clock drift allowance: drift = TTL × F + 2 ms [default: 0.01].
+    /// Clock drift allowance: drift = ceil(TTL × F) + 2 ms [default: 0.01].
     #[arg(long, value_name = "F")]
     drift_factor: Option<f64>,
     /// Longest TTL forwarded (acquires, extends, scripts); a master that lost data is
@@ -241,7 +245,9 @@ impl Cli {
             config.client_query_buffer_limit = v;
         }
         config.validate()?;
-        config.check_files()?;
+        if !self.syntax_only {
+            config.check_files()?;
+        }
         Ok(config)
     }
 }
@@ -279,21 +285,35 @@ fn init_logging(config: &Config) -> redlock_proxy::ReloadHook {
     })
 }
 
-/// `--check-config`: the verdict on stdout (valid) or stderr (invalid), and the exit code.
+/// `--check-config`: the verdict on stdout (valid) or stderr (invalid), and the exit code; when
+/// only the files it names fail (a template's TLS files), says so and how to check the rest.
 fn check_config(cli: &Cli, path: &std::path::Path) -> ExitCode {
     match cli.to_config() {
         Ok(config) => {
             for warning in config.warnings() {
                 eprintln!("redlock-proxy: warning: {warning}");
             }
+            let what = match cli.syntax_only {
+                true => "syntax test (the files it names not read)",
+                false => "test",
+            };
             println!(
-                "redlock-proxy: configuration file {} test is successful",
+                "redlock-proxy: configuration file {} {what} is successful",
                 path.display()
             );
             ExitCode::SUCCESS
         }
         Err(err) => {
             eprintln!("redlock-proxy: {err}");
+            let syntax = Cli {
+                syntax_only: true,
+                ..cli.clone()
+            };
+            if !cli.syntax_only && syntax.to_config().is_ok() {
+                eprintln!(
+                    "redlock-proxy: its syntax and values are valid, only the files it names are not: --check-config FILE --syntax-only checks a template without them"
+                );
+            }
             eprintln!(
                 "redlock-proxy: configuration file {} test failed",
                 path.display()

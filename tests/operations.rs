@@ -595,6 +595,42 @@ fn check_config_exits_0_or_1_with_the_reason() {
     let (code, text) = check("backends = [\"127.0.0.1:6379\"]\nmetrics = \"nowhere\"\n");
     assert_eq!(code, Some(1), "{text}");
     assert!(text.contains("metrics must be ADDR:PORT"), "{text}");
+
+    // Issue 40: a template whose TLS files are not on this machine (configs/secure.toml): the
+    // message names the config key as well as the flag, and says how to check the rest.
+    let secure = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/secure.toml");
+    let run = |extra: &[&str]| {
+        let out = Command::new(BIN)
+            .arg("--check-config")
+            .arg(&secure)
+            .args(extra)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), text)
+    };
+    let (code, text) = run(&[]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("cannot read backend_tls_ca_cert_file (--backend-tls-ca-cert-file) /etc/"),
+        "{text}"
+    );
+    assert!(text.contains("--syntax-only"), "{text}");
+    let (code, text) = run(&["--syntax-only"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("syntax test (the files it names not read) is successful"),
+        "{text}"
+    );
+    // A syntax error is still one.
+    let broken = file.write("backends = [\"127.0.0.1:6379\"]\nnode_timeout_ms = \"soon\"\n");
+    let out = Command::new(BIN)
+        .args(["--syntax-only", "--check-config"])
+        .arg(broken)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
 }
 
 /// Every `redlock_proxy_…` name in a text (a rule file, a dashboard).
