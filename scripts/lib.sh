@@ -12,3 +12,14 @@ ensure_redis() {
     (command -v systemctl >/dev/null && $sudo_cmd systemctl disable --now redis-server 2>/dev/null) || true
   fi
 }
+
+# Installs Debian's chromium if missing: the status page's browser test (tests/status.rs) runs
+# it headless, and fails without it rather than skip.
+ensure_chromium() {
+  local sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  if ! command -v chromium >/dev/null; then
+    $sudo_cmd apt-get update -q
+    $sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+  fi
+}

@@ -62,7 +62,7 @@ pub struct Config {
     pub local: Option<usize>,
     /// How long one master may take to answer one request before its vote counts as "no".
     pub node_timeout_ms: u64,
-    /// Clock drift allowance: `drift = TTL × F + 2 ms`.
+    /// Clock drift allowance: `drift = ceil(TTL × F) + 2 ms`.
     pub drift_factor: f64,
     pub log_format: LogFormat,
     /// Longest bulk string a client may send (Redis' `proto-max-bulk-len`).

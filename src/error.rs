@@ -157,9 +157,11 @@ pub enum ProxyError {
     #[error("ERR the masters refused this acquire's fencing token, another proxy's was ahead (redlock-proxy); the lock is not held, retry")]
     FencedTokenRefused,
     /// An acquire right after start, before the masters were judged (the deployment
-    /// undecided, or fewer than a quorum looked at) within a node timeout.
+    /// undecided, or fewer than a quorum looked at) within the start-up hold
+    /// ([`crate::masters::STARTUP_HOLD`]). `LOADING`, as redis-server answers while it loads
+    /// its dataset: clients already read it as "retry later" (never as "held").
     #[error(
-        "ERR redlock-proxy is starting: the masters are not judged yet (see INFO masters); retry"
+        "LOADING redlock-proxy is starting: the masters are not judged yet (see INFO masters); retry"
     )]
     Starting,
     #[error("ERR acquire abandoned (redlock-proxy shutting down)")]

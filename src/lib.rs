@@ -88,6 +88,7 @@ pub use local::{LocalCluster, LocalError, LocalMaster};
 pub use masters::MAX_FANOUTS;
 pub use ops::metrics::METRIC_NAMES;
 pub use ops::reload::{Reload, ReloadHook, Reloader};
+pub use ops::status::Status;
 pub use redlock::{backend_ttl_ms, drift_ms};
 pub use secret::Secret;
 pub use server::{run, run_with, ListenError, Listeners};

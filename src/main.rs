@@ -1,6 +1,7 @@
 //! The `redlock-proxy` binary: flags (docs/PROTOCOL.md §2), logging, `--local` masters,
 //! `--check-config`, the listeners, then [`redlock_proxy::run_with`] until SIGINT/SIGTERM,
-//! reloading the configuration (and the TLS certificate files) on SIGHUP.
+//! reloading the configuration (and the TLS certificate files) on SIGHUP; and `redlock-proxy
+//! status`, which prints a running proxy's status view ([`redlock_proxy::Status`]).
 
 use clap::Parser;
 use redlock_proxy::{
@@ -28,6 +29,10 @@ struct Cli {
     /// exit: 0 if it is valid, 1 if not (like `nginx -t`).
     #[arg(long, value_name = "FILE")]
     check_config: Option<PathBuf>,
+    /// With --check-config: check the file's syntax and values only, without reading the TLS
+    /// files it names (a template checked on a machine that does not have them).
+    #[arg(long, requires = "check_config")]
+    syntax_only: bool,
     /// TOML configuration file (examples in configs/); flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -76,7 +81,7 @@ struct Cli {
     /// How long one master may take to answer before its vote counts as "no" [default: 50].
     #[arg(long, value_name = "MS")]
     node_timeout_ms: Option<u64>,
-    /// Clock drift allowance: drift = TTL × F + 2 ms [default: 0.01].
+    /// Clock drift allowance: drift = ceil(TTL × F) + 2 ms [default: 0.01].
     #[arg(long, value_name = "F")]
     drift_factor: Option<f64>,
     /// Longest TTL forwarded (acquires, extends, scripts); a master that lost data is
@@ -113,9 +118,39 @@ struct Cli {
     /// masters (a shard); 1 runs everything on one thread [default: 1].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
-    /// Serve /metrics, /healthz and /readyz over HTTP on ADDR:PORT [default: off].
+    /// Serve /metrics, /healthz, /readyz and the status page (/, /status.json) over HTTP on
+    /// ADDR:PORT [default: off].
     #[arg(long, value_name = "ADDR:PORT")]
     metrics: Option<String>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+enum Command {
+    /// Print a running proxy's status (each master's state and why, votes and latency over
+    /// the last minute, the deployment, quorum, acquires per second, clients) from its
+    /// metrics endpoint's /status.json, then exit: 0 if a quorum of masters may vote, 1 if
+    /// not, 2 if the proxy does not answer.
+    Status {
+        /// The proxy's metrics endpoint (its --metrics).
+        #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9379")]
+        metrics: String,
+    },
+}
+
+/// `redlock-proxy status`: the status on stdout, or why there is none on stderr.
+fn print_status(metrics: &str) -> ExitCode {
+    match redlock_proxy::Status::fetch(metrics) {
+        Ok(status) => {
+            print!("{}", status.to_text());
+            ExitCode::from(u8::from(!status.ready))
+        }
+        Err(err) => {
+            eprintln!("redlock-proxy: {err}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 impl Cli {
@@ -210,7 +245,9 @@ impl Cli {
             config.client_query_buffer_limit = v;
         }
         config.validate()?;
-        config.check_files()?;
+        if !self.syntax_only {
+            config.check_files()?;
+        }
         Ok(config)
     }
 }
@@ -223,12 +260,23 @@ fn init_logging(config: &Config) -> redlock_proxy::ReloadHook {
     let (filter, handle) = reload::Layer::new(filter);
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let registry = tracing_subscriber::registry().with(filter);
+    // With shards, each logs what it sees of the masters (its own founding among them): the
+    // thread's name (`main` for the first shard, `redlock-proxy-shard-<i>`) says which.
+    let shards = config.threads > 1;
     match config.log_format {
         LogFormat::Text => registry
-            .with(tracing_subscriber::fmt::layer().with_ansi(ansi))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(ansi)
+                    .with_thread_names(shards),
+            )
             .init(),
         LogFormat::Json => registry
-            .with(tracing_subscriber::fmt::layer().json())
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_thread_names(shards),
+            )
             .init(),
     }
     Box::new(move |config: &Config| {
@@ -237,21 +285,35 @@ fn init_logging(config: &Config) -> redlock_proxy::ReloadHook {
     })
 }
 
-/// `--check-config`: the verdict on stdout (valid) or stderr (invalid), and the exit code.
+/// `--check-config`: the verdict on stdout (valid) or stderr (invalid), and the exit code; when
+/// only the files it names fail (a template's TLS files), says so and how to check the rest.
 fn check_config(cli: &Cli, path: &std::path::Path) -> ExitCode {
     match cli.to_config() {
         Ok(config) => {
             for warning in config.warnings() {
                 eprintln!("redlock-proxy: warning: {warning}");
             }
+            let what = match cli.syntax_only {
+                true => "syntax test (the files it names not read)",
+                false => "test",
+            };
             println!(
-                "redlock-proxy: configuration file {} test is successful",
+                "redlock-proxy: configuration file {} {what} is successful",
                 path.display()
             );
             ExitCode::SUCCESS
         }
         Err(err) => {
             eprintln!("redlock-proxy: {err}");
+            let syntax = Cli {
+                syntax_only: true,
+                ..cli.clone()
+            };
+            if !cli.syntax_only && syntax.to_config().is_ok() {
+                eprintln!(
+                    "redlock-proxy: its syntax and values are valid, only the files it names are not: --check-config FILE --syntax-only checks a template without them"
+                );
+            }
             eprintln!(
                 "redlock-proxy: configuration file {} test failed",
                 path.display()
@@ -331,6 +393,9 @@ fn main() -> ExitCode {
         }
     };
     let cli = Cli::parse();
+    if let Some(Command::Status { metrics }) = &cli.command {
+        return print_status(metrics);
+    }
     if let Some(path) = &cli.check_config {
         return check_config(&cli, path);
     }

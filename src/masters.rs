@@ -75,10 +75,14 @@ pub struct VoteStats {
     pub timeout: AtomicU64,
     pub closed: AtomicU64,
     pub unconfirmed: AtomicU64,
-    /// Its votes in acquires, by [`AcquireVote`].
-    acquire_votes: [Counter; 5],
+    /// Its votes in acquires, by [`AcquireVote`]: `[0]` those in at the decision, `[1]` those
+    /// that came after it (a master a little slower than the quorum still votes every time).
+    acquire_votes: [[Counter; 5]; 2],
     /// Request to reply, in seconds, of the replies that came within the node timeout.
     pub reply_duration: Histogram,
+    /// Their total, in microseconds (the histogram's sum is not readable outside its
+    /// exposition): the status view's mean latency over a window.
+    pub reply_micros: AtomicU64,
 }
 
 impl Default for VoteStats {
@@ -92,6 +96,7 @@ impl Default for VoteStats {
             unconfirmed: AtomicU64::default(),
             acquire_votes: Default::default(),
             reply_duration: Histogram::new(latency_buckets()),
+            reply_micros: AtomicU64::default(),
         }
     }
 }
@@ -157,15 +162,16 @@ impl VoteStats {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts a master's vote at an acquire's decision (votes still pending are not counted).
-    pub fn count_acquire_vote(&self, vote: &Vote) {
+    /// Counts a master's vote in an acquire, in at its decision or `late` (after it); a vote
+    /// still pending is counted when it comes ([`LateVotes::count_acquire_votes`]).
+    pub fn count_acquire_vote(&self, vote: &Vote, late: bool) {
         if let Some(kind) = AcquireVote::of(vote) {
-            self.acquire_votes[kind as usize].inc();
+            self.acquire_votes[usize::from(late)][kind as usize].inc();
         }
     }
 
-    pub fn acquire_votes(&self, kind: AcquireVote) -> u64 {
-        self.acquire_votes[kind as usize].get()
+    pub fn acquire_votes(&self, kind: AcquireVote, late: bool) -> u64 {
+        self.acquire_votes[usize::from(late)][kind as usize].get()
     }
 
     /// Missing votes of every reason.
@@ -380,7 +386,7 @@ impl Voter {
         }
     }
 
-    /// `up`, `down`, `auth_failed (…)`, `connecting`, `quarantined (…)` or `unsafe (…)`, for
+    /// `up`, `down (…)`, `auth_failed (…)`, `connecting`, `quarantined (…)` or `unsafe (…)`, for
     /// `INFO`; a cluster's slots in brief.
     pub fn state(&self) -> String {
         let (link, health) = match &self.place {
@@ -388,9 +394,10 @@ impl Voter {
             Place::Cluster(cluster) => return cluster.state(),
         };
         if !link.is_connected() {
-            return match link.auth_refused() {
-                Some(reason) => format!("auth_failed ({reason})"),
-                None => "down".into(),
+            return match (link.auth_refused(), link.down_reason()) {
+                (Some(reason), _) => format!("auth_failed ({reason})"),
+                (None, Some(reason)) => format!("down ({reason})"),
+                (None, None) => "down".into(),
             };
         }
         health.state(link.connect_count())
@@ -436,8 +443,9 @@ impl Voter {
     fn vote_on(&self, answer: Result<Reply, NoReply>, asked: Instant) -> Vote {
         let vote = match answer {
             Ok(reply) => {
-                let took = asked.elapsed().as_secs_f64();
-                self.stats.reply_duration.observe(took);
+                let took = asked.elapsed();
+                self.stats.reply_duration.observe(took.as_secs_f64());
+                (self.stats.reply_micros).fetch_add(took.as_micros() as u64, Ordering::Relaxed);
                 if let Some(cluster) = self.cluster() {
                     cluster.note_reply(&reply);
                 }
@@ -479,15 +487,32 @@ pub struct LateVotes {
     waiting: Vec<(usize, Arc<Voter>, Pending)>,
     /// Wakes the fan-out at the earliest node timeout among `waiting`.
     timer: Option<Pin<Box<Sleep>>>,
+    /// Whether each vote, as it comes, is counted as a late acquire vote of its master
+    /// ([`LateVotes::count_acquire_votes`]).
+    acquire: bool,
 }
 
 impl LateVotes {
     /// The next vote to come as `(master index, vote)`; `None` once every vote is in.
     pub async fn next(&mut self) -> Option<(usize, Vote)> {
-        std::future::poll_fn(|cx| self.poll_next(cx)).await
+        let (i, vote, voter) = std::future::poll_fn(|cx| self.poll_next(cx)).await?;
+        if self.acquire {
+            voter.stats.count_acquire_vote(&vote, true);
+        }
+        Some((i, vote))
     }
 
-    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<(usize, Vote)>> {
+    /// Counts every vote still to come in its master's acquire votes, as late, whoever waits
+    /// for it: a refusal's rollback does, and once a grant is delivered nobody does, so the
+    /// votes dropped with it are then waited for on a task of their own (each within its node
+    /// timeout). Without this a master that always answers just after the quorum would
+    /// never show a vote.
+    pub fn count_acquire_votes(&mut self) {
+        self.acquire = true;
+    }
+
+    /// The next vote, with its voter.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<(usize, Vote, Arc<Voter>)>> {
         loop {
             // Every answer still to come is polled (so each wakes this task), up to the first
             // that has come; an answer is taken once.
@@ -501,7 +526,8 @@ impl LateVotes {
                     });
             if let Some((at, answer)) = came {
                 let (i, voter, pending) = self.waiting.swap_remove(at);
-                return Poll::Ready(Some((i, voter.vote_on(answer, pending.queued_at))));
+                let vote = voter.vote_on(answer, pending.queued_at);
+                return Poll::Ready(Some((i, vote, voter)));
             }
             let Some((at, earliest)) = (self.waiting.iter().map(|w| w.2.timeout_at()))
                 .enumerate()
@@ -513,7 +539,7 @@ impl LateVotes {
                 let (i, voter, pending) = self.waiting.swap_remove(at);
                 let asked = pending.queued_at;
                 let vote = voter.vote_on(Err(pending.time_out()), asked);
-                return Poll::Ready(Some((i, vote)));
+                return Poll::Ready(Some((i, vote, voter)));
             }
             let timer = self
                 .timer
@@ -525,6 +551,29 @@ impl LateVotes {
                 return Poll::Pending;
             }
         }
+    }
+}
+
+impl Drop for LateVotes {
+    fn drop(&mut self) {
+        if !self.acquire || self.waiting.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        // Not counted through `next`: a runtime that is shutting down drops the task at once,
+        // and its votes must not be handed to yet another task.
+        let mut rest = LateVotes {
+            waiting: std::mem::take(&mut self.waiting),
+            timer: None,
+            acquire: false,
+        };
+        runtime.spawn(async move {
+            while let Some((_, vote, voter)) = std::future::poll_fn(|cx| rest.poll_next(cx)).await {
+                voter.stats.count_acquire_vote(&vote, true);
+            }
+        });
     }
 }
 
@@ -547,7 +596,15 @@ pub struct Masters {
     stop: watch::Sender<bool>,
     /// Whether the masters were judged since start ([`Masters::started`]).
     startup: health::Startup,
+    /// When the links were made: the start of the start-up hold ([`STARTUP_HOLD`]).
+    connected_at: Instant,
 }
+
+/// How long after the links are made a request that needs the masters judged waits for it
+/// ([`Masters::wait_started`]): a founding that waits for a master that does not answer
+/// takes about a second (its patience, ten health intervals), and an acquire answered with an
+/// error in that second would only have had to wait.
+pub const STARTUP_HOLD: Duration = Duration::from_secs(2);
 
 impl Masters {
     /// Connects to, and watches, every master of `config.backends` (TCP or TLS, with their
@@ -644,6 +701,7 @@ impl Masters {
             fanouts: Semaphore::new(MAX_FANOUTS),
             stop,
             startup,
+            connected_at: Instant::now(),
         })
     }
 
@@ -656,10 +714,12 @@ impl Masters {
         self.startup.started(|verdict| self.judged(verdict))
     }
 
-    /// Waits for [`Masters::started`] at most `limit`; whether it started.
+    /// Waits for [`Masters::started`] until the start-up hold ([`STARTUP_HOLD`]) is over, or
+    /// `limit` if that is later; whether it started.
     pub async fn wait_started(&self, limit: Duration) -> bool {
+        let hold = (self.connected_at + STARTUP_HOLD).saturating_duration_since(Instant::now());
         self.startup
-            .wait_started(limit, |verdict| self.judged(verdict))
+            .wait_started(limit.max(hold), |verdict| self.judged(verdict))
             .await
     }
 

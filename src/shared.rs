@@ -7,7 +7,7 @@ use crate::auth::Users;
 use crate::client_registry::Clients;
 use crate::config::Config;
 use crate::health;
-use crate::lock::{self, Acquirer, LockStats};
+use crate::lock::{self, AcquireResult, Acquirer, LockStats};
 use crate::masters::{self, Masters};
 use crate::pubsub::Hub;
 use crate::redlock::Policy;
@@ -15,7 +15,7 @@ use crate::script_cache::ScriptCache;
 use crate::stats::ServerStats;
 use crate::transport::Connect;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock, Weak};
 use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
@@ -113,6 +113,11 @@ impl Shared {
         });
         let stats = Arc::new(ServerStats::new(commands));
         ServerStats::spawn_sampler(Arc::downgrade(&stats));
+        spawn_quorum_watch(
+            Arc::downgrade(&shards[0].masters),
+            acquire_stats.clone(),
+            Duration::from_millis(config.health_interval_ms),
+        );
         let connects = masters::dials(&config)
             .into_iter()
             .map(|dial| Box::new(dial) as Box<dyn Connect>)
@@ -195,4 +200,25 @@ impl Shared {
     pub fn next_client_id(&self) -> u64 {
         self.next_client_id.fetch_add(1, Ordering::Relaxed) + 1
     }
+}
+
+/// Tells the quorum log ([`LockStats::note_quorum`]) that acquires may be granted again as soon
+/// as a quorum of masters may vote (looked at `every` health interval), so that "acquires
+/// resume" is logged when the quorum comes back, not at the next acquire, which may come much
+/// later. A look that finds a quorum counts as a decision that found one; ends with the
+/// masters.
+fn spawn_quorum_watch(masters: Weak<Masters>, stats: Arc<LockStats>, every: Duration) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(masters) = masters.upgrade() else {
+                return;
+            };
+            if masters.usable() >= masters.quorum() {
+                stats.note_quorum(AcquireResult::Granted, || masters.usable_summary());
+            }
+        }
+    });
 }

@@ -117,8 +117,8 @@ pub struct ServerTlsFiles {
 impl ServerTlsFiles {
     /// Reads the files and builds the server configuration.
     fn server_config(&self) -> Result<Arc<ServerConfig>, TlsError> {
-        let certs = load_certs("tls-cert-file", &self.cert)?;
-        let key = load_key("tls-key-file", &self.key)?;
+        let certs = load_certs("tls_cert_file (--tls-cert-file)", &self.cert)?;
+        let key = load_key("tls_key_file (--tls-key-file)", &self.key)?;
         let builder = ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(rustls_error)?;
@@ -131,7 +131,7 @@ impl ServerTlsFiles {
             }
             (mode, Some(ca)) => {
                 let verifier = WebPkiClientVerifier::builder_with_provider(
-                    load_roots("tls-ca-cert-file", ca)?,
+                    load_roots("tls_ca_cert_file (--tls-ca-cert-file)", ca)?,
                     provider(),
                 );
                 let verifier = if mode == ClientCerts::Optional {
@@ -222,12 +222,15 @@ pub fn master_client_config(files: &MasterTlsFiles) -> Result<TlsConnector, TlsE
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(rustls_error)?
-        .with_root_certificates(load_roots("backend-tls-ca-cert-file", ca)?);
+        .with_root_certificates(load_roots(
+            "backend_tls_ca_cert_file (--backend-tls-ca-cert-file)",
+            ca,
+        )?);
     let config = match (&files.cert, &files.key) {
         (Some(cert), Some(key)) => builder
             .with_client_auth_cert(
-                load_certs("backend-tls-cert-file", cert)?,
-                load_key("backend-tls-key-file", key)?,
+                load_certs("backend_tls_cert_file (--backend-tls-cert-file)", cert)?,
+                load_key("backend_tls_key_file (--backend-tls-key-file)", key)?,
             )
             .map_err(rustls_error)?,
         (None, None) => builder.with_no_client_auth(),

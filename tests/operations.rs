@@ -95,6 +95,20 @@ fn with_master(name: &str, master: &str, extra: &str) -> String {
     format!("{name}{{master=\"{master}\"{extra}}}")
 }
 
+/// A master's acquire votes of kind `vote` in a scrape, whatever else their series say (in
+/// at the decision or late).
+fn votes_of(scrape: &str, master: &str, vote: &str) -> f64 {
+    let (master, vote) = (format!("master=\"{master}\""), format!("vote=\"{vote}\""));
+    scrape
+        .lines()
+        .filter_map(|line| line.strip_prefix("redlock_proxy_master_votes_total{"))
+        .filter_map(|line| line.split_once("} "))
+        .filter(|(labels, _)| labels.split(',').any(|l| l == master))
+        .filter(|(labels, _)| labels.split(',').any(|l| l == vote))
+        .filter_map(|(_, value)| value.trim().parse::<f64>().ok())
+        .sum()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_follow_grants_contention_no_quorum_and_quarantine() {
     let mut env = Env::start_with(3, |c| {
@@ -132,18 +146,8 @@ async fn metrics_follow_grants_contention_no_quorum_and_quarantine() {
         2.0
     );
     // A decision needs two votes of three: at least two `ok` and two `held` votes were in.
-    let votes = |body: &str, vote: &str| -> f64 {
-        masters
-            .iter()
-            .map(|m| {
-                let extra = format!(",vote=\"{vote}\"");
-                value(
-                    body,
-                    &with_master("redlock_proxy_master_votes_total", m, &extra),
-                )
-            })
-            .sum()
-    };
+    let votes =
+        |body: &str, vote: &str| -> f64 { masters.iter().map(|m| votes_of(body, m, vote)).sum() };
     assert!(votes(&body, "ok") >= 2.0, "{body}");
     assert!(votes(&body, "held") >= 2.0, "{body}");
     assert_eq!(votes(&body, "timeout"), 0.0, "{body}");
@@ -238,6 +242,49 @@ async fn metrics_follow_grants_contention_no_quorum_and_quarantine() {
     wait_status(addr, "/readyz", 200, Duration::from_secs(10)).await;
     let body = scrape(addr).await;
     assert_eq!(value(&body, &quarantined), 0.0, "{body}");
+}
+
+/// Issue 40, bug 2: a master's answer that comes after the quorum decided is counted too, so
+/// with 5 healthy masters every master shows an `ok` for every grant (before, only the first
+/// three answers of each acquire were: about 3 in 5 per master, and the slowest master none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_master_s_answer_counts_as_its_vote_even_after_the_quorum() {
+    let env = Env::start_with(5, |c| c.metrics = Some("127.0.0.1:0".into())).await;
+    ready_for_load(env.proxy.port).await.unwrap();
+    let mut c = env.proxy.client().await;
+    let addr = metrics_addr(&mut c).await;
+    const GRANTS: u32 = 40;
+    for i in 0..GRANTS {
+        let k = key(&format!("late-votes-{i}"));
+        assert_eq!(c.cmd(&["SET", &k, "v", "NX", "PX", "10000"]).await, "+OK");
+    }
+    let masters = env.masters.addrs();
+    let all_in = |body: &str| {
+        masters
+            .iter()
+            .all(|m| votes_of(body, m, "ok") >= f64::from(GRANTS))
+    };
+    // The late answers are counted as they come, each within the node timeout.
+    let body = wait_scrape(addr, "an ok vote of every master for every grant", all_in).await;
+    for m in &masters {
+        assert_eq!(votes_of(&body, m, "ok"), f64::from(GRANTS), "{m}: {body}");
+    }
+    let late: f64 = masters
+        .iter()
+        .map(|m| {
+            value(
+                &body,
+                &with_master(
+                    "redlock_proxy_master_votes_total",
+                    m,
+                    ",vote=\"ok\",late=\"true\"",
+                ),
+            )
+        })
+        .sum();
+    // A grant is decided at the third `ok` of five: the other two come after it, unless they
+    // were already in when the decision ran.
+    assert!(late <= f64::from(2 * GRANTS), "{late}: {body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -404,6 +451,51 @@ async fn sighup_applies_a_good_file_and_a_broken_one_changes_nothing() {
     wait_warnings(&proxy, warned + 2).await;
     wait_maxclients(proxy.port, 7).await;
     assert_eq!(c.cmd(&["PING"]).await, "+PONG");
+    // Each error said once, on one line (issue 40: a TOML error spans lines, and each was
+    // written twice, in the message and as a field).
+    let parse = proxy.logged(&["configuration not reloaded", "TOML parse error"]);
+    assert_eq!(parse.len(), 1, "{:?}", proxy.logged(&[]));
+    assert!(parse[0].contains("invalid basic string"), "{parse:?}");
+    assert_eq!(parse[0].matches("TOML parse error").count(), 1, "{parse:?}");
+    let restart = proxy.logged(&["changing drift_factor needs a restart"]);
+    assert_eq!(restart.len(), 1, "{restart:?}");
+    assert_eq!(
+        restart[0].matches("needs a restart").count(),
+        1,
+        "{restart:?}"
+    );
+}
+
+/// Issue 40: with `--threads 2` each shard founds or joins the deployment on its own
+/// connections, and says so in the log: each line names its thread (the binary's JSON log, as
+/// the test kit runs it: `threadName`), so the two are told apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_shard_s_log_lines_name_its_thread() {
+    let masters = redlock_proxy::LocalCluster::start(3).unwrap();
+    let args = ["--threads".to_string(), "2".into()];
+    let proxy = ProxyProcess::start(Path::new(BIN), &masters.addrs(), &args).unwrap();
+    let decided = ["deployment decided"];
+    let both = eventually(Duration::from_secs(10), async || {
+        proxy.logged(&decided).len() == 2
+    })
+    .await;
+    assert!(both, "{:?}", proxy.logged(&[]));
+    let lines = proxy.logged(&decided);
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.contains(r#""threadName":"main""#))
+            .count(),
+        1,
+        "{lines:?}"
+    );
+    assert_eq!(
+        (lines.iter())
+            .filter(|l| l.contains(r#""threadName":"redlock-proxy-shard-1""#))
+            .count(),
+        1,
+        "{lines:?}"
+    );
 }
 
 const NOPERM: &str =
@@ -503,6 +595,42 @@ fn check_config_exits_0_or_1_with_the_reason() {
     let (code, text) = check("backends = [\"127.0.0.1:6379\"]\nmetrics = \"nowhere\"\n");
     assert_eq!(code, Some(1), "{text}");
     assert!(text.contains("metrics must be ADDR:PORT"), "{text}");
+
+    // Issue 40: a template whose TLS files are not on this machine (configs/secure.toml): the
+    // message names the config key as well as the flag, and says how to check the rest.
+    let secure = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/secure.toml");
+    let run = |extra: &[&str]| {
+        let out = Command::new(BIN)
+            .arg("--check-config")
+            .arg(&secure)
+            .args(extra)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), text)
+    };
+    let (code, text) = run(&[]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("cannot read backend_tls_ca_cert_file (--backend-tls-ca-cert-file) /etc/"),
+        "{text}"
+    );
+    assert!(text.contains("--syntax-only"), "{text}");
+    let (code, text) = run(&["--syntax-only"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("syntax test (the files it names not read) is successful"),
+        "{text}"
+    );
+    // A syntax error is still one.
+    let broken = file.write("backends = [\"127.0.0.1:6379\"]\nnode_timeout_ms = \"soon\"\n");
+    let out = Command::new(BIN)
+        .args(["--syntax-only", "--check-config"])
+        .arg(broken)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
 }
 
 /// Every `redlock_proxy_…` name in a text (a rule file, a dashboard).
@@ -760,9 +888,18 @@ async fn no_quorum_reply_and_one_log_line_per_change() {
     );
     assert_eq!(logged_once(&nulling, &refusing).await, 1);
 
-    // Back empty: quarantined 2 s, then the acquires resume.
+    // Back empty: quarantined 2 s, then the acquires resume, which is logged when the quorum
+    // is back, without waiting for an acquire (issue 40).
     for m in &mut masters.masters[..3] {
         m.restart(&[]).unwrap();
+    }
+    let resumed = ["acquires resume: a quorum of masters answers again"];
+    for proxy in [&erring, &nulling] {
+        let told = eventually(Duration::from_secs(20), async || {
+            proxy.logged(&resumed).len() == 1
+        })
+        .await;
+        assert!(told, "no acquire, no resume line: {:?}", proxy.logged(&[]));
     }
     let granted = eventually(Duration::from_secs(20), async || {
         e.cmd(&["SET", &key("nq-after"), "v", "NX", "PX", "1000"])
@@ -771,7 +908,6 @@ async fn no_quorum_reply_and_one_log_line_per_change() {
     })
     .await;
     assert!(granted, "{:?}", erring.logged(&[]));
-    let resumed = ["acquires resume: a quorum of masters answers again"];
     assert_eq!(
         logged_once(&erring, &resumed).await,
         1,

@@ -5,18 +5,22 @@
 //!   quarantine once it has restarted empty, whatever its first looks at the others said;
 //! - a brand-new deployment with a minority of masters down (or refusing the proxy's
 //!   password) serves on a quorum, and the missing master joins later through a quarantine;
-//! - the first acquire after start is never answered null (a client reads null as "held");
+//! - the first acquire after start is never answered null (a client reads null as "held"):
+//!   it waits for the masters' judgement (up to the start-up hold), and is then told
+//!   `-LOADING` if they are still not judged (issue 40, bug 4);
 //! - SIGTERM during start-up ends the binary cleanly, and `--local` masters never outlive the
 //!   proxy, even after SIGKILL.
 //!
 //! Bounds are generous (seconds): these tests are about behaviour.
 
+use redlock_proxy::on_master::{ARMED_KEY, QUARANTINE_KEY};
 use redlock_proxy::{Config, LocalCluster, LocalMaster};
 use redlock_testkit::key;
 use redlock_testkit::launcher::{wait_for_info_within, Proxy};
 use redlock_testkit::masters::{master_cmd, master_get};
 use redlock_testkit::relay::{Mode, Relay};
 use redlock_testkit::resp::Client;
+use redlock_testkit::rig::STARTING;
 use redlock_testkit::workload::{refused_while_free_keys_granted, wait_grantable};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -147,7 +151,6 @@ async fn a_new_deployment_with_a_minority_down_serves_and_the_rest_join_quaranti
 /// "someone holds it". Over brand-new masters and over masters a previous proxy armed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_acquire_after_start_is_never_null() {
-    const STARTING: &str = "-ERR redlock-proxy is starting";
     let mut granted = 0;
     for run in 0..6 {
         // Runs alternate brand-new masters and masters armed by a proxy before.
@@ -186,6 +189,59 @@ async fn the_first_acquire_after_start_is_never_null() {
     }
     // Held for up to the node timeout, the first acquires are answered, not only refused.
     assert!(granted >= 6, "only {granted} of 12 first acquires granted");
+}
+
+/// Issue 40, bug 4: a new deployment with one master of three down founds without it after
+/// about a second of patience; an acquire sent meanwhile is held until then and granted
+/// (before, it was refused after a node timeout with `-ERR redlock-proxy is starting`). One
+/// whose masters are still not judged when the hold ends is refused with `-LOADING`, which
+/// clients read as "retry later".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_during_start_up_waits_for_the_masters_then_is_told_loading() {
+    let masters = LocalCluster::start(2).expect("redis-server must be installed");
+    let mut addrs = masters.addrs();
+    addrs.push(format!("127.0.0.1:{}", dead_port()));
+    let config = |addrs: Vec<String>, node_timeout_ms| Config {
+        backends: addrs.iter().map(|a| a.parse().expect("address")).collect(),
+        node_timeout_ms,
+        ..Config::default()
+    };
+    // The default node timeout (50 ms), far shorter than the founding's patience.
+    let proxy = Proxy::launch(config(addrs, Config::default().node_timeout_ms)).await;
+    let mut client = Client::connect(proxy.port).await;
+    let asked = Instant::now();
+    let set = client
+        .cmd(&["SET", &key("held-at-start"), "v", "NX", "PX", "10000"])
+        .await;
+    assert_eq!(set, "+OK", "after {:?}", asked.elapsed());
+    proxy.stop().await;
+
+    // Masters that carry another proxy's founding claim (one that never completes, and a
+    // smaller tag, which a claim does not replace): this proxy cannot found the deployment,
+    // so its masters stay unjudged beyond the hold.
+    let masters = LocalCluster::start(3).expect("redis-server must be installed");
+    for m in &masters.masters {
+        assert_eq!(master_cmd(m.port, &["SET", ARMED_KEY, "x"]).await, "+OK");
+        let claim = ["SET", QUARANTINE_KEY, "founding:0", "PX", "60000"];
+        assert_eq!(master_cmd(m.port, &claim).await, "+OK");
+    }
+    let proxy = Proxy::launch(config(masters.addrs(), Config::default().node_timeout_ms)).await;
+    let mut client = Client::connect(proxy.port).await;
+    let asked = Instant::now();
+    let set = client
+        .cmd(&["SET", &key("loading"), "v", "NX", "PX", "10000"])
+        .await;
+    let waited = asked.elapsed();
+    assert!(
+        set.starts_with("-LOADING redlock-proxy is starting: "),
+        "{set} after {waited:?}"
+    );
+    // The hold runs from the proxy's start, a moment before the request.
+    assert!(
+        waited >= Duration::from_millis(1500),
+        "refused after {waited:?}"
+    );
+    proxy.stop().await;
 }
 
 /// The `redis-server` children of process `parent` (from `/proc`).

@@ -5,16 +5,15 @@
 
 use super::{Action, Ctx, Session, COMMANDS, REDIS_VERSION};
 use crate::error::ProxyError;
-use crate::health::Deployment;
 use crate::lock::AcquireResult;
-use crate::masters::{Voter, ANY_SLOT};
+use crate::masters::Voter;
+use crate::ops::status::{deployment_label, MasterFacts};
 use crate::protocol::{Reply, Request};
 use crate::shared::Shared;
 use crate::stats::ReleaseResult;
-use crate::transport::Link;
 use bytes::Bytes;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 /// `INFO [section …]`: Redis' format (`# Section` then `field:value` lines); no section,
 /// `default`, `all` or `everything` give every section. ioredis' ready check needs a string
@@ -150,11 +149,7 @@ fn masters_section(out: &mut String, shared: &Shared) {
         policy.max_lock_ttl_ms,
         policy.lease_bound().as_millis(),
         masters.wait_replicas(),
-        match masters.deployment() {
-            None => "undecided",
-            Some(Deployment::Fresh) => "founded_by_this_proxy",
-            Some(Deployment::Live) => "live",
-        },
+        deployment_label(masters.deployment()),
     );
     for (i, voter) in masters.voters().iter().enumerate() {
         master_line(out, i, voter);
@@ -164,30 +159,24 @@ fn masters_section(out: &mut String, shared: &Shared) {
 
 /// Appends the `master{i}` line: the master's address, state, votes and connections.
 fn master_line(out: &mut String, i: usize, voter: &Voter) {
-    let clock = voter
-        .server(ANY_SLOT)
-        .and_then(|s| s.health.clock_reading());
-    let links = voter.links();
-    let stats = &voter.stats;
-    let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
-    let sum = |of: fn(&Link) -> u64| links.iter().map(|l| of(l)).sum::<u64>();
+    let f = MasterFacts::of(voter);
     let _ = write!(
         out,
         "master{i}:addr={},state={},replies={},missing={},missing_not_eligible={},missing_no_link={},missing_timeout={},missing_closed={},missing_unconfirmed={},connects={},retired_connections={},pending_cleanups={},clock_age_ms={},clock_error_ms={}\r\n",
-        voter.name(),
-        voter.state(),
-        count(&stats.replies),
-        stats.missing(),
-        count(&stats.not_eligible),
-        count(&stats.no_link),
-        count(&stats.timeout),
-        count(&stats.closed),
-        count(&stats.unconfirmed),
-        sum(Link::connect_count),
-        sum(Link::retired_count),
-        sum(|l| l.pending_cleanups() as u64),
-        clock.map_or(-1, |(age, _)| age.as_millis() as i64),
-        clock.map_or(-1, |(_, error)| error.as_millis() as i64),
+        f.addr,
+        f.state,
+        f.replies,
+        f.missing,
+        f.not_eligible,
+        f.no_link,
+        f.timeout,
+        f.closed,
+        f.unconfirmed,
+        f.connects,
+        f.retired_connections,
+        f.pending_cleanups,
+        f.clock.map_or(-1, |(age, _)| age.as_millis() as i64),
+        f.clock.map_or(-1, |(_, error)| error.as_millis() as i64),
     );
 }
 

@@ -448,15 +448,16 @@ fn tally(
     let masters = &acquirer.masters;
     let Ballot {
         votes,
-        late,
+        mut late,
         deadlines,
     } = ballot;
     for (voter, vote) in masters.voters().iter().zip(&votes) {
         if *vote == Vote::Replied(UNARMED) {
             voter.recheck(request.slot);
         }
-        voter.stats.count_acquire_vote(vote);
+        voter.stats.count_acquire_vote(vote, false);
     }
+    late.count_acquire_votes();
     let held = held_by_majority(&votes);
     let unreachable = majority_unreachable(&votes);
     let floor = token_floor(&votes);

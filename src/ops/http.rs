@@ -2,9 +2,11 @@
 //! format the scraper's `Accept` header asks for: [`metrics::Format::negotiate`]),
 //! `GET /healthz` (200 while the process serves) and `GET /readyz` (200 while a quorum of
 //! masters may vote, else 503 with the reason), for Prometheus, load balancers and
-//! Kubernetes probes.
+//! Kubernetes probes; and for a person, the status view ([`super::status`]): the page at `/`
+//! and `/status`, its facts at `/status.json`, their windows sampled once a second here.
 
 use super::metrics;
+use super::status::{History, Status};
 use crate::shared::Shared;
 use bytes::Bytes;
 use http_body_util::Full;
@@ -41,6 +43,12 @@ pub async fn start(
 
 async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let registry = Arc::new(metrics::registry(shared.clone()));
+    let history = Arc::new(History::new(&shared));
+    tokio::spawn(sample_every_second(
+        history.clone(),
+        shared.clone(),
+        stop.clone(),
+    ));
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -54,9 +62,9 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Rece
             // Only `true` is ever sent: any change is the stop.
             _ = stop.changed() => return,
         };
-        let (shared, registry) = (shared.clone(), registry.clone());
+        let (shared, registry, history) = (shared.clone(), registry.clone(), history.clone());
         let service = service_fn(move |request| {
-            let response = respond(&request, &shared, &registry);
+            let response = respond(&request, &shared, &registry, &history);
             async move { Ok::<_, Infallible>(response) }
         });
         let connection = http1::Builder::new()
@@ -69,10 +77,27 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Rece
     }
 }
 
+/// Samples the counters of the status view's windows once a second, until `stop`.
+async fn sample_every_second(
+    history: Arc<History>,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = every.tick() => history.sample(&shared),
+            _ = stop.changed() => return,
+        }
+    }
+}
+
 fn respond(
     request: &Request<Incoming>,
     shared: &Shared,
     registry: &Registry,
+    history: &History,
 ) -> Response<Full<Bytes>> {
     let reply = |status: StatusCode, content_type: &str, body: String| {
         let mut response = Response::new(Full::new(Bytes::from(body)));
@@ -93,6 +118,14 @@ fn respond(
             let body = metrics::encode(registry, format);
             reply(StatusCode::OK, format.content_type(), body)
         }
+        "/" | "/status" => {
+            let page = Status::now(shared, history).page();
+            reply(StatusCode::OK, "text/html; charset=utf-8", page)
+        }
+        "/status.json" => {
+            let json = Status::now(shared, history).to_json();
+            reply(StatusCode::OK, "application/json", json)
+        }
         "/healthz" => reply(StatusCode::OK, TEXT, "ok\n".into()),
         "/readyz" => match super::readiness(shared) {
             Ok(ready) => reply(StatusCode::OK, TEXT, ready),
@@ -101,7 +134,7 @@ fn respond(
         _ => reply(
             StatusCode::NOT_FOUND,
             TEXT,
-            "not found: /metrics, /healthz, /readyz\n".into(),
+            "not found: /metrics, /healthz, /readyz, /status, /status.json\n".into(),
         ),
     }
 }

@@ -326,12 +326,18 @@ impl Collector for ProxyCollector {
         family(
             e,
             "redlock_proxy_master_votes",
-            "The master's votes at acquire decisions: ok, held, timeout, not_eligible, error.",
+            "The master's votes in acquires: ok, held, timeout, not_eligible, error; late=\"true\" for those that came after the decision.",
             MetricType::Counter,
             voters.iter().enumerate().flat_map(|(i, v)| {
-                AcquireVote::ALL.map(|kind| {
-                    let labels = vec![("master", master(i)), ("vote", kind.label().to_string())];
-                    (labels, counter(v.stats.acquire_votes(kind)))
+                [false, true].into_iter().flat_map(move |late| {
+                    AcquireVote::ALL.map(|kind| {
+                        let labels = vec![
+                            ("master", master(i)),
+                            ("vote", kind.label().to_string()),
+                            ("late", late.to_string()),
+                        ];
+                        (labels, counter(v.stats.acquire_votes(kind, late)))
+                    })
                 })
             }),
         )?;

@@ -2,7 +2,8 @@
 //! - [`metrics`]: the Prometheus exposition of the counters every layer keeps next to what it
 //!   counts ([`crate::stats`], [`crate::lock::LockStats`], [`crate::masters::VoteStats`], the
 //!   health records), read at scrape time by one collector;
-//! - [`http`]: the HTTP endpoint (`/metrics`, `/healthz`, `/readyz`);
+//! - [`http`]: the HTTP endpoint (`/metrics`, `/healthz`, `/readyz`, the status view);
+//! - [`status`]: the status view's facts (`/status.json`, the page, `redlock-proxy status`);
 //! - [`reload`]: applying a re-read configuration to a running proxy (SIGHUP), and the hooks
 //!   other parts register for what they re-read.
 //!
@@ -12,21 +13,27 @@
 pub mod http;
 pub mod metrics;
 pub mod reload;
+pub mod status;
 
 use crate::shared::Shared;
 
-/// Whether a quorum of masters may vote now; otherwise why not (for `/readyz`).
+/// Whether a quorum of masters may vote now; otherwise why not (for `/readyz`). Either way,
+/// each master that may not vote, with its state and why ("down (connection refused)").
 pub fn readiness(shared: &Shared) -> Result<String, String> {
     let masters = shared.masters();
     let summary = masters.usable_summary();
-    if masters.usable() >= masters.quorum() {
-        return Ok(format!("ready: {summary}\n"));
-    }
-    let mut why = format!("not ready: {summary}\n");
+    let ready = masters.usable() >= masters.quorum();
+    let mut text = match ready {
+        true => format!("ready: {summary}\n"),
+        false => format!("not ready: {summary}\n"),
+    };
     for (i, voter) in masters.voters().iter().enumerate() {
         if !voter.usable() {
-            why.push_str(&format!("master{i} {}: {}\n", voter.name(), voter.state()));
+            text.push_str(&format!("master{i} {}: {}\n", voter.name(), voter.state()));
         }
     }
-    Err(why)
+    match ready {
+        true => Ok(text),
+        false => Err(text),
+    }
 }

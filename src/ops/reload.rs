@@ -46,7 +46,8 @@ impl Reloader {
         let Ok(hooks) = self.hooks.lock() else { return };
         for (what, hook) in hooks.iter() {
             if let Err(err) = hook(config) {
-                tracing::error!(part = what, error = %err, "reload: {what} not changed: {err}");
+                let err = one_line(&err);
+                tracing::error!(part = what, "reload: {what} not changed: {err}");
             }
         }
     }
@@ -141,7 +142,7 @@ pub fn apply(
     if old.requirepass != new.requirepass || old.users != new.users {
         match new.users() {
             Ok(users) => shared.replace_users(users),
-            Err(err) => tracing::error!(error = %err, "reload: users not changed: {err}"),
+            Err(err) => tracing::error!("reload: users not changed: {}", one_line(&err)),
         }
     }
     hooks.run_hooks(&new);
@@ -197,16 +198,35 @@ pub fn spawn(shared: Arc<Shared>, mut reload: Reload, mut stop: watch::Receiver<
                     "configuration reloaded: {} changed",
                     changed.join(", ")
                 ),
-                Err(err) => {
-                    tracing::error!(error = %err, "configuration not reloaded, nothing changed: {err}")
-                }
+                Err(err) => tracing::error!(
+                    "configuration not reloaded, nothing changed: {}",
+                    one_line(&err)
+                ),
             }
         }
     });
 }
 
+/// An error in one log line, its runs of blanks and line breaks as one space: a TOML parse
+/// error spans several lines (the line it quotes, a caret under the column), which would
+/// split the log line it is in.
+fn one_line(err: &impl std::fmt::Display) -> String {
+    let text = err.to_string();
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_multi_line_error_is_logged_on_one_line() {
+        let toml = "invalid config file c.toml: TOML parse error at line 2, column 19\n  |\n2 | maxclients = \"many\n  |                   ^\ninvalid basic string\n";
+        assert_eq!(
+            one_line(&toml),
+            "invalid config file c.toml: TOML parse error at line 2, column 19 | 2 | maxclients = \"many | ^ invalid basic string"
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -12,7 +12,8 @@
 //! - A connection attempt is counted ([`Link::attempted`]) once its connection is usable, so a
 //!   waiter woken by it can send at once.
 //! - A failure is logged once per change of reason, not per retry; a refusal of the
-//!   credentials is kept for `INFO` ([`Link::auth_refused`]) until a connection succeeds.
+//!   credentials is kept for `INFO` ([`Link::auth_refused`]) until a connection succeeds, and
+//!   so is any other reason the master is not connected ([`Link::down_reason`]).
 
 use super::connection::Connection;
 use super::{AuthRefused, Connect, Link, ReadHalf, WriteHalf};
@@ -46,6 +47,20 @@ impl Failure {
     }
 }
 
+/// An I/O error as a person reads it in a state: "connection refused", without the
+/// `(os error 111)` that `io::Error` adds and with a lower-case start.
+fn plain_reason(err: &io::Error) -> String {
+    let text = err.to_string();
+    let text = match text.rfind(" (os error ") {
+        Some(at) if text.ends_with(')') => &text[..at],
+        _ => &text,
+    };
+    let mut chars = text.chars();
+    chars.next().map_or_else(String::new, |first| {
+        first.to_lowercase().chain(chars).collect()
+    })
+}
+
 /// What keeps a [`Link`] connected: its connector, and the link whose state it updates.
 pub struct Driver {
     link: Arc<Link>,
@@ -69,6 +84,7 @@ impl Driver {
                 Ok(Ok((rd, wr))) => {
                     link.connects.fetch_add(1, Ordering::Relaxed);
                     link.set_auth_refused(None);
+                    link.set_down_reason(None);
                     if failing.take().is_some() {
                         tracing::info!(master = %link.addr, "master reachable again");
                     }
@@ -111,6 +127,7 @@ impl Driver {
             }
         }
         link.install(None);
+        link.set_down_reason(Some("connection lost".into()));
         link.retired.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(master = %link.addr, "connection aborted");
     }
@@ -122,6 +139,14 @@ impl Driver {
         link.set_auth_refused(match &failure {
             Failure::AuthRefused(reason) => Some(reason.clone()),
             _ => None,
+        });
+        link.set_down_reason(match (&failure, err) {
+            (Failure::AuthRefused(_), _) => None,
+            (_, Some(err)) => Some(plain_reason(err)),
+            (_, None) => Some(format!(
+                "connect timed out after {} s",
+                CONNECT_TIMEOUT.as_secs()
+            )),
         });
         if failing.as_ref() != Some(&failure) {
             match (&failure, err) {

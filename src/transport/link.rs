@@ -38,6 +38,9 @@ pub struct Link {
     /// Why the last connection attempt failed, if the master refused our credentials (cleared
     /// by the next connection that succeeds).
     auth_refused: Mutex<Option<String>>,
+    /// Why the master is not connected otherwise: the last attempt's failure ("connection
+    /// refused"), or the end of the last connection (cleared by the next that succeeds).
+    down_reason: Mutex<Option<String>>,
     pub(super) new_connection: Notify,
     /// Clean-ups whose connection ended before they were confirmed.
     pub(super) cleanups: Cleanups,
@@ -106,6 +109,7 @@ impl Link {
             attempts: AtomicU64::new(0),
             retired: AtomicU64::new(0),
             auth_refused: Mutex::new(None),
+            down_reason: Mutex::new(None),
             new_connection: Notify::new(),
             cleanups: Cleanups::default(),
             witness: Witness::default(),
@@ -163,6 +167,18 @@ impl Link {
 
     pub(super) fn set_auth_refused(&self, reason: Option<String>) {
         if let Ok(mut slot) = self.auth_refused.lock() {
+            *slot = reason;
+        }
+    }
+
+    /// Why the master is not connected (other than a refusal of the credentials), while it
+    /// is not: for `INFO`, `/readyz` and the status page.
+    pub fn down_reason(&self) -> Option<String> {
+        self.down_reason.lock().ok()?.clone()
+    }
+
+    pub(super) fn set_down_reason(&self, reason: Option<String>) {
+        if let Ok(mut slot) = self.down_reason.lock() {
             *slot = reason;
         }
     }

@@ -373,7 +373,7 @@ impl Rig {
 }
 
 /// The start of the error a proxy answers acquires with until it has judged its masters.
-pub const STARTING: &str = "-ERR redlock-proxy is starting";
+pub const STARTING: &str = "-LOADING redlock-proxy is starting";
 
 /// What a run must show besides safety (no overlap, no duplicate live token, no token
 /// regression): at least `min_grants` grants (so it cannot pass vacuously), at least
