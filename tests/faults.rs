@@ -355,6 +355,27 @@ fn clock_faults_and_reloads_in_place() {
     });
 }
 
+/// Issue 39: holders that extend with Redis 8.4's `SET key token IFEQ token PX ttl` and
+/// release with `DELEX key IFEQ token`, while minority masters pause and restart empty: 0
+/// overlaps, no extend counted that a majority did not confirm.
+#[test]
+fn redis84_extends_and_releases_under_pauses_and_restarts() {
+    fn redis84(mut w: Workload) -> Workload {
+        w.redis84 = true;
+        w.extend_chance = 0.4;
+        w
+    }
+    fn step(nem: &mut Nemesis) {
+        match nem.rng.below(2) {
+            0 => step_pause(nem),
+            _ => step_amnesia(nem),
+        }
+    }
+    // Extended holds are longer: fewer grants than the plain workload's 300.
+    let expect = Expect::new(120, 6);
+    minority_scenario_of("redis84", true, 1, 12.0, step, redis84, expect);
+}
+
 #[test]
 fn baseline_without_faults() {
     run(async {

@@ -145,6 +145,9 @@ pub struct Workload {
     /// Extends are `LOCK.EXTEND key value ttl_ms` (granted: an integer, the new validity;
     /// refused: null) instead of redis-cli's script (granted: `:1`).
     pub extend_via_lock_extend: bool,
+    /// Redis 8.4's lock commands: releases are `DELEX key IFEQ token` and extends (unless
+    /// `extend_via_lock_extend`) `SET key token IFEQ token PX ttl` (granted: `+OK`).
+    pub redis84: bool,
     /// After a refusal, with this chance the next attempt is on the same key with the same
     /// token (redis-py's retry) instead of a fresh one.
     pub same_token_retry_chance: f64,
@@ -188,6 +191,7 @@ impl Workload {
             script_refusal_release_chance: 1.0,
             extend_chance: 0.0,
             extend_via_lock_extend: false,
+            redis84: false,
             same_token_retry_chance: 0.0,
             lock_acquire_chance: 0.0,
             live_ports: None,
@@ -446,10 +450,12 @@ async fn pause(rng: &mut Rng, (lo, hi): (u64, u64)) {
     }
 }
 
-/// A holder's release: `ZREM key token` from a semaphore, else the compare-and-delete.
+/// A holder's release: `ZREM key token` from a semaphore, else the compare-and-delete (or
+/// Redis 8.4's `DELEX … IFEQ`).
 fn release<'a>(cfg: &Workload, key: &'a str, token: &'a str) -> Vec<&'a str> {
     match cfg.semaphore {
         Some(_) => vec!["ZREM", key, token],
+        None if cfg.redis84 => vec!["DELEX", key, "IFEQ", token],
         None => vec!["EVAL", COMPARE_AND_DELETE.text(), "1", key, token],
     }
 }
@@ -589,6 +595,9 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
                     let extend = if cfg.extend_via_lock_extend {
                         c.try_cmd(&["LOCK.EXTEND", key, &token, &ttl], cfg.reply_timeout)
                             .await
+                    } else if cfg.redis84 {
+                        let set = ["SET", key, &token, "IFEQ", &token, "PX", &ttl];
+                        c.try_cmd(&set, cfg.reply_timeout).await
                     } else {
                         c.try_cmd(
                             &["EVAL", REDIS_CLI_EXTEND, "1", key, &token, &ttl],
@@ -603,7 +612,8 @@ async fn worker(id: usize, cfg: Workload, stop: Arc<AtomicBool>) -> History {
                             "timeout".to_string()
                         }
                     };
-                    let ok = extend_granted(&text, cfg.extend_via_lock_extend);
+                    let ok = extend_granted(&text, cfg.extend_via_lock_extend)
+                        || (cfg.redis84 && text == "+OK");
                     let entry = if ok { GRANTED.to_string() } else { text };
                     *h.extends.entry(entry).or_default() += 1;
                     if !ok {
