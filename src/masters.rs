@@ -967,3 +967,58 @@ pub fn slot_of<K: AsRef<[u8]>>(keys: &[K]) -> u16 {
     keys.first()
         .map_or(ANY_SLOT, |k| cluster::slots::key_slot(k.as_ref()))
 }
+
+/// How `INFO` and the status view name the deployment verdict.
+pub fn deployment_label(verdict: Option<health::Deployment>) -> &'static str {
+    match verdict {
+        None => "undecided",
+        Some(health::Deployment::Fresh) => "founded_by_this_proxy",
+        Some(health::Deployment::Live) => "live",
+    }
+}
+
+/// One master's facts as they are now: what `INFO masters` prints on its line, and what the
+/// status view starts from.
+pub struct MasterFacts {
+    pub addr: String,
+    /// [`Voter::state`]: `up`, `down (connection refused)`, `quarantined (…; 41000 ms left)`…
+    pub state: String,
+    pub replies: u64,
+    pub missing: u64,
+    pub not_eligible: u64,
+    pub no_link: u64,
+    pub timeout: u64,
+    pub closed: u64,
+    pub unconfirmed: u64,
+    pub connects: u64,
+    pub retired_connections: u64,
+    pub pending_cleanups: u64,
+    /// How old the last clock reading is, and how far off it may be.
+    pub clock: Option<(Duration, Duration)>,
+}
+
+impl MasterFacts {
+    pub fn of(voter: &Voter) -> MasterFacts {
+        let links = voter.links();
+        let stats = &voter.stats;
+        let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let sum = |of: fn(&Link) -> u64| links.iter().map(|l| of(l)).sum::<u64>();
+        MasterFacts {
+            addr: voter.name().to_string(),
+            state: voter.state(),
+            replies: count(&stats.replies),
+            missing: stats.missing(),
+            not_eligible: count(&stats.not_eligible),
+            no_link: count(&stats.no_link),
+            timeout: count(&stats.timeout),
+            closed: count(&stats.closed),
+            unconfirmed: count(&stats.unconfirmed),
+            connects: sum(Link::connect_count),
+            retired_connections: sum(Link::retired_count),
+            pending_cleanups: sum(|l| l.pending_cleanups() as u64),
+            clock: voter
+                .server(ANY_SLOT)
+                .and_then(|s| s.health.clock_reading()),
+        }
+    }
+}

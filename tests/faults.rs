@@ -64,7 +64,7 @@
 //! The rig, the nemesis and its fault steps, the workload and the checker are in the test kit
 //! (`testkit/src/{rig,nemesis,workload,checker}.rs`); the scenarios are here.
 
-use redlock_proxy::on_master::{ARMED_KEY, COMPARE_AND_DELETE, QUARANTINE_KEY};
+use redlock_proxy::on_master::{ARMED_KEY, COMPARE_AND_DELETE, QUARANTINE_KEY, WITNESS_KEY};
 use redlock_proxy::{Config, LocalCluster};
 use redlock_testkit::checker::{self, Hold, Overlap, Report};
 use redlock_testkit::key;
@@ -563,7 +563,8 @@ fn rolling_restarts_of_fsync_always_masters_keep_every_master_voting() {
 /// early), for held lock keys they did not declare, or that would leave keys without expiry.
 /// Each is refused (or its key capped) with the proxy's error; the checker sees 0 overlaps (a
 /// quarantine ended by a script would let a restarted master vote for a second holder), and
-/// afterwards no key on any master lacks an expiry but the proxy's `armed` marker.
+/// afterwards no key on any master lacks an expiry but the proxy's `armed` marker and write
+/// witness.
 #[test]
 fn hostile_scripts_under_amnesia_churn() {
     run(async {
@@ -596,7 +597,7 @@ fn hostile_scripts_under_amnesia_churn() {
                 let k = k.trim_start_matches('$');
                 let pttl = master_cmd(m.port, &["PTTL", k]).await;
                 assert!(
-                    k == ARMED_KEY || pttl != ":-1",
+                    k == ARMED_KEY || k == WITNESS_KEY || pttl != ":-1",
                     "{k} has no expiry on master {}",
                     m.port
                 );

@@ -7,7 +7,7 @@ use super::{Action, Ctx, Session, COMMANDS, REDIS_VERSION};
 use crate::error::ProxyError;
 use crate::lock::AcquireResult;
 use crate::masters::Voter;
-use crate::ops::status::{deployment_label, MasterFacts};
+use crate::masters::{deployment_label, MasterFacts};
 use crate::protocol::{Reply, Request};
 use crate::shared::Shared;
 use crate::stats::ReleaseResult;
