@@ -26,6 +26,7 @@
 //!   monitor: it is quarantined like a master that restarted empty (docs/SAFETY.md).
 
 use crate::backend::{Backend, SentinelGroup};
+use crate::live::LiveDuration;
 use crate::protocol::{decode_reply, encode_command, Reply};
 use crate::secret::Secret;
 use crate::transport::{AuthRefused, Connect, ReadHalf, WriteHalf};
@@ -72,6 +73,12 @@ pub struct Dial {
     /// Failovers of the group seen so far, counted by the watcher started at the first
     /// [`Connect::changed`].
     switches: OnceLock<watch::Receiver<u64>>,
+    /// How long the master may take to answer the `AUTH` or `PING` that opens a connection
+    /// (a voting link's node timeout: [`Dial::answering_within`]; `None`: the transport's
+    /// connect timeout). A master cut off behind a link that still accepts connections (a
+    /// blackholing middlebox) would otherwise hold every attempt for the whole connect
+    /// timeout, and a healed link would wait out the attempt under way before it votes again.
+    answer_within: Option<LiveDuration>,
 }
 
 impl Dial {
@@ -103,6 +110,16 @@ impl Dial {
             }),
             sentinel: backend.sentinel.clone(),
             switches: OnceLock::new(),
+            answer_within: None,
+        }
+    }
+
+    /// This dial, whose connection's opening `AUTH` or `PING` must be answered within
+    /// `limit` (a voting link's node timeout).
+    pub fn answering_within(self, limit: LiveDuration) -> Dial {
+        Dial {
+            answer_within: Some(limit),
+            ..self
         }
     }
 }
@@ -113,6 +130,7 @@ impl Connect for Dial {
         let tls = self.tls.clone();
         let credentials = self.credentials.clone();
         let sentinel = self.sentinel.clone();
+        let limit = self.answer_within.as_ref().map(LiveDuration::get);
         Box::pin(async move {
             let tls = tls.transpose().map_err(io::Error::other)?;
             let (host, port) = match &sentinel {
@@ -124,13 +142,13 @@ impl Connect for Dial {
             match tls {
                 None => {
                     let (mut rd, mut wr) = stream.into_split();
-                    authenticate(&mut rd, &mut wr, credentials.as_ref()).await?;
+                    authenticate(&mut rd, &mut wr, credentials.as_ref(), limit).await?;
                     Ok((Box::new(rd) as ReadHalf, Box::new(wr) as WriteHalf))
                 }
                 Some((connector, name)) => {
                     let stream = connector.connect(name, stream).await?;
                     let (mut rd, mut wr) = tokio::io::split(stream);
-                    authenticate(&mut rd, &mut wr, credentials.as_ref()).await?;
+                    authenticate(&mut rd, &mut wr, credentials.as_ref(), limit).await?;
                     Ok((Box::new(rd) as ReadHalf, Box::new(wr) as WriteHalf))
                 }
             }
@@ -262,6 +280,7 @@ async fn authenticate(
     rd: &mut (impl AsyncRead + Unpin),
     wr: &mut (impl AsyncWrite + Unpin),
     credentials: Option<&Credentials>,
+    limit: Option<std::time::Duration>,
 ) -> io::Result<()> {
     let command = match credentials {
         None => encode_command(&["PING"]),
@@ -281,10 +300,18 @@ async fn authenticate(
             AuthRefused(String::from_utf8_lossy(text).replace(',', ";")),
         )
     };
-    match (
-        read_reply(rd, &mut BytesMut::with_capacity(256)).await?,
-        credentials,
-    ) {
+    let mut buf = BytesMut::with_capacity(256);
+    let answer = read_reply(rd, &mut buf);
+    let answer = match limit {
+        Some(limit) => tokio::time::timeout(limit, answer).await.map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no answer to the connection's first command within the node timeout",
+            )
+        })??,
+        None => answer.await?,
+    };
+    match (answer, credentials) {
         (Reply::Error(text), None) if text.starts_with(b"NOAUTH") => Err(refused(&text)),
         // Any other answer (`PONG`, `LOADING …`) is for the health monitor to judge.
         (_, None) => Ok(()),

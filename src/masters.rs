@@ -641,7 +641,8 @@ impl Masters {
             .map(|backend| match backend.cluster {
                 Some(_) => Endpoint::Cluster(backend.clone(), tls.clone(), env_password.clone()),
                 None => {
-                    let dial = Dial::new(backend, tls.as_ref(), env_password.as_ref());
+                    let dial = Dial::new(backend, tls.as_ref(), env_password.as_ref())
+                        .answering_within(node_timeout.clone());
                     let link = Link::new(backend.to_string(), Box::new(dial), node_timeout.clone());
                     Endpoint::Single(link)
                 }

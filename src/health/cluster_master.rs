@@ -496,7 +496,8 @@ impl DialTemplate {
             cluster: None,
             ..self.backend.clone()
         };
-        let dial = Dial::new(&backend, self.tls.as_ref(), self.env_password.as_ref());
+        let dial = Dial::new(&backend, self.tls.as_ref(), self.env_password.as_ref())
+            .answering_within(node_timeout.clone());
         Link::new(format!("{host}:{port}"), Box::new(dial), node_timeout)
     }
 }

@@ -80,6 +80,15 @@ impl Driver {
         let mut failing: Option<Failure> = None;
         while !*stop.borrow() {
             let attempt = timeout(CONNECT_TIMEOUT, self.connector.connect()).await;
+            // A master that took the connection but did not answer its opening command within
+            // the node timeout ([`crate::dial`]) is retried as one whose connection the
+            // watchdog retired: after the shortest backoff, so that a link healed after a cut
+            // that still accepted connections votes again at once.
+            let unanswered =
+                matches!(&attempt, Ok(Err(err)) if err.kind() == io::ErrorKind::TimedOut);
+            if unanswered {
+                backoff = BACKOFF_MIN;
+            }
             match attempt {
                 Ok(Ok((rd, wr))) => {
                     link.connects.fetch_add(1, Ordering::Relaxed);
@@ -98,7 +107,9 @@ impl Driver {
                 _ = sleep(backoff) => {}
                 _ = stop.wait_for(|s| *s) => break,
             }
-            backoff = (backoff * 2).min(BACKOFF_MAX);
+            if !unanswered {
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
         }
     }
 
