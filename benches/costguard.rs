@@ -109,6 +109,18 @@ struct Baseline {
 #[derive(Deserialize)]
 struct BaselineCell {
     instructions: u64,
+    /// This cell's own margin, where its runs spread wider than the default allows for.
+    margin_pct: Option<f64>,
+}
+
+impl Baseline {
+    /// The margin of cell `name`: its own, or the file's.
+    fn margin(&self, name: &str) -> f64 {
+        self.cells
+            .get(name)
+            .and_then(|c| c.margin_pct)
+            .unwrap_or(self.margin_pct)
+    }
 }
 
 /// One cell's runs: instructions per request.
@@ -456,8 +468,10 @@ fn commit() -> String {
     }
 }
 
-/// The baseline file for `cells` (instructions = the least of the runs).
-fn baseline_text(cells: &BTreeMap<(String, String), Measured>, margin_pct: f64) -> String {
+/// The baseline file for `cells` (instructions = the least of the runs), with the margins of
+/// `old` (the cells' own kept).
+fn baseline_text(cells: &BTreeMap<(String, String), Measured>, old: Option<&Baseline>) -> String {
+    let margin_pct = old.map_or(DEFAULT_MARGIN_PCT, |b| b.margin_pct);
     let mut t = String::new();
     let _ = writeln!(
         t,
@@ -479,6 +493,12 @@ fn baseline_text(cells: &BTreeMap<(String, String), Measured>, margin_pct: f64) 
     for ((name, label), m) in cells {
         let _ = writeln!(t, "\n[cells.{name}]  # {label}");
         let _ = writeln!(t, "instructions = {}", m.min());
+        if let Some(own) = old
+            .and_then(|b| b.cells.get(name))
+            .and_then(|c| c.margin_pct)
+        {
+            let _ = writeln!(t, "margin_pct = {own:?}");
+        }
         let _ = writeln!(t, "runs = {:?}", m.runs);
         let _ = writeln!(t, "spread_pct = {:.2}", m.spread_pct());
     }
@@ -534,14 +554,12 @@ fn main() {
     let baseline = std::fs::read_to_string(&s.baseline)
         .map_err(|e| e.to_string())
         .and_then(|t| toml::from_str::<Baseline>(&t).map_err(|e| e.to_string()));
-    let margin = baseline
-        .as_ref()
-        .map_or(DEFAULT_MARGIN_PCT, |b| b.margin_pct);
-    let (report, grown) = report(&cells, baseline.as_ref().ok(), margin);
+    let (report, grown) = report(&cells, baseline.as_ref().ok());
     println!("{report}");
     progress(&format!("{:.0} s", began.elapsed().as_secs_f64()));
     if s.update {
-        std::fs::write(&s.baseline, baseline_text(&cells, margin)).expect("write the baseline");
+        let text = baseline_text(&cells, baseline.as_ref().ok());
+        std::fs::write(&s.baseline, text).expect("write the baseline");
         progress(&format!("wrote {}", s.baseline.display()));
         return;
     }
@@ -555,7 +573,7 @@ fn main() {
         }
         Ok(b) if grown > 0 => {
             progress(&format!(
-                "FAIL: {grown} cell(s) cost more than {margin} % over the baseline of {} \
+                "FAIL: {grown} cell(s) cost more than their margin over the baseline of {} \
                  (measured on {}, {}; here: {}, {})",
                 b.commit,
                 b.machine,
@@ -585,25 +603,25 @@ fn setup(s: &Settings) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-/// The markdown table of every cell against the baseline, and how many grew past `margin`.
+/// The markdown table of every cell against the baseline, and how many grew past their margin.
 fn report(
     cells: &BTreeMap<(String, String), Measured>,
     baseline: Option<&Baseline>,
-    margin: f64,
 ) -> (String, usize) {
     let mut t = String::new();
     let mut grown = 0;
     let _ = writeln!(
         t,
-        "| cell | instructions per request (least of {} runs) | runs | spread | baseline | change |\n|---|---|---|---|---|---|",
+        "| cell | instructions per request (least of {} runs) | runs | spread | baseline | change (margin) |\n|---|---|---|---|---|---|",
         cells.values().map(|m| m.runs.len()).max().unwrap_or(0)
     );
     for ((name, label), m) in cells {
         let base = baseline
             .and_then(|b| b.cells.get(name))
             .map(|c| c.instructions);
-        let change = match base {
-            Some(base) => {
+        let change = match (base, baseline) {
+            (Some(base), Some(b)) => {
+                let margin = b.margin(name);
                 let pct = (m.min() as f64 / base.max(1) as f64 - 1.0) * 100.0;
                 let verdict = if pct > margin {
                     grown += 1;
@@ -613,9 +631,9 @@ fn report(
                 } else {
                     ""
                 };
-                format!("{pct:+.2} %{verdict}")
+                format!("{pct:+.2} % ({margin} %){verdict}")
             }
-            None => {
+            _ => {
                 grown += 1;
                 "not in the baseline".into()
             }
