@@ -3,7 +3,7 @@
 # request (SET NX PX on fresh keys and the compare-and-delete release, -P 1 and -P 16, over 1
 # and 5 masters) and a master's per granted acquire (the proxy's lock script vs a bare
 # SET NX PX), and fails when one grows by more than the margin of benches/cost-baseline.toml.
-# About 2 minutes on 2 CPUs once built. See README.md, "Cost guard".
+# About 1 ½ minutes on 2 CPUs once built. See README.md, "Cost guard".
 #
 #   scripts/cost-guard.sh                      # compare with the baseline; exit 1 on growth
 #   COST_GUARD_UPDATE=1 scripts/cost-guard.sh  # write what it measured into the baseline
