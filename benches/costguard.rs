@@ -571,6 +571,22 @@ fn main() {
             ));
             std::process::exit(1);
         }
+        // Instruction counts depend on the CPU (glibc picks its string functions by CPU) and
+        // on the redis-server build: a baseline from another machine says nothing here.
+        Ok(b)
+            if b.machine != machine()
+                || b.redis_server != first_line("redis-server", &["--version"]) =>
+        {
+            progress(&format!(
+                "NOT COMPARED: the baseline of {} was measured on {} with {}; here: {} with {}. \
+                 Refresh it on this machine type (README, \"Cost guard\") to guard it",
+                b.commit,
+                b.machine,
+                b.redis_server,
+                machine(),
+                first_line("redis-server", &["--version"])
+            ));
+        }
         Ok(b) if grown > 0 => {
             progress(&format!(
                 "FAIL: {grown} cell(s) cost more than their margin over the baseline of {} \
