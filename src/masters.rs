@@ -388,6 +388,15 @@ impl Voter {
 
     /// `up`, `down (…)`, `auth_failed (…)`, `connecting`, `quarantined (…)` or `unsafe (…)`, for
     /// `INFO`; a cluster's slots in brief.
+    /// The cause of the quarantine a single master is in now (the metric's label); `None`
+    /// for a cluster master (its quarantines are per slot).
+    pub fn quarantine_cause(&self) -> Option<&'static str> {
+        match &self.place {
+            Place::Single { health, .. } => health.quarantine_cause(),
+            Place::Cluster(_) => None,
+        }
+    }
+
     pub fn state(&self) -> String {
         let (link, health) = match &self.place {
             Place::Single { link, health } => (link, health),
@@ -996,6 +1005,8 @@ pub struct MasterFacts {
     pub pending_cleanups: u64,
     /// How old the last clock reading is, and how far off it may be.
     pub clock: Option<(Duration, Duration)>,
+    /// The running quarantine's cause, as the metric labels it.
+    pub quarantine_cause: Option<&'static str>,
 }
 
 impl MasterFacts {
@@ -1020,6 +1031,7 @@ impl MasterFacts {
             clock: voter
                 .server(ANY_SLOT)
                 .and_then(|s| s.health.clock_reading()),
+            quarantine_cause: voter.quarantine_cause(),
         }
     }
 }

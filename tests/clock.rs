@@ -95,6 +95,12 @@ fn refused(replies: &[String], info: &str, cause: &str) {
         master_state(info, 2).is_some_and(|state| state.starts_with(cause)),
         "master 2 not quarantined for its clock ({cause}): {info}"
     );
+    // The metric's vocabulary in INFO too.
+    let line = info.lines().find(|l| l.starts_with("master2:"));
+    assert!(
+        line.is_some_and(|l| l.ends_with(",quarantine_cause=clock")),
+        "{info}"
+    );
 }
 
 /// A 12 s step of a master's clock during a 15 s lease: the next reading of its clock is a

@@ -338,6 +338,10 @@ async fn a_restart_that_lost_acknowledged_writes_is_a_loss_though_durable() {
                 state.contains("without every lock write it acknowledged"),
                 "{state}"
             );
+            assert!(
+                info.contains(",quarantine_cause=witness_behind\r\n"),
+                "{info}"
+            );
         } else {
             assert_eq!(b, "+OK", "the scenario did not bite\n{info}");
         }

@@ -162,7 +162,7 @@ fn master_line(out: &mut String, i: usize, voter: &Voter) {
     let f = MasterFacts::of(voter);
     let _ = write!(
         out,
-        "master{i}:addr={},state={},replies={},missing={},missing_not_eligible={},missing_no_link={},missing_timeout={},missing_closed={},missing_unconfirmed={},connects={},retired_connections={},pending_cleanups={},clock_age_ms={},clock_error_ms={}\r\n",
+        "master{i}:addr={},state={},replies={},missing={},missing_not_eligible={},missing_no_link={},missing_timeout={},missing_closed={},missing_unconfirmed={},connects={},retired_connections={},pending_cleanups={},clock_age_ms={},clock_error_ms={},quarantine_cause={}\r\n",
         f.addr,
         f.state,
         f.replies,
@@ -177,6 +177,7 @@ fn master_line(out: &mut String, i: usize, voter: &Voter) {
         f.pending_cleanups,
         f.clock.map_or(-1, |(age, _)| age.as_millis() as i64),
         f.clock.map_or(-1, |(_, error)| error.as_millis() as i64),
+        f.quarantine_cause.unwrap_or("-"),
     );
 }
 

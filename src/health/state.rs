@@ -45,6 +45,8 @@ struct HealthState {
     seen_armed: bool,
     quarantined_until: Option<Instant>,
     quarantine_reason: Option<String>,
+    /// The running quarantine's cause, as the metric labels it ([`super::loss::Cause::label`]).
+    quarantine_cause: Option<&'static str>,
     unsafe_reason: Option<String>,
     /// Why the master waits without a quarantine of its own (founding undecided, or another
     /// proxy's founding claim on it); cleared when it becomes ready.
@@ -175,6 +177,16 @@ impl MasterHealth {
         "up".into()
     }
 
+    /// The cause of the quarantine running now, as the metric labels it (`INFO masters`, the
+    /// status view: one vocabulary with `redlock_proxy_master_quarantines_total`).
+    pub fn quarantine_cause(&self) -> Option<&'static str> {
+        let h = self.state.lock().ok()?;
+        h.quarantined_until
+            .is_some_and(|t| Instant::now() < t)
+            .then_some(h.quarantine_cause)
+            .flatten()
+    }
+
     /// Quarantines begun so far, by their cause's label ([`super::loss::Cause::label`]).
     pub fn quarantines(&self) -> Vec<(&'static str, u64)> {
         self.state.lock().map_or_else(
@@ -208,6 +220,7 @@ impl MasterHealth {
             let cause = loss.cause.label();
             tracing::warn!(master = %addr, reason = %loss, cause, wait_ms = left.as_millis() as u64, "master quarantined until {end} ({loss}): every lease it may have held has expired by then");
             h.quarantine_reason = Some(loss.detail.clone());
+            h.quarantine_cause = Some(cause);
             *h.quarantines.entry(cause).or_default() += 1;
         }
         h.quarantined_until = Some(until);
@@ -218,6 +231,7 @@ impl MasterHealth {
         let Ok(mut h) = self.state.lock() else { return };
         if h.quarantined_until.is_some_and(|t| t <= Instant::now()) {
             h.quarantined_until = None;
+            h.quarantine_cause = None;
             let reason = h.quarantine_reason.take().unwrap_or_default();
             tracing::info!(master = %addr, %reason, "master out of quarantine ({reason}): it votes again");
         }

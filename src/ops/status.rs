@@ -149,8 +149,10 @@ pub struct MasterStatus {
     pub state: String,
     /// Why, if the state says: "connection refused", "restarted without data".
     pub why: Option<String>,
-    /// A quarantine's time left, in seconds.
+    /// A quarantine's time left, in seconds, and its cause as the metric labels it.
     pub left_s: Option<u64>,
+    #[serde(default)]
+    pub cause: Option<String>,
     /// The state in one line: "down: connection refused", "quarantined: …, 41 s left".
     pub shown: String,
     /// Votes in acquires over the window, by kind (late ones included).
@@ -246,6 +248,7 @@ impl Status {
                 latency_ms: (replies > 0).then(|| micros as f64 / 1000.0 / replies as f64),
                 clock_age_ms: facts.clock.map(|(age, _)| age.as_millis() as u64),
                 clock_error_ms: facts.clock.map(|(_, error)| error.as_millis() as u64),
+                cause: facts.quarantine_cause.map(str::to_string),
             }
         });
         Status {
