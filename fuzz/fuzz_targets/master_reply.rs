@@ -125,7 +125,7 @@ fuzz_target!(|data: &[u8]| {
             }
             Reply::Bulk(text) => {
                 let seen = parse_info(&String::from_utf8_lossy(text));
-                judge(last_seen.as_ref(), &seen, last_seen.as_ref(), 1);
+                judge(last_seen.as_ref(), &seen, last_seen.as_ref(), 1, false);
                 last_seen = Some(seen);
             }
             _ => {}
