@@ -427,20 +427,23 @@ pub fn parse_time(items: &[Reply]) -> Option<u64> {
     }
 }
 
+/// A primary in a safe configuration, as the tests of the rules start from.
+#[cfg(test)]
+pub(crate) fn test_primary(run_id: &str, uptime: u64) -> Observation {
+    Observation {
+        run_id: run_id.into(),
+        uptime_secs: uptime,
+        role: "master".into(),
+        maxmemory_policy: "noeviction".into(),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_primary as obs;
     use super::*;
     use crate::health::loss::{first_sight_wait, kept_every_confirmed_write};
-
-    fn obs(run_id: &str, uptime: u64) -> Observation {
-        Observation {
-            run_id: run_id.into(),
-            uptime_secs: uptime,
-            role: "master".into(),
-            maxmemory_policy: "noeviction".into(),
-            ..Default::default()
-        }
-    }
 
     /// A cluster's slots taken together for the founding: armed wins, then a claim only if
     /// every slot carries the same one, then unarmed; a slot without an answer is none.
