@@ -135,23 +135,26 @@ impl TokenRules {
     }
 }
 
-/// The token to propose, from the masters' estimated clocks (µs) out of `masters`: at least
-/// the Q-th highest clock (a quorum's clocks are then at or below it, within their windows if
-/// they agree), not the highest, so that up to N − Q masters whose clocks run ahead by more
-/// than the window (a step not yet corrected, quarantined for it) do not push every proposal
-/// out of the others' windows; with fewer estimates than Q, the highest. And above `last`,
-/// the highest this proxy proposed or saw refused. Which token is proposed decides only which
-/// masters accept it: each master checks its own window and counter (docs/SAFETY.md).
-pub fn propose_token(master_clocks_us: &[u64], masters: usize, last: u64) -> u64 {
-    let mut clocks = master_clocks_us.to_vec();
-    clocks.sort_unstable_by(|a, b| b.cmp(a));
+/// The clock a proposal must reach, from the masters' estimated clocks (µs) out of `masters`:
+/// the Q-th highest (a quorum's clocks are then at or below it, within their windows if they
+/// agree), not the highest, so that up to N − Q masters whose clocks run ahead by more than the
+/// window (a step not yet corrected, quarantined for it) do not push every proposal out of the
+/// others' windows; with fewer estimates than Q, the highest. Reorders `clocks`.
+pub fn quorum_clock(clocks: &mut [u64], masters: usize) -> Option<u64> {
     let q = quorum(masters);
     let at = if clocks.len() < q { 0 } else { q - 1 };
-    clocks
-        .get(at)
-        .copied()
-        .unwrap_or(0)
-        .max(last.saturating_add(1))
+    if at >= clocks.len() {
+        return None;
+    }
+    let (_, nth, _) = clocks.select_nth_unstable_by(at, |a, b| b.cmp(a));
+    Some(*nth)
+}
+
+/// The token to propose: at least `clock` ([`quorum_clock`]), and above `last`, the highest
+/// this proxy proposed or saw refused. Which token is proposed decides only which masters
+/// accept it: each master checks its own window and counter (docs/SAFETY.md).
+pub fn propose_token(clock: Option<u64>, last: u64) -> u64 {
+    clock.unwrap_or(0).max(last.saturating_add(1))
 }
 
 /// A master's answer to the acquire that refused a token: `[-3, clock_us]` (the token is too
@@ -546,8 +549,9 @@ mod tests {
             (&[], 3, 0, 1),
         ];
         for (clocks, masters, last, expected) in cases {
+            let mut clocks = clocks.to_vec();
             assert_eq!(
-                propose_token(clocks, *masters, *last),
+                propose_token(quorum_clock(&mut clocks, *masters), *last),
                 *expected,
                 "{clocks:?}"
             );

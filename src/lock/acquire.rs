@@ -16,7 +16,7 @@ use crate::on_master::{
 use crate::protocol::{encode_command, Reply, ScriptCall};
 use crate::redlock::{
     acquire_decision, backend_ttl_ms, held_by_majority, majority_unreachable, may_hold_our_value,
-    propose_token, token_floor, validity_window, AcquireDecision, TokenRules, Vote,
+    propose_token, quorum_clock, token_floor, validity_window, AcquireDecision, TokenRules, Vote,
 };
 use crate::transport::SharedScript;
 use bytes::Bytes;
@@ -70,20 +70,20 @@ impl Tokens {
     pub(super) fn propose(&self, masters: &Masters, floor: u64) -> u64 {
         // Read once, not on every compare-and-swap retry: each estimate locks that master's
         // health record.
-        let clocks: Vec<u64> = if self.clock {
+        let clock = if self.clock {
             let now = Instant::now();
-            (masters.voters().iter())
+            let mut clocks: Vec<u64> = (masters.voters().iter())
                 .filter_map(|v| v.clock_estimate_us(now))
-                .collect()
+                .collect();
+            quorum_clock(&mut clocks, masters.voters().len())
         } else {
-            Vec::new()
+            None
         };
-        let n = masters.voters().len();
         let mut token = 0;
         let _ = self
             .last
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
-                token = propose_token(&clocks, n, last.max(floor));
+                token = propose_token(clock, last.max(floor));
                 Some(token)
             });
         token
