@@ -67,6 +67,9 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Longest bulk string a client may send (Redis' `proto-max-bulk-len`).
     pub proto_max_bulk_len: u64,
+    /// Longest argument the proxy sends on to the masters (a lock value is a token): a
+    /// request with a longer one is refused with an error, and no other request waits for it.
+    pub max_value_bytes: u64,
     /// Requests one client may have in flight before the proxy stops reading its socket.
     pub max_inflight_per_client: usize,
     /// Most client connections at once (Redis' `maxclients`).
@@ -140,6 +143,7 @@ impl Default for Config {
             drift_factor: 0.01,
             log_format: LogFormat::Text,
             proto_max_bulk_len: crate::protocol::request::DEFAULT_MAX_BULK_LEN,
+            max_value_bytes: 64 * 1024,
             max_inflight_per_client: 1024,
             maxclients: 10_000,
             allow_locks_without_expiry: false,
@@ -241,6 +245,9 @@ impl Config {
         }
         if self.proto_max_bulk_len < 1024 {
             return invalid("proto_max_bulk_len must be at least 1024 bytes");
+        }
+        if self.max_value_bytes < 1024 {
+            return invalid("max_value_bytes must be at least 1024 bytes");
         }
         if self.client_query_buffer_limit < 1024 * 1024 {
             return invalid(

@@ -29,7 +29,7 @@ use crate::backend::{Backend, SentinelGroup};
 use crate::live::LiveDuration;
 use crate::protocol::{decode_reply, encode_command, Reply};
 use crate::secret::Secret;
-use crate::transport::{AuthRefused, Connect, ReadHalf, WriteHalf};
+use crate::transport::{liveness_window, AuthRefused, Connect, ReadHalf, WriteHalf};
 use bytes::BytesMut;
 use futures::future::BoxFuture;
 use rustls_pki_types::ServerName;
@@ -74,8 +74,8 @@ pub struct Dial {
     /// [`Connect::changed`].
     switches: OnceLock<watch::Receiver<u64>>,
     /// How long the master may take to answer the `AUTH` or `PING` that opens a connection
-    /// (a voting link's node timeout: [`Dial::answering_within`]; `None`: the transport's
-    /// connect timeout). A master cut off behind a link that still accepts connections (a
+    /// (a voting link's liveness window, from its node timeout: [`Dial::answering_within`];
+    /// `None`: the transport's connect timeout). A master cut off behind a link that still accepts connections (a
     /// blackholing middlebox) would otherwise hold every attempt for the whole connect
     /// timeout, and a healed link would wait out the attempt under way before it votes again.
     answer_within: Option<LiveDuration>,
@@ -114,11 +114,13 @@ impl Dial {
         }
     }
 
-    /// This dial, whose connection's opening `AUTH` or `PING` must be answered within
-    /// `limit` (a voting link's node timeout).
-    pub fn answering_within(self, limit: LiveDuration) -> Dial {
+    /// This dial, whose connection's opening `AUTH` or `PING` must be answered within the
+    /// liveness window of a link whose node timeout is `node_timeout`
+    /// ([`crate::transport::liveness_window`]): a master slower than one node timeout is slow,
+    /// not dead, and a new connection to it is as welcome as an old one.
+    pub fn answering_within(self, node_timeout: LiveDuration) -> Dial {
         Dial {
-            answer_within: Some(limit),
+            answer_within: Some(node_timeout),
             ..self
         }
     }
@@ -130,7 +132,7 @@ impl Connect for Dial {
         let tls = self.tls.clone();
         let credentials = self.credentials.clone();
         let sentinel = self.sentinel.clone();
-        let limit = self.answer_within.as_ref().map(LiveDuration::get);
+        let limit = (self.answer_within.as_ref()).map(|t| liveness_window(t.get()));
         Box::pin(async move {
             let tls = tls.transpose().map_err(io::Error::other)?;
             let (host, port) = match &sentinel {
@@ -306,7 +308,7 @@ async fn authenticate(
         Some(limit) => tokio::time::timeout(limit, answer).await.map_err(|_| {
             io::Error::new(
                 io::ErrorKind::TimedOut,
-                "no answer to the connection's first command within the node timeout",
+                "no answer to the connection's first command within the liveness window",
             )
         })??,
         None => answer.await?,

@@ -120,6 +120,13 @@ pub enum ProxyError {
         "ERR lock TTL {ttl_ms} ms is refused by redlock-proxy: above max_lock_ttl_ms ({cap_ms} ms)"
     )]
     TtlAboveCap { ttl_ms: u64, cap_ms: u64 },
+    /// An argument longer than `max_value_bytes`: sent on, it would hold every request behind
+    /// it on each master's connection while it crosses (issue 38: a 10 MB value).
+    #[error("ERR string exceeds maximum allowed size (max_value_bytes {cap} of redlock-proxy): an argument of {len} bytes")]
+    ArgumentTooLong { len: usize, cap: u64 },
+    /// An acquire not admitted within its bound (`crate::admission`): no master was asked.
+    #[error("TRYAGAIN redlock-proxy is over its admission limit ({0} acquires in progress): no master was asked; retry")]
+    Overloaded(usize),
     #[error("ERR SET NX GET is refused by redlock-proxy: an acquire answers OK or null")]
     SetNxGet,
     #[error("ERR SET NX with EXAT/PXAT is refused by redlock-proxy: use PX <milliseconds> so the lock's validity can be checked")]

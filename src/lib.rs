@@ -21,7 +21,7 @@
 //!    [`cluster`] (Redis Cluster's hash slots, the proxy's keys per slot, the slot map),
 //!    [`condition`] (Redis 8.4's `IFEQ`/`IFNE`/`IFDEQ`/`IFDNE` conditions and XXH3 `DIGEST`).
 //! 2. [`transport`]: one pipelined FIFO connection per master (send, replies in order,
-//!    reconnect, watchdog, clean-ups that survive reconnects). Knows nothing of votes.
+//!    reconnect, liveness check, clean-ups that survive reconnects). Knows nothing of votes.
 //!    [`dial`] opens its streams: TCP or TLS, `AUTH`. Beside it [`pubsub`]: the clients'
 //!    subscriptions and one subscriber connection per master for them all. [`tls`] loads the
 //!    TLS material of both sides (rustls). Beside them [`config`]: the defaults, a TOML file
@@ -44,6 +44,7 @@
 //!     `redis-server` masters (`--local`, tests, benches), and [`fuzzing`] re-exports the pure
 //!     code that reads peers' bytes for the fuzz targets and the property tests.
 
+mod admission;
 mod auth;
 mod backend;
 mod client_registry;
@@ -81,11 +82,11 @@ mod transport;
 #[cfg(test)]
 mod fake_master;
 
+pub use admission::MAX_FANOUTS;
 pub use backend::{Backend, BackendError};
 pub use config::{Config, ConfigError, LogFormat, NoQuorumReply};
 pub use dial::PASSWORD_ENV;
 pub use local::{LocalCluster, LocalError, LocalMaster};
-pub use masters::MAX_FANOUTS;
 pub use ops::metrics::METRIC_NAMES;
 pub use ops::reload::{Reload, ReloadHook, Reloader};
 pub use ops::status::Status;

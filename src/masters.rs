@@ -17,6 +17,7 @@
 //!   docs/SAFETY.md "Confirmed writes"); otherwise it is missing (unconfirmed).
 //! - Every missing vote carries its reason, counted per master ([`VoteStats`], `INFO`).
 
+use crate::admission::{Admission, Admitted};
 use crate::backend::Backend;
 use crate::cluster::{self, slots::SLOTS};
 use crate::config::Config;
@@ -38,14 +39,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant, Sleep};
 use tokio_rustls::TlsConnector;
-
-/// Most fan-outs in progress at once. Enough to keep every master's connection busy (a fan-out
-/// is one pipelined request per master), small enough that a backlog of this many is worked
-/// off well within a node timeout.
-pub const MAX_FANOUTS: usize = 256;
 
 /// A request for one master in [`Masters::fan_out_each`].
 #[derive(Clone)]
@@ -462,7 +458,7 @@ impl Voter {
             }
             Err(why) => Vote::Missing(match why {
                 NoReply::NoLink => MissingReason::NoLink,
-                NoReply::Timeout => MissingReason::Timeout,
+                NoReply::Timeout | NoReply::Unresponsive => MissingReason::Timeout,
                 NoReply::Closed => MissingReason::Closed,
                 NoReply::Unconfirmed => MissingReason::Unconfirmed,
             }),
@@ -545,9 +541,9 @@ impl LateVotes {
                 return Poll::Ready(None);
             };
             if Instant::now() >= earliest {
+                // A missing vote for this request only: its connection stays (slow is not dead).
                 let (i, voter, pending) = self.waiting.swap_remove(at);
-                let asked = pending.queued_at;
-                let vote = voter.vote_on(Err(pending.time_out()), asked);
+                let vote = voter.vote_on(Err(NoReply::Timeout), pending.queued_at);
                 return Poll::Ready(Some((i, vote, voter)));
             }
             let timer = self
@@ -600,8 +596,8 @@ pub struct Settings {
 pub struct Masters {
     voters: Vec<Arc<Voter>>,
     settings: Settings,
-    /// Bounds the fan-outs in progress (see [`MAX_FANOUTS`]).
-    fanouts: Semaphore,
+    /// Bounds the fan-outs in progress, adaptively.
+    pub admission: Admission,
     stop: watch::Sender<bool>,
     /// Whether the masters were judged since start ([`Masters::started`]).
     startup: health::Startup,
@@ -708,7 +704,7 @@ impl Masters {
         Arc::new(Masters {
             voters,
             settings,
-            fanouts: Semaphore::new(MAX_FANOUTS),
+            admission: Admission::default(),
             stop,
             startup,
             connected_at: Instant::now(),
@@ -821,15 +817,24 @@ impl Masters {
         decided: impl Fn(&[Vote]) -> bool,
     ) -> (Vec<Vote>, LateVotes) {
         // Waiting here, before any master is asked, keeps the proxy's own backlog out of the
-        // node timeout: under overload requests queue for a permit (and, beyond the per-client
-        // bound, in the clients' sockets) instead of timing out on the masters' connections.
-        // The semaphore is fair, so a client's requests still leave in its order: a permit is
-        // free only while nobody waits (a released one goes to the first waiter), so taking a
-        // free one at once overtakes nobody, and skips building and polling a waiter.
-        let _permit = match self.fanouts.try_acquire() {
-            Ok(permit) => Ok(permit),
-            Err(_) => self.fanouts.acquire().await,
-        };
+        // node timeout: under overload requests queue for admission (and, beyond the
+        // per-client bound, in the clients' sockets) instead of timing out on the masters'
+        // connections. Admission is fair, so a client's requests still leave in its order.
+        let admitted = self.admission.admit().await;
+        self.fan_out_admitted(&admitted, slot, ask, replies, decided)
+            .await
+    }
+
+    /// [`Masters::fan_out_each`] for a fan-out already admitted (an acquire, whose wait for
+    /// admission is bounded: [`Admission::admit_by`]).
+    pub async fn fan_out_admitted(
+        &self,
+        admitted: &Admitted<'_>,
+        slot: u16,
+        ask: impl Fn(usize) -> Option<Ask>,
+        replies: usize,
+        decided: impl Fn(&[Vote]) -> bool,
+    ) -> (Vec<Vote>, LateVotes) {
         let mut votes = vec![Vote::Pending; self.voters.len()];
         let mut late = LateVotes::default();
         let wait_replicas = self.wait_replicas();
@@ -848,6 +853,7 @@ impl Masters {
                 }
             }
         }
+        (self.admission).decided(admitted.at, self.node_timeout());
         (votes, late)
     }
 

@@ -63,6 +63,8 @@ pub struct Session {
     pub users_generation: u64,
     /// What the client subscribed to, and its messages.
     pub pubsub: pubsub::Subscriptions,
+    /// Longest argument sent on to the masters (`max_value_bytes` when it connected).
+    max_value_bytes: u64,
     /// Set once the connection ends: a blocked command stops waiting. Made by the first
     /// blocking command (most connections never block: no allocation for them).
     ended: Option<tokio::sync::watch::Sender<bool>>,
@@ -81,6 +83,7 @@ impl Session {
             user: users.initial(),
             users_generation,
             pubsub: pubsub::Subscriptions::default(),
+            max_value_bytes: shared.live_config().max_value_bytes,
             ended: None,
         }
     }
@@ -511,6 +514,13 @@ fn serve(ctx: &Ctx<'_>, session: &mut Session, spec: &'static Spec, request: Req
             };
             if !arity_ok {
                 return Action::error(ProxyError::WrongArity(spec.name.into()));
+            }
+            let cap = session.max_value_bytes;
+            if let Some(long) = request.args.iter().find(|a| a.len() as u64 > cap) {
+                return Action::error(ProxyError::ArgumentTooLong {
+                    len: long.len(),
+                    cap,
+                });
             }
             let keys = spec.keys(&request.args);
             if let Err(denied) = check_access(ctx.shared, session, spec, keys) {

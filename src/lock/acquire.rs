@@ -2,7 +2,9 @@
 //! master runs for it ([`LOCK_SCRIPT`]).
 
 use super::rollback::{RollbackPlan, Undo};
+use super::stats::votes_summary;
 use super::{AcquireResult, Acquirer};
+use crate::admission::{admission_wait, Admitted};
 use crate::cluster::keys::{marker_pieces, token_key_pieces};
 use crate::cluster::slots::key_slot;
 use crate::config::NoQuorumReply;
@@ -235,13 +237,34 @@ pub(super) async fn decide(acquirer: &Acquirer, attempt: Attempt) -> Decided {
             undo: None,
         };
     }
+    // Admission (issue 38): an acquire waits its turn among the fan-outs in progress, but not
+    // so long that its lease would be mostly spent (or expired: a null the client would read as
+    // "held") by the time it is asked: past its bound it asks no master and is told to retry.
+    let by = attempt.received_at + admission_wait(Duration::from_millis(attempt.ttl_ms));
+    let Some(admitted) = masters.admission.admit_by(by).await else {
+        acquirer
+            .stats
+            .record(AcquireResult::Overloaded, attempt.received_at);
+        return Decided {
+            outcome: Outcome::Reply(ProxyError::Overloaded(masters.admission.limit()).into()),
+            settled: false,
+            result: AcquireResult::Overloaded,
+            undo: None,
+        };
+    };
     let token = acquirer.tokens.propose(&acquirer.masters, 0);
-    let (decided, floor) = decide_once(acquirer, &attempt, token).await;
-    let mut decided = retry_above_floor(acquirer, &attempt, decided, floor).await;
+    let (decided, floor) = decide_once(acquirer, &attempt, token, &admitted).await;
+    let mut decided = retry_above_floor(acquirer, &attempt, decided, floor, &admitted).await;
+    drop(admitted);
     acquirer.stats.record(decided.result, attempt.received_at);
+    // A refusal is told by its own votes: why they were missing, not how many masters are
+    // usable (all of them can be, when they are merely slow).
     acquirer
         .stats
-        .note_quorum(decided.result, || masters.usable_summary());
+        .note_quorum(decided.result, || match &decided.undo {
+            Some(plan) => votes_summary(&plan.votes),
+            None => masters.usable_summary(),
+        });
     if decided.result == AcquireResult::NoQuorum && acquirer.no_quorum_reply == NoQuorumReply::Error
     {
         let refusal = ProxyError::AcquireNoQuorum(masters.usable_summary());
@@ -256,6 +279,7 @@ async fn retry_above_floor(
     attempt: &Attempt,
     decided: Decided,
     floor: Option<u64>,
+    admitted: &Admitted<'_>,
 ) -> Decided {
     // A master refused the token (another proxy granted the key with a higher one a moment
     // ago, or this proxy's reading of a master's clock is off): once more above what it
@@ -268,7 +292,9 @@ async fn retry_above_floor(
             let token = acquirer.tokens.propose(&acquirer.masters, floor);
             // Boxed: a retry is rare, and inline its state would double the size of every
             // acquire's future (copied as it moves).
-            Box::pin(decide_once(acquirer, attempt, token)).await.0
+            Box::pin(decide_once(acquirer, attempt, token, admitted))
+                .await
+                .0
         }
         _ => decided,
     }
@@ -276,12 +302,17 @@ async fn retry_above_floor(
 
 /// One round of the acquire with `token`: encode the request, fan it out, tally the votes.
 /// Also the floor a retry must propose above, if some master refused the token.
-async fn decide_once(acquirer: &Acquirer, attempt: &Attempt, token: u64) -> (Decided, Option<u64>) {
+async fn decide_once(
+    acquirer: &Acquirer,
+    attempt: &Attempt,
+    token: u64,
+    admitted: &Admitted<'_>,
+) -> (Decided, Option<u64>) {
     let Some(request) = Request::encode(acquirer, attempt, token) else {
         // The drift allowance alone exceeds the TTL: no grant could ever be valid.
         return (Decided::refused(false, AcquireResult::Expired, None), None);
     };
-    let ballot = fan_out(acquirer, &request).await;
+    let ballot = fan_out(acquirer, &request, admitted).await;
     tally(acquirer, attempt, request, ballot)
 }
 
@@ -393,7 +424,7 @@ struct Ballot {
 }
 
 /// Sends every master its request, and collects the votes until the acquire is decided.
-async fn fan_out(acquirer: &Acquirer, request: &Request) -> Ballot {
+async fn fan_out(acquirer: &Acquirer, request: &Request, admitted: &Admitted<'_>) -> Ballot {
     let masters = &acquirer.masters;
     let drift_factor = acquirer.policy.drift_factor;
     let deadlines: Vec<AtomicU64> = masters.voters().iter().map(|_| AtomicU64::new(0)).collect();
@@ -424,7 +455,7 @@ async fn fan_out(acquirer: &Acquirer, request: &Request) -> Ballot {
         Some(Ask::Script(script, call.with_number(deadline)))
     };
     let (votes, late) = masters
-        .fan_out_each(request.slot, ask, 1, |v| {
+        .fan_out_admitted(admitted, request.slot, ask, 1, |v| {
             acquire_decision(v) != AcquireDecision::Undecided
         })
         .await;
@@ -490,7 +521,7 @@ fn tally(
     let result = refusal(held, unreachable, quorum);
     // Followers queued behind this acquire get the same null when it tells them nothing
     // different would happen now: the key is held, or no majority answered in time (they
-    // would wait out the same node timeout, on connections the watchdog is about to abort).
+    // would wait out the same node timeout on the same connections).
     let settled = held || unreachable;
     (Decided::refused(settled, result, Some(undo)), floor)
 }

@@ -3,6 +3,8 @@
 //! counters and one histogram, resolved at start-up; exported by [`crate::ops`].
 
 use crate::masters::latency_buckets;
+use crate::protocol::Reply;
+use crate::redlock::{quorum, MissingReason, Vote};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,15 +26,19 @@ pub enum AcquireResult {
     /// Refused by a rule before reaching the masters (TTL cap, a lock without expiry, …), or
     /// refused for another reason (split votes, error replies).
     Refused,
+    /// Not admitted in time (the proxy is over its admission limit): no master was asked, and
+    /// the client is told to retry (`TRYAGAIN`), never null.
+    Overloaded,
 }
 
 impl AcquireResult {
-    pub const ALL: [AcquireResult; 5] = [
+    pub const ALL: [AcquireResult; 6] = [
         AcquireResult::Granted,
         AcquireResult::Contended,
         AcquireResult::NoQuorum,
         AcquireResult::Expired,
         AcquireResult::Refused,
+        AcquireResult::Overloaded,
     ];
 
     pub fn label(self) -> &'static str {
@@ -42,6 +48,7 @@ impl AcquireResult {
             AcquireResult::NoQuorum => "no_quorum",
             AcquireResult::Expired => "expired",
             AcquireResult::Refused => "refused",
+            AcquireResult::Overloaded => "overloaded",
         }
     }
 }
@@ -49,7 +56,7 @@ impl AcquireResult {
 /// The acquire service's counters.
 #[derive(Debug)]
 pub struct LockStats {
-    acquires: [Counter; 5],
+    acquires: [Counter; 6],
     /// Read of the request to its decision, in seconds.
     pub acquire_duration: Histogram,
     /// Clean-ups of refused or ungiven acquires.
@@ -66,6 +73,53 @@ pub struct LockStats {
 /// whose masters time out now and then flaps between refusing and granting many times a
 /// second (a benchmark over 5 masters on 2 CPUs logged 151 warnings in 13 s).
 const QUORUM_LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What a refused acquire's votes were, for the quorum log line: how many masters took the key
+/// against the quorum, then each other kind of vote counted, so that the line says why (a
+/// master that timed out is slow or cut off; one not eligible is judged unsafe or quarantined)
+/// rather than how many masters are usable, which can be all of them.
+pub fn votes_summary(votes: &[Vote]) -> String {
+    const KINDS: [&str; 10] = [
+        "took the key",
+        "held by another",
+        "refused by the master's script",
+        "no reply within the node timeout",
+        "connection closed before the reply",
+        "no connection",
+        "not eligible to vote",
+        "unconfirmed by WAIT",
+        "quarantined",
+        "still pending",
+    ];
+    let mut counts = [0usize; KINDS.len()];
+    for vote in votes {
+        let kind = match vote {
+            Vote::Replied(Reply::Simple(ok)) if ok.as_ref() == b"OK" => 0,
+            Vote::Replied(Reply::Null) => 1,
+            Vote::Replied(_) => 2,
+            Vote::Missing(MissingReason::Timeout) => 3,
+            Vote::Missing(MissingReason::Closed) => 4,
+            Vote::Missing(MissingReason::NoLink) => 5,
+            Vote::Missing(MissingReason::NotEligible) => 6,
+            Vote::Missing(MissingReason::Unconfirmed) => 7,
+            Vote::Fenced => 8,
+            Vote::Pending => 9,
+        };
+        counts[kind] += 1;
+    }
+    let others: Vec<String> = (1..KINDS.len())
+        .filter(|&k| counts[k] > 0)
+        .map(|k| format!("{} {}", counts[k], KINDS[k]))
+        .collect();
+    format!(
+        "{} of {} masters {}, quorum {}; {}",
+        counts[0],
+        votes.len(),
+        KINDS[0],
+        quorum(votes.len()),
+        others.join(", ")
+    )
+}
 
 /// The quorum log lines: a warning when acquires start being refused for lack of a quorum, and
 /// a line when they resume, at most one warning per [`QUORUM_LOG_INTERVAL`]; the episodes in
@@ -177,6 +231,25 @@ impl LockStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_is_told_by_its_votes_not_by_the_masters_usable() {
+        let ok = Vote::Replied(Reply::simple("OK"));
+        let timeout = Vote::Missing(MissingReason::Timeout);
+        let cases = [
+            (
+                vec![ok.clone(), timeout.clone(), timeout.clone(), Vote::Fenced, ok.clone()],
+                "2 of 5 masters took the key, quorum 3; 2 no reply within the node timeout, 1 quarantined",
+            ),
+            (
+                vec![Vote::Replied(Reply::Integer(-2)), Vote::Missing(MissingReason::Closed), Vote::Missing(MissingReason::NotEligible)],
+                "0 of 3 masters took the key, quorum 2; 1 refused by the master's script, 1 connection closed before the reply, 1 not eligible to vote",
+            ),
+        ];
+        for (votes, said) in cases {
+            assert_eq!(votes_summary(&votes), said);
+        }
+    }
 
     #[test]
     fn quorum_warnings_are_at_most_one_a_second_and_count_the_episodes_between() {

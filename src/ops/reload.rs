@@ -112,7 +112,7 @@ fn changes(old: &Config, new: &Config) -> Changes {
         port, threads, log_format, metrics, tls_port, tls_cert_file, tls_key_file,
         tls_ca_cert_file, tls_auth_clients, backend_tls_ca_cert_file, backend_tls_cert_file,
         backend_tls_key_file, allow_locks_without_expiry, allow_debug_command, no_quorum_reply;
-        live: maxclients, max_inflight_per_client, proto_max_bulk_len,
+        live: maxclients, max_inflight_per_client, proto_max_bulk_len, max_value_bytes,
         client_output_buffer_limit, log_level, node_timeout_ms, timeout,
         client_query_buffer_limit, requirepass, users, health_interval_ms,
     );

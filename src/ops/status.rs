@@ -38,7 +38,7 @@ const PAGE_SLOT: &str = "/*STATUS*/null";
 #[derive(Clone)]
 struct Sample {
     at: Instant,
-    acquires: [u64; 5],
+    acquires: [u64; AcquireResult::ALL.len()],
     masters: Vec<MasterSample>,
 }
 
@@ -80,7 +80,7 @@ impl History {
     pub fn new(shared: &Shared) -> History {
         let zero = Sample {
             at: shared.started,
-            acquires: [0; 5],
+            acquires: [0; AcquireResult::ALL.len()],
             masters: vec![MasterSample::default(); shared.masters().voters().len()],
         };
         History {

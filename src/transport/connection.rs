@@ -9,6 +9,8 @@
 //!   more is written.
 //! - The in-flight list is the FIFO that matches replies to requests: the writer pushes a
 //!   request there *before* its bytes are written, the reader pops the oldest per reply.
+//! - Every byte that moves (read from the master, or written to it) is noted as progress
+//!   ([`Progress`]): the evidence the reader's liveness check asks for.
 
 use super::merge::MergedCalls;
 use super::reader::read_loop;
@@ -17,7 +19,9 @@ use super::{Link, NoReply, ReadHalf, SharedScript, WriteHalf};
 use crate::protocol::{Reply, ScriptCall};
 use bytes::Bytes;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::time::Instant;
 
@@ -121,16 +125,73 @@ impl AwaitingReply {
 #[derive(Default)]
 pub(super) struct Pipe {
     pub(super) in_flight: Mutex<VecDeque<AwaitingReply>>,
-    /// The writer queued a request: the reader arms its watchdog for it.
+    /// The writer queued a request: the reader arms its liveness check for it.
     pub(super) pushed: Notify,
     /// The reader answered a request: the writer may send the calls it was holding.
     pub(super) answered: Notify,
+    /// When bytes last moved either way.
+    pub(super) progress: Progress,
+    /// When the master's bytes last arrived.
+    pub(super) replies: Progress,
+}
+
+impl Pipe {
+    /// Whether the master looks unresponsive: nothing read from it for a node timeout while
+    /// its oldest unanswered request waited longer than that. A request sent now would only
+    /// wait out its node timeout behind that one; it is answered at once instead (a missing
+    /// vote, as a timeout would be), and the connection stays for when the master answers
+    /// again. A master working through its queue, however slowly, keeps sending replies.
+    pub(super) fn unresponsive(&self, node_timeout: Duration) -> bool {
+        let now = Instant::now();
+        // The cheap look first: under load replies keep arriving, and the lock is not taken.
+        if now < self.replies.last() + node_timeout {
+            return false;
+        }
+        let oldest = self
+            .in_flight
+            .lock()
+            .ok()
+            .and_then(|q| q.front().map(|p| p.queued_at));
+        oldest.is_some_and(|at| now >= at + node_timeout)
+    }
+}
+
+/// When a connection last moved bytes either way: a master working through its queue, or
+/// still reading a large request, is slow, not dead.
+pub(super) struct Progress {
+    opened: Instant,
+    /// Milliseconds from `opened` to the last progress.
+    last_ms: AtomicU64,
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Progress {
+            opened: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Progress {
+    /// Bytes moved just now.
+    pub(super) fn made(&self) {
+        let ms = self.opened.elapsed().as_millis() as u64;
+        self.last_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// When bytes last moved (the connection's opening, before any did).
+    pub(super) fn last(&self) -> Instant {
+        self.opened + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
+    }
 }
 
 /// One connection to a master: a writer task, a reader task, and the FIFO between them.
 pub(super) struct Connection {
     pub(super) queue: mpsc::UnboundedSender<Outgoing>,
     pub(super) aborted: watch::Sender<bool>,
+    /// What its writer and reader share (read here for [`Pipe::unresponsive`]).
+    pub(super) pipe: Arc<Pipe>,
 }
 
 impl Connection {
@@ -144,7 +205,11 @@ impl Connection {
         let (queue, rx) = mpsc::unbounded_channel();
         let (aborted, aborted_rx) = watch::channel(false);
         let pipe = Arc::new(Pipe::default());
-        let conn = Arc::new(Connection { queue, aborted });
+        let conn = Arc::new(Connection {
+            queue,
+            aborted,
+            pipe: pipe.clone(),
+        });
         tokio::spawn(write_loop(
             wr,
             rx,

@@ -81,9 +81,9 @@ impl Driver {
         while !*stop.borrow() {
             let attempt = timeout(CONNECT_TIMEOUT, self.connector.connect()).await;
             // A master that took the connection but did not answer its opening command within
-            // the node timeout ([`crate::dial`]) is retried as one whose connection the
-            // watchdog retired: after the shortest backoff, so that a link healed after a cut
-            // that still accepted connections votes again at once.
+            // the liveness window ([`crate::dial`]) is retried as one whose connection the
+            // liveness check retired: after the shortest backoff, so that a link healed after a
+            // cut that still accepted connections votes again at once.
             let unanswered =
                 matches!(&attempt, Ok(Err(err)) if err.kind() == io::ErrorKind::TimedOut);
             if unanswered {

@@ -8,7 +8,11 @@
 //! - Nothing new goes on an aborted connection: a request finds none until the driver
 //!   installs the next one.
 //! - A caller never waits longer than the node timeout for one reply, counted from when it
-//!   handed the request over ([`Pending::wait`]); on a timeout the connection is aborted.
+//!   handed the request over ([`Pending::wait`]). A timeout is a missing reply for that one
+//!   request: the connection stays (slow is not dead; the reader retires it only once it stops
+//!   making progress: [`super::reader`]). While the master looks unresponsive (nothing read
+//!   for a node timeout, its oldest request older than that) a new request is not sent and gets
+//!   [`NoReply::Unresponsive`] at once; clean-ups are still queued.
 
 use super::cleanups::Cleanups;
 use super::connection::{Answer, Connection, Outgoing, Payload};
@@ -242,12 +246,19 @@ impl Link {
             queued_at,
             confirm,
         };
-        let sent = self
-            .usable_connection()
-            .and_then(|conn| conn.queue.send(out).ok().map(|()| (rx, conn)));
+        let node_timeout = self.node_timeout.get();
+        let sent = match self.usable_connection() {
+            None => Err(NoReply::NoLink),
+            Some(conn) if conn.pipe.unresponsive(node_timeout) => Err(NoReply::Unresponsive),
+            Some(conn) => conn
+                .queue
+                .send(out)
+                .map(|()| rx)
+                .map_err(|_| NoReply::NoLink),
+        };
         Pending {
             sent,
-            node_timeout: self.node_timeout.get(),
+            node_timeout,
             queued_at,
         }
     }
@@ -268,15 +279,15 @@ impl Link {
         let conn = self.current.lock().ok().and_then(|c| c.clone());
         let sent = match conn {
             Some(conn) => match conn.queue.send(out) {
-                Ok(()) => Some((rx, conn)),
+                Ok(()) => Ok(rx),
                 Err(mpsc::error::SendError(out)) => {
                     self.cleanups.keep_unwritten(&self.addr, out);
-                    None
+                    Err(NoReply::NoLink)
                 }
             },
             None => {
                 self.cleanups.keep_unwritten(&self.addr, out);
-                None
+                Err(NoReply::NoLink)
             }
         };
         Pending {
@@ -305,28 +316,19 @@ impl Link {
 /// The reply to one request, once it comes.
 #[must_use = "a request's reply is waited for with `wait`; drop it to send without waiting"]
 pub struct Pending {
-    /// `None`: there was no connection to send it on.
-    sent: Option<(oneshot::Receiver<Answer>, Arc<Connection>)>,
+    /// Why it was not sent, if it was not.
+    sent: Result<oneshot::Receiver<Answer>, NoReply>,
     node_timeout: Duration,
     /// When it was handed to the link: the start of its node timeout.
     pub queued_at: Instant,
 }
 
 impl Pending {
-    /// Waits at most the node timeout. On a timeout the connection is aborted: it is stalled.
-    /// Its watchdog would abort it too, but on a busy machine that task may run later than
-    /// this one, and a request handed to the connection in between (the next batch of
-    /// acquires of the same key, say) would wait out a second node timeout.
+    /// Waits at most the node timeout. A timeout leaves the connection as it is: the master
+    /// may be slow, not dead, and whatever else is queued on it still gets its answer.
     pub async fn wait(self) -> Result<Reply, NoReply> {
         let deadline = self.timeout_at();
-        let Some((rx, conn)) = self.sent else {
-            return Err(NoReply::NoLink);
-        };
-        let result = receive(rx, deadline).await;
-        if result == Err(NoReply::Timeout) {
-            conn.abort();
-        }
-        result
+        receive(self.sent?, deadline).await
     }
 
     /// When its node timeout runs out.
@@ -337,27 +339,15 @@ impl Pending {
     /// The answer if it has come; otherwise `cx` is woken when it does.
     pub fn poll_answer(&mut self, cx: &mut Context<'_>) -> Poll<Answer> {
         match &mut self.sent {
-            None => Poll::Ready(Err(NoReply::NoLink)),
-            Some((rx, _)) => std::future::Future::poll(std::pin::Pin::new(rx), cx)
+            Err(why) => Poll::Ready(Err(*why)),
+            Ok(rx) => std::future::Future::poll(std::pin::Pin::new(rx), cx)
                 .map(|answer| answer.unwrap_or(Err(NoReply::Closed))),
         }
     }
 
-    /// Gives up at the node timeout ([`Pending::timeout_at`]), aborting the connection as
-    /// [`Pending::wait`] does.
-    pub fn time_out(self) -> NoReply {
-        if let Some((_, conn)) = self.sent {
-            conn.abort();
-        }
-        NoReply::Timeout
-    }
-
     /// Waits at most `limit`, leaving the connection as it is.
     pub async fn wait_at_most(self, limit: Duration) -> Result<Reply, NoReply> {
-        match self.sent {
-            Some((rx, _conn)) => receive(rx, Instant::now() + limit).await,
-            None => Err(NoReply::NoLink),
-        }
+        receive(self.sent?, Instant::now() + limit).await
     }
 }
 

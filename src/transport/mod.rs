@@ -1,5 +1,5 @@
 //! One multiplexed, pipelined connection per master ([`Link`]): send, replies in order,
-//! reconnect, watchdog, and the clean-ups that must reach the master. It knows nothing of
+//! reconnect, liveness check, and the clean-ups that must reach the master. It knows nothing of
 //! votes, health or locks; whether a master's answers count is for [`crate::masters`] to say.
 //!
 //! Invariants:
@@ -7,14 +7,16 @@
 //!   queued in the in-flight list *before* their bytes are written, so the reader always finds
 //!   the request a reply belongs to. A request may expect several replies (a script followed
 //!   by its guard): they are delivered together.
-//! - A connection on which a request waited longer than the node timeout is **aborted** and a
-//!   fresh connection replaces it (reconnect with backoff). The reason is head-of-line latency:
-//!   FIFO matching cannot mismatch a late reply, but every request queued behind a stalled one
-//!   would wait too. Its callers get no reply ([`NoReply`]). What it had written may still
-//!   run: a paused master (SIGSTOP, swap, a long script) runs the bytes already in its socket
-//!   buffer when it resumes, even after the connection was closed or reset (checked on
-//!   redis-server 7.0). The acquire protects itself against that (a deadline and an attempt
-//!   id in its script: [`crate::lock`]).
+//! - **Slow is not dead.** A caller waits at most the node timeout for its reply; a late reply
+//!   is a missing reply for that caller only, and the connection keeps serving everything
+//!   queued on it. A connection is **retired** (and a fresh one dialled, with backoff) only on
+//!   evidence of death: a reset or end of stream, a protocol error, or no byte moving either
+//!   way for the [`liveness_window`] while requests are in flight. Its callers then get no
+//!   reply ([`NoReply`]). What it had written may still run: a paused master (SIGSTOP, swap, a
+//!   long script) runs the bytes already in its socket buffer when it resumes, even after the
+//!   connection was closed or reset (checked on redis-server 7.0). The acquire protects itself
+//!   against that, and against a vote read after its node timeout (a write deadline and an
+//!   attempt id in its script: [`crate::lock`]).
 //! - **Clean-ups** ([`Link::send_cleanup`]) survive reconnects: a clean-up goes on the current
 //!   connection; one not confirmed by a reply when its connection ends is kept and written
 //!   first on the next connection, until a reply confirms it. A clean-up is dropped once the
@@ -53,7 +55,7 @@
 //! - [`connection`]: one connection, its queue, its abort flag, and what goes through it;
 //! - [`writer`]: write batching, and the lock operations held to merge them;
 //! - [`merge`]: script merging, and the split of a merged reply back to its callers;
-//! - [`reader`]: reply reading (FIFO matching, the watchdog, `NOSCRIPT` resends);
+//! - [`reader`]: reply reading (FIFO matching, the liveness check, `NOSCRIPT` resends);
 //! - [`cleanups`]: clean-ups that survive reconnects.
 
 mod cleanups;
@@ -71,7 +73,18 @@ use crate::protocol::Names;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::io;
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
+
+/// How long a connection with requests in flight may move no byte either way before it is taken
+/// for dead and replaced: twenty node timeouts, and at least a second. Long enough that a
+/// master answering several node timeouts late, or reading a large request, keeps its
+/// connection (its late replies are missing votes, not a reconnect); short enough that a
+/// master paused or cut off is redialled within a second or two. The opening command of a new
+/// connection must be answered within it too ([`crate::dial::Dial::answering_within`]).
+pub fn liveness_window(node_timeout: Duration) -> Duration {
+    (node_timeout * 20).max(Duration::from_secs(1))
+}
 
 /// The reading half of a connection to a master.
 pub type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
@@ -103,6 +116,9 @@ pub enum NoReply {
     NoLink,
     /// No reply within the wait (the node timeout).
     Timeout,
+    /// Not sent: the master left an older request unanswered past the node timeout and sent
+    /// nothing since ([`connection::Pipe::unresponsive`]); this one would have timed out too.
+    Unresponsive,
     /// The connection ended before the reply came.
     Closed,
     /// The reply came, but the `WAIT` after it did not count the replicas asked for

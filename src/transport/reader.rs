@@ -1,29 +1,31 @@
 //! Reply reading: a connection's reader task ([`read_loop`]) decodes the master's replies,
 //! hands each to the oldest request in flight ([`deliver`], [`AwaitingReply::answer`]), and keeps
-//! the watchdog that retires a stalled connection.
+//! the liveness check that retires a dead connection.
 //!
 //! Invariants:
 //! - Replies are matched to requests strictly in FIFO order; a request that expects several
 //!   replies gets them together, as one array. A reply nobody asked for, or bytes that are not
 //!   RESP, close the connection.
-//! - The watchdog aborts the connection once its oldest request has waited the node timeout
-//!   (less a millisecond), counted from when that request was handed over; replies already
-//!   read are delivered first.
+//! - Slow is not dead: a connection is retired only when requests are in flight and no byte
+//!   moved either way (read, or written: [`super::connection::Progress`]) for the liveness
+//!   window ([`super::liveness_window`]), counted from the later of that progress and the
+//!   oldest request's hand-over. A reply later than its caller's node timeout is a missing
+//!   reply for that caller only; the connection and everything queued on it stay. Replies
+//!   already read are delivered first.
 //! - When the connection ends, every request still in flight gets no reply (a timeout if the
-//!   watchdog retired it, closed otherwise), and its unconfirmed clean-ups are kept for the
-//!   next connection.
+//!   liveness check retired it, closed otherwise), and its unconfirmed clean-ups are kept for
+//!   the next connection.
 //! - A request answered `NOSCRIPT` that can be sent with the script's body is queued again on
 //!   the same connection, whether or not its caller still waits.
 
 use super::connection::{
     Answer, AwaitingReply, Connection, Outgoing, Payload, Pipe, Recipients, ReplyTo, Unconfirmed,
 };
-use super::{Link, NoReply, ReadHalf, Witness};
+use super::{liveness_window, Link, NoReply, ReadHalf, Witness};
 use crate::protocol::{decode_reply, Reply};
 use bytes::{Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 use tokio::sync::oneshot::error::TryRecvError;
@@ -41,14 +43,16 @@ pub(super) async fn read_loop(
         if *aborted_rx.borrow() {
             break NoReply::Closed;
         }
-        let watchdog = watchdog(&pipe, &link);
+        let retire_at = dead_at(&pipe, &link);
         tokio::select! {
-            // Replies first: under load the watchdog must not fire while replies sit unread.
+            // Replies first: the liveness check must not fire while replies sit unread.
             biased;
             read = rd.read_buf(&mut buf) => {
                 match read {
                     Ok(0) | Err(_) => break NoReply::Closed,
                     Ok(_) => {
+                        pipe.progress.made();
+                        pipe.replies.made();
                         if !deliver(&mut buf, &pipe.in_flight, &conn.queue, &link) {
                             break NoReply::Closed;
                         }
@@ -58,14 +62,17 @@ pub(super) async fn read_loop(
             }
             _ = pipe.pushed.notified() => {}
             _ = aborted_rx.changed() => {}
-            _ = sleep_until(watchdog.unwrap_or_else(Instant::now)), if watchdog.is_some() => {
-                break NoReply::Timeout;
+            _ = sleep_until(retire_at.unwrap_or_else(Instant::now)), if retire_at.is_some() => {
+                // The writer may have made progress meanwhile (a large request going out).
+                if dead_at(&pipe, &link).is_some_and(|at| at <= Instant::now()) {
+                    break NoReply::Timeout;
+                }
             }
         }
     };
     conn.abort();
-    // Whatever is still in flight gets no reply: a timeout if the watchdog retired the
-    // connection (every request on it waited behind the stalled one), closed otherwise.
+    // Whatever is still in flight gets no reply: a timeout if the liveness check retired the
+    // connection (no byte moved for the liveness window), closed otherwise.
     // Unconfirmed clean-ups are kept for the next connection.
     let left: Vec<AwaitingReply> = pipe
         .in_flight
@@ -80,26 +87,24 @@ pub(super) async fn read_loop(
     }
 }
 
-/// When the watchdog fires, if a request is in flight.
+/// When the connection is to be taken for dead, if a request is in flight: the liveness
+/// window after the later of its last progress and the oldest request's hand-over.
 ///
-/// Watchdog: the oldest request waited past the node timeout, so what this connection
-/// still answers is late: abort it and use a fresh one. The proxy's own backlog cannot
-/// trip it: fan-outs wait for a permit before any request is queued here
-/// (`masters::MAX_FANOUTS`), and replies are read before the timer is looked at
-/// (`biased`), so under overload requests queue outside the node timeout instead of
-/// turning into a reconnect storm (found by the benchmark at 500 connections × 16).
-/// It fires a millisecond before the caller's own timeout (both count from when the
-/// request was handed over), so the connection is already gone when the caller gives
-/// up and whatever it sends next (a queued acquire of the same key, say) goes on a
-/// fresh connection instead of waiting out a second node timeout on this one.
-fn watchdog(pipe: &Pipe, link: &Link) -> Option<Instant> {
+/// Only this retires a connection; a caller's node timeout does not. A master that answers
+/// late (overloaded, reading a large request, working through a long queue) is alive: dropping
+/// its connection would fail every request queued on it and cost a reconnect, turning one late
+/// vote into hundreds of missing ones (issue 38: 43 reconnects in 3 s to a master answering
+/// 150 ms late, 70 per master while one client sent a 10 MB value). A paused or cut-off master
+/// moves no byte and is retired one window after its last; the acquire protects itself against
+/// the bytes it runs when it resumes (a write deadline in its script: [`crate::lock`]).
+fn dead_at(pipe: &Pipe, link: &Link) -> Option<Instant> {
     let oldest = pipe
         .in_flight
         .lock()
         .ok()
-        .and_then(|q| q.front().map(|p| p.queued_at));
-    let node_timeout = link.node_timeout.get();
-    oldest.map(|t| t + node_timeout.saturating_sub(Duration::from_millis(1)))
+        .and_then(|q| q.front().map(|p| p.queued_at))?;
+    let since = oldest.max(pipe.progress.last());
+    Some(since + liveness_window(link.node_timeout.get()))
 }
 
 /// Decodes every complete reply in `buf` and hands each to the oldest in-flight request.
@@ -232,42 +237,81 @@ fn answer_one(
 mod tests {
     //! Deterministic: in-memory pipes to a scripted master, and tokio's paused clock.
     use super::super::tests::{connected, ping, LIMIT, NODE_TIMEOUT};
-    use super::super::NoReply;
+    use super::super::{liveness_window, NoReply};
     use crate::fake_master::{command, until, FakeMaster};
     use crate::protocol::Reply;
     use std::time::Duration;
     use tokio::time::Instant;
 
     #[tokio::test(start_paused = true)]
-    async fn a_stalled_master_costs_one_node_timeout_then_a_fresh_connection_answers() {
+    async fn a_stalled_master_costs_its_callers_one_node_timeout_and_keeps_its_connection() {
         let fake = FakeMaster::new();
         let (link, _stop) = connected(&fake).await;
         assert_eq!(link.send(ping(), 1).wait().await, Ok(Reply::simple("PONG")));
         fake.stall();
         let asked = Instant::now();
         assert_eq!(link.send(ping(), 1).wait().await, Err(NoReply::Timeout));
-        // The watchdog retires the connection a millisecond before the caller's own timeout.
-        let waited = asked.elapsed();
-        assert!(
-            waited >= NODE_TIMEOUT - Duration::from_millis(1) && waited <= NODE_TIMEOUT,
-            "{waited:?}"
-        );
-        assert_eq!(link.retired_count(), 1);
+        assert_eq!(asked.elapsed(), NODE_TIMEOUT);
+        // Nothing read for a node timeout, the oldest request older than that: the next one is
+        // not sent, and answered at once.
+        let asked = Instant::now();
+        assert_eq!(link.send(ping(), 1).wait().await, Err(NoReply::Unresponsive));
+        assert_eq!(asked.elapsed(), Duration::ZERO);
+        // Slow is not dead: the connection stays, and once the master answers again its late
+        // reply goes to the caller that gave up, the next one to the next caller.
+        fake.set("next", "1");
         fake.resume();
-        until(LIMIT, || link.connect_count() == 2 && link.is_connected()).await;
-        assert_eq!(link.send(ping(), 1).wait().await, Ok(Reply::simple("PONG")));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(
+            link.send(command(&["GET", "next"]), 1).wait().await,
+            Ok(Reply::Bulk("1".into()))
+        );
+        assert_eq!((link.connect_count(), link.retired_count()), (1, 0));
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_watchdog_retires_a_stalled_connection_even_if_nobody_waits() {
+    async fn a_master_answering_twice_the_node_timeout_late_votes_again_on_the_same_connection() {
+        let fake = FakeMaster::new();
+        let (link, _stop) = connected(&fake).await;
+        // Every reply two node timeouts late, for ten requests: each one's caller gives up.
+        for _ in 0..10 {
+            fake.stall();
+            let late = link.send(ping(), 1);
+            tokio::time::sleep(2 * NODE_TIMEOUT).await;
+            fake.resume();
+            assert_eq!(late.wait().await, Err(NoReply::Timeout));
+            // Its late reply arrives, and the next request is sent again.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // The delay ends: the next request is answered at once, on the first connection.
+        let asked = Instant::now();
+        assert_eq!(link.send(ping(), 1).wait().await, Ok(Reply::simple("PONG")));
+        assert!(asked.elapsed() < NODE_TIMEOUT);
+        assert_eq!((link.connect_count(), link.retired_count()), (1, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_moves_no_byte_for_the_liveness_window_is_retired_unasked() {
         let fake = FakeMaster::new();
         let (link, _stop) = connected(&fake).await;
         fake.stall();
         drop(link.send(ping(), 1));
-        tokio::time::sleep(NODE_TIMEOUT - Duration::from_millis(2)).await;
-        assert_eq!(link.retired_count(), 0, "retired before the node timeout");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        assert_eq!(link.retired_count(), 1, "not retired at the node timeout");
+        let window = liveness_window(NODE_TIMEOUT);
+        tokio::time::sleep(window - Duration::from_millis(2)).await;
+        assert_eq!(
+            link.retired_count(),
+            0,
+            "retired before the liveness window"
+        );
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        assert_eq!(
+            link.retired_count(),
+            1,
+            "not retired at the liveness window"
+        );
+        fake.resume();
+        until(LIMIT, || link.connect_count() == 2 && link.is_connected()).await;
+        assert_eq!(link.send(ping(), 1).wait().await, Ok(Reply::simple("PONG")));
     }
 
     #[tokio::test(start_paused = true)]

@@ -81,7 +81,7 @@ pub(super) async fn write_loop(
         }
         pipe.pushed.notify_one();
         let written = tokio::select! {
-            res = wr.write_all(&batch.buf) => res.is_ok(),
+            written = write_noting_progress(&mut wr, &batch.buf, &pipe) => written,
             _ = aborted.wait_for(|r| *r) => false,
         };
         if !written {
@@ -95,6 +95,21 @@ pub(super) async fn write_loop(
     while let Ok(out) = rx.try_recv() {
         link.cleanups.keep_unwritten(&link.addr, out);
     }
+}
+
+/// Writes all of `buf`, noting progress at every part the master took (a large request read
+/// slowly is progress: [`super::reader`]'s liveness check). False if the connection failed.
+async fn write_noting_progress(wr: &mut WriteHalf, mut buf: &[u8], pipe: &Pipe) -> bool {
+    while !buf.is_empty() {
+        match wr.write(buf).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => {
+                pipe.progress.made();
+                buf = &buf[n..];
+            }
+        }
+    }
+    true
 }
 
 /// The next write: its bytes, the script calls gathered to merge, and the requests in either
@@ -380,6 +395,8 @@ mod tests {
         for pending in held {
             assert!(pending.wait().await.is_err());
         }
+        // Retired once no byte moved for the liveness window (the callers gave up long before).
+        until(LIMIT, || link.retired_count() == 1).await;
         fake.resume();
         until(LIMIT, || link.connect_count() == 2 && link.is_connected()).await;
         assert_eq!(link.send(ping(), 1).wait().await, Ok(Reply::simple("PONG")));
