@@ -22,16 +22,22 @@
 #   scripts/bench.sh shards                    # the proxy over single masters vs Redis Clusters of
 #                                              # 1 and 3 shards: CPU per acquire per primary (issue 26)
 #
+#   scripts/bench.sh overload                  # the overload table (issue 38): the proxy's peaks, then
+#                                              # 50-200 % of them through the proxy, redis-server and
+#                                              # twemproxy; a 10 MB SET beside small clients (~9 minutes)
+#   BENCH_OVERLOAD_SECS=0.5 BENCH_WARMUP_SECS=0.2 scripts/bench.sh overload   # its smoke run (~1 minute)
+#
 # Sections: cycles, clientside, node, redis-benchmark, cpu, memory, contention, fencing, metrics,
-# wakeup, latency, masters, confirm, shards. Every knob is listed in BENCHMARKS.md.
+# wakeup, latency, masters, confirm, shards; overload only when named (not in a full run). Every
+# knob is listed in BENCHMARKS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 . scripts/lib.sh
 ensure_redis
 
-# The peer proxies of the cpu section (issue 27): twemproxy and haproxy from Debian. Without
-# them lockbench skips their cells with a note.
+# The peer proxies of the cpu section (issue 27) and of overload (issue 38): twemproxy and
+# haproxy from Debian. Without them lockbench skips their cells with a note.
 if ! command -v nutcracker >/dev/null || ! command -v haproxy >/dev/null; then
   sudo_cmd=""
   [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
@@ -42,7 +48,7 @@ if ! command -v nutcracker >/dev/null || ! command -v haproxy >/dev/null; then
     (command -v systemctl >/dev/null \
       && $sudo_cmd systemctl disable --now haproxy nutcracker 2>/dev/null) || true
   else
-    echo "bench.sh: cannot install nutcracker/haproxy; their cpu cells will be skipped" >&2
+    echo "bench.sh: cannot install nutcracker/haproxy; their cpu and overload cells will be skipped" >&2
   fi
 fi
 

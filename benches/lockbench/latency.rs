@@ -17,38 +17,18 @@
 //!    peak; at each point a fresh redis-server directly, then a fresh proxy over 5 fresh
 //!    masters, every round (`BENCH_ROUNDS`) running all points in turn.
 //!
-//! The sender is one OS thread (timer slack 1 µs) writing each request with its own `write` on
-//! non-blocking sockets; each connection's replies are read by a task on the harness's runtime
-//! (the test kit's RESP decoder), woken by readiness, not by a timer. The sender's lateness
-//! (actual write − scheduled time) is reported, so the load generator's own share of a latency
-//! is visible. Every key is fresh, so every acquire should be granted: grants, nulls and errors
-//! are counted. CPU (/proc) of the proxy, the masters, this process and everything else is
-//! sampled over the measured window.
+//! The load (the sender thread, the readers, the fresh processes of a cell) is `openloop.rs`'s,
+//! shared with `overload`. The sender's lateness (actual write − scheduled time) is reported, so
+//! the load generator's own share of a latency is visible. Every key is fresh, so every acquire
+//! should be granted: grants, nulls and errors are counted. CPU (/proc) of the proxy, the
+//! masters, this process and everything else is sampled over the measured window.
 
-use crate::cycles::{connect_many, unique_tag};
-use crate::procs::{CpuProbe, CpuUse};
+use crate::openloop::{self, Load, Plan, Site, DRAIN, NEVER};
+use crate::procs::CpuUse;
 use crate::report::{cell, fmt_rate, fmt_ratio, noisy_mark, Verdict};
 use crate::settings::{Settings, Target};
-use crate::stats::{median, percentiles, Latency, Window};
-use bytes::BytesMut;
-use redlock_proxy::LocalCluster;
-use redlock_testkit::launcher::{ready_for_load, ProxyProcess};
-use redlock_testkit::masters::pids;
-use redlock_testkit::resp::{decode, encode, Reply};
-use std::collections::VecDeque;
+use crate::stats::{median, percentiles, Latency};
 use std::fmt::Write as _;
-use std::io::Write as _;
-use std::net::TcpStream as StdStream;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use tokio::io::AsyncReadExt;
-use tokio::sync::watch;
-
-/// How long after the measured window the replies of its requests are waited for.
-pub const DRAIN: Duration = Duration::from_secs(5);
-
-/// A latency this large is a request never answered (or never sent).
-const NEVER: u64 = u64::MAX;
 
 /// The proxy's masters.
 const MASTERS: usize = 5;
@@ -145,339 +125,37 @@ impl LatencyRun {
     }
 }
 
-/// Fresh masters (1 for the direct cells, 5 behind a fresh proxy), and what to sample.
-struct Site {
-    port: u16,
-    _masters: LocalCluster,
-    proxy: Option<ProxyProcess>,
-    probe: CpuProbe,
-}
-
-impl Site {
-    /// Starts the masters (and the proxy, waiting until it is ready for load: a cell that is
-    /// not ready runs anyway, and shows it).
-    async fn open(settings: &Settings, target: Target, hz: f64) -> Result<Site, String> {
-        let n = match target {
-            Target::Direct => 1,
-            Target::Proxy(n) => n,
-        };
-        let masters = LocalCluster::start(n).map_err(|e| e.to_string())?;
-        let proxy = match target {
-            Target::Direct => None,
-            Target::Proxy(_) => {
-                let proxy = settings
-                    .start_proxy(&masters.addrs())
-                    .map_err(|e| e.to_string())?;
-                if let Err(err) = ready_for_load(proxy.port).await {
-                    eprintln!("lockbench: warning: {err}");
-                }
-                Some(proxy)
-            }
-        };
-        let port = proxy.as_ref().map_or(masters.masters[0].port, |p| p.port);
-        let probe = CpuProbe::new(
-            proxy.as_ref().map(ProxyProcess::pid),
-            &pids(&masters.masters),
-            hz,
-        );
-        Ok(Site {
-            port,
-            _masters: masters,
-            proxy,
-            probe,
-        })
-    }
-
-    fn note(&mut self) -> Option<String> {
-        self.proxy.as_mut().and_then(ProxyProcess::health_note)
-    }
-}
-
-/// `SET lb:lat:TAG:ID v NX PX ttl`.
-fn set_nx(tag: &str, id: &str, ttl: &str) -> Vec<u8> {
-    let key = format!("lb:lat:{tag}:{id}");
-    encode(&[b"SET", key.as_bytes(), b"v", b"NX", b"PX", ttl.as_bytes()])
-}
-
-/// Grants, nulls, errors and latencies (ns) of some requests.
-#[derive(Default)]
-struct Counts {
-    granted: u64,
-    nulls: u64,
-    errors: u64,
-    first_error: Option<String>,
-    samples: Vec<u64>,
-    /// Replies that arrived inside the window.
-    completed: u64,
-}
-
-impl Counts {
-    fn reply(&mut self, reply: &Reply) {
-        if reply.is_ok() {
-            self.granted += 1;
-        } else if reply.is_null() {
-            self.nulls += 1;
-        } else {
-            self.error(format!("{reply}"));
-        }
-    }
-
-    fn error(&mut self, text: String) {
-        self.errors += 1;
-        if self.first_error.is_none() {
-            self.first_error = Some(text);
-        }
-    }
-
-    fn merge(all: Vec<Counts>) -> Counts {
-        let mut out = Counts::default();
-        for c in all {
-            out.granted += c.granted;
-            out.nulls += c.nulls;
-            out.errors += c.errors;
-            out.completed += c.completed;
-            if out.first_error.is_none() {
-                out.first_error = c.first_error;
-            }
-            out.samples.extend(c.samples);
-        }
-        out.samples.sort_unstable();
-        out
+/// The load of this section: `BENCH_LATENCY_CONNS` connections, one request per write, the
+/// lock TTL of `BENCH_TTL_MS`, replies waited for [`DRAIN`] after the window.
+fn load(settings: &Settings, secs: f64) -> Load {
+    Load {
+        prefix: "lb:lat",
+        conns: settings.latency_conns,
+        depth: 1,
+        ttl_ms: settings.ttl_ms,
+        warmup: settings.warmup,
+        secs,
+        bound: None,
     }
 }
 
 /// The closed-loop peak of `target` (see the module header).
 pub async fn peak(settings: &Settings, target: Target, hz: f64) -> Result<Peak, String> {
-    let mut site = Site::open(settings, target, hz).await?;
-    let conns = connect_many(site.port, settings.latency_conns)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
-    let start = Instant::now() + Duration::from_secs_f64(settings.warmup);
-    let window = Window {
-        start,
-        end: start + Duration::from_secs_f64(settings.latency_peak_secs),
-    };
-    let tag = unique_tag();
-    let ttl = settings.ttl_ms.to_string();
-    let tasks: Vec<_> = conns
-        .into_iter()
-        .enumerate()
-        .map(|(c, mut conn)| {
-            let (tag, ttl) = (tag.clone(), ttl.clone());
-            tokio::spawn(async move {
-                let mut counts = Counts::default();
-                let mut n = 0u64;
-                while Instant::now() < window.end {
-                    n += 1;
-                    let cmd = set_nx(&tag, &format!("p{c}:{n}"), &ttl);
-                    let sent = Instant::now();
-                    if let Err(err) = conn.write(&cmd).await {
-                        counts.error(format!("write: {err}"));
-                        break;
-                    }
-                    match conn.read_reply(window.end + DRAIN).await {
-                        Ok(reply) => {
-                            let arrived = conn.arrived();
-                            if window.contains(arrived) {
-                                counts.completed += 1;
-                                counts.samples.push((arrived - sent).as_nanos() as u64);
-                                counts.reply(&reply);
-                            }
-                        }
-                        Err(err) => {
-                            counts.error(format!("read: {err}"));
-                            break;
-                        }
-                    }
-                }
-                counts
-            })
-        })
-        .collect();
-    let cpu = site.probe.over(window).await;
-    let mut all = Vec::new();
-    for t in tasks {
-        all.push(t.await.unwrap_or_else(|e| {
-            let mut c = Counts::default();
-            c.error(format!("task: {e}"));
-            c
-        }));
-    }
-    let counts = Counts::merge(all);
+    let mut site = Site::open(settings, target.into(), hz).await?;
+    let load = load(settings, settings.latency_peak_secs);
+    let run = openloop::closed_loop(site.port, &site.probe, &load).await?;
+    let counts = run.counts;
     Ok(Peak {
         target,
-        rate: counts.completed as f64 / window.secs(),
+        rate: counts.completed as f64 / run.window.secs(),
         latency: percentiles(&counts.samples),
         granted: counts.granted,
         nulls: counts.nulls,
         errors: counts.errors,
         first_error: counts.first_error,
-        cpu,
+        cpu: run.cpu,
         note: site.note(),
     })
-}
-
-/// Each connection's scheduled times of the requests sent and not yet answered, in order.
-type Pending = Arc<Mutex<VecDeque<Instant>>>;
-
-/// What the sender did with the requests scheduled inside the window.
-#[derive(Default)]
-struct Sent {
-    unsent: u64,
-    lags: Vec<u64>,
-    first_error: Option<String>,
-}
-
-enum WriteFailed {
-    /// Nothing of it was written: the socket stayed full past the give-up time.
-    NotSent,
-    /// The connection failed, or stayed full in the middle of a request.
-    Broken(String),
-}
-
-/// Writes all of `bytes` to a non-blocking socket, waiting for room in 50 µs steps; gives up
-/// on a request not begun at `give_up`, and on the connection at `give_up + DRAIN`.
-fn write_all(stream: &mut StdStream, bytes: &[u8], give_up: Instant) -> Result<(), WriteFailed> {
-    let mut written = 0;
-    while written < bytes.len() {
-        match stream.write(&bytes[written..]) {
-            Ok(0) => return Err(WriteFailed::Broken("write returned 0".into())),
-            Ok(n) => written += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                let now = Instant::now();
-                if written == 0 && now >= give_up {
-                    return Err(WriteFailed::NotSent);
-                }
-                if now >= give_up + DRAIN {
-                    return Err(WriteFailed::Broken("socket full".into()));
-                }
-                std::thread::sleep(Duration::from_micros(50));
-            }
-            Err(e) => return Err(WriteFailed::Broken(e.to_string())),
-        }
-    }
-    Ok(())
-}
-
-/// The sender thread: request `i` at `t0 + i / rate` on connection `i mod n`, until the
-/// window's end (requests scheduled before it and not yet sent are still sent, late).
-fn send_all(
-    mut writers: Vec<StdStream>,
-    pending: Vec<Pending>,
-    t0: Instant,
-    rate: f64,
-    window: Window,
-    tag: String,
-    ttl: String,
-) -> Sent {
-    // SAFETY: prctl(PR_SET_TIMERSLACK) changes only this thread's timer slack (1 µs instead of
-    // 50 µs), so that its sleeps end close to the next scheduled time.
-    unsafe {
-        libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong, 0, 0, 0);
-    }
-    let mut sent = Sent::default();
-    let mut broken = vec![false; writers.len()];
-    let interval = 1e9 / rate;
-    for i in 0u64.. {
-        let at = t0 + Duration::from_nanos((i as f64 * interval) as u64);
-        if at >= window.end {
-            break;
-        }
-        let now = Instant::now();
-        if at > now {
-            std::thread::sleep(at - now);
-        }
-        let c = (i % writers.len() as u64) as usize;
-        let in_window = window.contains(at);
-        if broken[c] {
-            sent.unsent += u64::from(in_window);
-            continue;
-        }
-        let cmd = set_nx(&tag, &i.to_string(), &ttl);
-        pending[c].lock().unwrap().push_back(at);
-        match write_all(&mut writers[c], &cmd, window.end) {
-            Ok(()) => {
-                if in_window {
-                    sent.lags.push((Instant::now() - at).as_nanos() as u64);
-                }
-            }
-            Err(failed) => {
-                // Nothing of this request reached the socket, or the connection is lost: its
-                // reply will never come (the reader cannot have taken it: it takes an entry
-                // only for a reply, and replies come in order).
-                pending[c].lock().unwrap().pop_back();
-                sent.unsent += u64::from(in_window);
-                if let WriteFailed::Broken(why) = failed {
-                    broken[c] = true;
-                    if sent.first_error.is_none() {
-                        sent.first_error = Some(format!("write: {why}"));
-                    }
-                }
-            }
-        }
-    }
-    sent
-}
-
-/// One connection's reader: each reply takes the oldest pending scheduled time. Stops when the
-/// sender is done and nothing is pending, or at `deadline`.
-async fn read_all(
-    mut stream: tokio::net::TcpStream,
-    pending: Pending,
-    mut done: watch::Receiver<bool>,
-    window: Window,
-    deadline: Instant,
-) -> Counts {
-    let mut counts = Counts::default();
-    let mut buf = BytesMut::with_capacity(16 * 1024);
-    let give_up = tokio::time::sleep_until(deadline.into());
-    tokio::pin!(give_up);
-    let mut arrived = Instant::now();
-    loop {
-        loop {
-            match decode(&mut buf) {
-                Ok(Some(reply)) => {
-                    let Some(at) = pending.lock().unwrap().pop_front() else {
-                        counts.error("a reply without a request".into());
-                        return counts;
-                    };
-                    if window.contains(arrived) {
-                        counts.completed += 1;
-                    }
-                    if window.contains(at) {
-                        counts.samples.push((arrived - at).as_nanos() as u64);
-                        counts.reply(&reply);
-                    }
-                }
-                Ok(None) => break,
-                Err(err) => {
-                    counts.error(format!("invalid RESP: {err:?}"));
-                    return counts;
-                }
-            }
-        }
-        if *done.borrow() && pending.lock().unwrap().is_empty() {
-            return counts;
-        }
-        buf.reserve(16 * 1024);
-        tokio::select! {
-            biased;
-            read = stream.read_buf(&mut buf) => match read {
-                Ok(0) => {
-                    counts.error("connection closed".into());
-                    return counts;
-                }
-                Ok(_) => arrived = Instant::now(),
-                Err(err) => {
-                    counts.error(format!("read: {err}"));
-                    return counts;
-                }
-            },
-            _ = done.changed(), if !*done.borrow() => {}
-            () = &mut give_up => return counts,
-        }
-    }
 }
 
 /// One open-loop cell: `rate` requests per second at `target` (see the module header).
@@ -489,101 +167,35 @@ pub async fn open_loop(
     point: usize,
     hz: f64,
 ) -> Result<OpenCell, String> {
-    let mut site = Site::open(settings, target, hz).await?;
-    let n = settings.latency_conns.max(1);
-    let mut writers = Vec::with_capacity(n);
-    let mut readers = Vec::with_capacity(n);
-    for _ in 0..n {
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], site.port));
-        let stream = StdStream::connect_timeout(&addr, Duration::from_secs(5))
-            .map_err(|e| format!("connect: {e}"))?;
-        stream.set_nodelay(true).map_err(|e| e.to_string())?;
-        let reader = stream.try_clone().map_err(|e| e.to_string())?;
-        // Both handles share one file description: both are non-blocking now.
-        reader.set_nonblocking(true).map_err(|e| e.to_string())?;
-        readers.push(tokio::net::TcpStream::from_std(reader).map_err(|e| e.to_string())?);
-        writers.push(stream);
-    }
-    let pending: Vec<Pending> = (0..n).map(|_| Pending::default()).collect();
-    let t0 = Instant::now() + Duration::from_millis(20);
-    let start = t0 + Duration::from_secs_f64(settings.warmup);
-    let window = Window {
-        start,
-        end: start + Duration::from_secs_f64(settings.latency_secs),
-    };
-    let (done_tx, done_rx) = watch::channel(false);
-    let tasks: Vec<_> = readers
-        .into_iter()
-        .zip(&pending)
-        .map(|(stream, p)| {
-            tokio::spawn(read_all(
-                stream,
-                p.clone(),
-                done_rx.clone(),
-                window,
-                window.end + DRAIN,
-            ))
-        })
-        .collect();
-    let (tag, ttl) = (unique_tag(), settings.ttl_ms.to_string());
-    let queues = pending.clone();
-    let sender = tokio::task::spawn_blocking(move || {
-        let sent = send_all(writers, queues, t0, rate, window, tag, ttl);
-        let _ = done_tx.send(true);
-        sent
-    });
-    let cpu = site.probe.over(window).await;
-    let sent = sender.await.map_err(|e| format!("sender: {e}"))?;
-    let mut all = Vec::new();
-    for t in tasks {
-        all.push(t.await.unwrap_or_else(|e| {
-            let mut c = Counts::default();
-            c.error(format!("task: {e}"));
-            c
-        }));
-    }
-    let mut counts = Counts::merge(all);
-    // Requests of the window still pending: never answered.
-    let unanswered = pending
-        .iter()
-        .map(|p| {
-            p.lock()
-                .unwrap()
-                .iter()
-                .filter(|at| window.contains(**at))
-                .count() as u64
-        })
-        .sum::<u64>();
-    let scheduled = counts.granted + counts.nulls + counts.errors + unanswered + sent.unsent;
-    counts.samples.extend(std::iter::repeat_n(
-        NEVER,
-        (unanswered + sent.unsent) as usize,
-    ));
-    let mut lags = sent.lags;
-    lags.sort_unstable();
-    if counts.first_error.is_none() {
-        counts.first_error = sent.first_error;
-    }
+    let mut site = Site::open(settings, target.into(), hz).await?;
+    let load = load(settings, settings.latency_secs);
+    let run = openloop::open_loop(site.port, &site.probe, &load, rate, Plan::new(&load)).await?;
+    let scheduled = run.scheduled();
+    let (unsent, unanswered) = (run.unsent, run.unanswered);
+    let mut counts = run.counts;
+    counts
+        .samples
+        .extend(std::iter::repeat_n(NEVER, (unanswered + unsent) as usize));
     Ok(OpenCell {
         target,
         round,
         point,
         offered: rate,
         scheduled,
-        completed_per_sec: counts.completed as f64 / window.secs(),
+        completed_per_sec: counts.completed as f64 / run.window.secs(),
         granted: counts.granted,
         nulls: counts.nulls,
         errors: counts.errors,
         first_error: counts.first_error,
-        unsent: sent.unsent,
+        unsent,
         unanswered,
         latency: percentiles(&counts.samples),
         max_us: counts
             .samples
             .last()
             .map_or(f64::NAN, |&ns| ns as f64 / 1000.0),
-        send_lag: percentiles(&lags),
-        cpu,
+        send_lag: percentiles(&run.lags),
+        cpu: run.cpu,
         note: site.note(),
     })
 }

@@ -49,6 +49,11 @@
 //! - `shards`: the proxy over 3 single masters, 3 Redis Clusters of 1 shard and 3 of 3 shards
 //!   under redis-benchmark `SET NX PX`: the busiest primary's CPU per acquire and the proxy's
 //!   CPU per request, interleaved rounds (issue 26; see `shards.rs`).
+//! - `overload` (only when named, not part of `all`): one table (issue 38): the proxy's
+//!   closed-loop peak of `SET NX PX` over 3 and 5 masters at `-P 1` and `-P 16`, then open loop
+//!   at 50–200 % of each peak through the proxy, redis-server directly and twemproxy: goodput,
+//!   nulls, errors by kind, requests not answered in time, retired master connections, p50/p99
+//!   of the grants, peak RSS; and a 10 MB `SET` beside small clients (see `overload.rs`).
 //!
 //! Every proxy is the release binary run as a separate process (the test kit's
 //! `launcher::ProxyProcess`), started fresh for each cell. Knobs (`BENCH_*` environment
@@ -64,6 +69,8 @@ mod latency;
 mod masters_cost;
 mod memory;
 mod metrics_cost;
+mod openloop;
+mod overload;
 mod peers;
 mod procs;
 mod report;
@@ -777,6 +784,13 @@ impl Bench {
         self.results.latency = Some(run);
     }
 
+    /// Issue 38 (see [`overload`]): the one overload table.
+    fn overload(&mut self) {
+        let s = self.settings.clone();
+        let run = self.block_on(overload::run(&s, self.hz, &progress));
+        self.results.overload = Some(run);
+    }
+
     /// VmRSS growth of a fresh process for `wakeup_waiters` plain idle connections (`memory`'s).
     fn plain_growth(&self, pid: u32, port: u16) -> Option<i64> {
         let n = self.settings.wakeup_waiters;
@@ -926,6 +940,7 @@ fn main() {
             "masters" => bench.masters(),
             "confirm" => bench.confirm(),
             "shards" => bench.shards(),
+            "overload" => bench.overload(),
             _ => unreachable!("every section is handled"),
         }
     }

@@ -1,6 +1,7 @@
-//! The peer proxies of `cpu` (issue 27): twemproxy (`nutcracker`), in front of one master or
-//! sharding over five, and haproxy in TCP mode in front of one master, as a new user would run them (Debian's packages, a minimal config,
-//! every other setting at its default). Each cell starts its own peer as a child process on a
+//! The peer proxies of `cpu` (issue 27) and `overload` (issue 38): twemproxy (`nutcracker`), in
+//! front of one master or sharding over several, and haproxy in TCP mode in front of one master,
+//! as a new user would run them (Debian's packages, a minimal config, every other setting at its
+//! default). Each cell starts its own peer as a child process on a
 //! loopback ephemeral port, with a config file generated in a fresh temporary directory, and
 //! stops it (and removes the directory) when the cell ends.
 

@@ -6,7 +6,9 @@ use crate::settings::Settings;
 use crate::stats::Window;
 use std::fmt::Write as _;
 use std::process::Command;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 pub fn clock_ticks_per_sec() -> f64 {
     Command::new("getconf")
@@ -67,6 +69,38 @@ pub fn vm_rss_bytes(pid: u32) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// The highest VmRSS of a process while it is watched: sampled every 10 ms by a thread of its
+/// own (not the load generator's runtime) from [`RssPeak::watch`] to [`RssPeak::stop`].
+pub struct RssPeak {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Option<u64>>>,
+}
+
+impl RssPeak {
+    /// Starts sampling `pid` (nothing to sample without one).
+    pub fn watch(pid: Option<u32>) -> RssPeak {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = pid.map(|pid| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut peak = vm_rss_bytes(pid);
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(10));
+                    peak = peak.max(vm_rss_bytes(pid));
+                }
+                peak
+            })
+        });
+        RssPeak { stop, thread }
+    }
+
+    /// The highest VmRSS seen, in bytes (`None` if the process could not be read).
+    pub fn stop(mut self) -> Option<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take()?.join().ok()?
+    }
 }
 
 pub fn open_files_limit() -> Option<u64> {

@@ -28,6 +28,7 @@ pub struct Results {
     pub masters: Option<crate::masters_cost::MastersRun>,
     pub confirm: Option<crate::confirm::ConfirmRun>,
     pub shards: Vec<crate::shards::Cell>,
+    pub overload: Option<crate::overload::OverloadRun>,
     pub skipped: Vec<String>,
 }
 
@@ -488,6 +489,10 @@ pub fn render(settings: &Settings, env: &str, results: &Results, elapsed: Durati
 
     if !results.shards.is_empty() {
         crate::shards::render(&mut md, settings, &results.shards);
+    }
+
+    if let Some(run) = &results.overload {
+        crate::overload::render(&mut md, settings, run);
     }
 
     if !results.skipped.is_empty() {

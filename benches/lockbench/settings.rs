@@ -36,6 +36,13 @@
 //! | `BENCH_MASTERS_OPS` | `200000` | `masters`: measured lock operations per CPU cell |
 //! | `BENCH_MASTERS_LOCKS` | `100000,200000,400000` | `masters`: held-lock counts of the memory cells |
 //! | `BENCH_MASTERS_PERF` | `1` | `masters`: `0` skips the `perf record` summary of the master |
+//! | `BENCH_OVERLOAD_SECS` | `8` | `overload`: measured seconds of every cell (after `BENCH_WARMUP_SECS`) |
+//! | `BENCH_OVERLOAD_CONNS` | `50` | `overload`: connections of the peaks and of the open-loop cells |
+//! | `BENCH_OVERLOAD_MASTERS` / `BENCH_OVERLOAD_DEPTHS` | `3,5` / `1,16` | `overload`: the configurations (the proxy's masters, requests per write) |
+//! | `BENCH_OVERLOAD_FRACTIONS` | `0.5,1,1.5,2` | `overload`: offered rates, as fractions of each configuration's peak |
+//! | `BENCH_OVERLOAD_BOUND_SECS` | `2` | `overload`: a reply later than this after its scheduled time counts as not answered |
+//! | `BENCH_OVERLOAD_BIG_CONNS` / `BENCH_OVERLOAD_BIG_FRACTION` | `20` / `0.25` | `overload`: the big-value case's small clients and their rate (fraction of the proxy-over-5 `-P 1` peak) |
+//! | `BENCH_OVERLOAD_BIG_MB` / `BENCH_OVERLOAD_BIG_EVERY_SECS` | `10` / `1` | `overload`: the big value's size, and how often it is sent |
 //! | `BENCH_OUT` | `target/bench-results.md` | where the report is written |
 
 use crate::peers::Peer;
@@ -45,7 +52,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Every section, in the order they run.
-pub const SECTIONS: [&str; 14] = [
+pub const SECTIONS: [&str; 15] = [
     "cycles",
     "clientside",
     "node",
@@ -60,7 +67,12 @@ pub const SECTIONS: [&str; 14] = [
     "masters",
     "confirm",
     "shards",
+    "overload",
 ];
+
+/// Sections that run only when named: not part of `all` (`overload` alone takes about 10
+/// minutes).
+pub const NOT_IN_ALL: [&str; 1] = ["overload"];
 
 /// Which server a load runs against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,6 +165,20 @@ pub struct Settings {
     pub masters_ops: u64,
     pub masters_locks: Vec<u64>,
     pub masters_perf: bool,
+    /// `overload`: measured seconds per cell, connections, the configurations (masters,
+    /// depths), the offered fractions of each peak, the bound on a reply's lateness; the
+    /// big-value case's small clients, their fraction of the proxy-over-5 peak, the big value's
+    /// size in MB and its period.
+    pub overload_secs: f64,
+    pub overload_conns: usize,
+    pub overload_masters: Vec<usize>,
+    pub overload_depths: Vec<usize>,
+    pub overload_fractions: Vec<f64>,
+    pub overload_bound_secs: f64,
+    pub overload_big_conns: usize,
+    pub overload_big_fraction: f64,
+    pub overload_big_mb: f64,
+    pub overload_big_every_secs: f64,
     pub out: PathBuf,
 }
 
@@ -211,10 +237,16 @@ impl Settings {
                 "rust-redlock" | "client" => "clientside",
                 "wake" | "wakeups" => "wakeup",
                 "lat" | "open-loop" => "latency",
+                "overload-table" | "issue38" => "overload",
                 other => other,
             };
             if name == "all" {
-                sections.extend(SECTIONS.iter().map(|s| s.to_string()));
+                sections.extend(
+                    SECTIONS
+                        .iter()
+                        .filter(|s| !NOT_IN_ALL.contains(s))
+                        .map(|s| s.to_string()),
+                );
             } else if SECTIONS.contains(&name) {
                 sections.push(name.to_string());
             } else {
@@ -301,6 +333,18 @@ impl Settings {
                 s.parse().ok().filter(|n: &u64| *n > 0)
             }),
             masters_perf: env_or("BENCH_MASTERS_PERF", "1") != "0",
+            overload_secs: env_num::<f64>("BENCH_OVERLOAD_SECS", "8").max(0.1),
+            overload_conns: env_num::<usize>("BENCH_OVERLOAD_CONNS", "50").max(1),
+            overload_masters: env_list("BENCH_OVERLOAD_MASTERS", "3,5", positive),
+            overload_depths: env_list("BENCH_OVERLOAD_DEPTHS", "1,16", positive),
+            overload_fractions: env_list("BENCH_OVERLOAD_FRACTIONS", "0.5,1,1.5,2", |f| {
+                f.parse().ok().filter(|f: &f64| *f > 0.0)
+            }),
+            overload_bound_secs: env_num::<f64>("BENCH_OVERLOAD_BOUND_SECS", "2").max(0.01),
+            overload_big_conns: env_num::<usize>("BENCH_OVERLOAD_BIG_CONNS", "20").max(1),
+            overload_big_fraction: env_num::<f64>("BENCH_OVERLOAD_BIG_FRACTION", "0.25").max(0.0),
+            overload_big_mb: env_num::<f64>("BENCH_OVERLOAD_BIG_MB", "10").max(0.0),
+            overload_big_every_secs: env_num::<f64>("BENCH_OVERLOAD_BIG_EVERY_SECS", "1").max(0.01),
             out: std::env::var("BENCH_OUT")
                 .map(PathBuf::from)
                 .unwrap_or_else(|_| target_dir.join("bench-results.md")),
