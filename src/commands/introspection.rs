@@ -104,9 +104,10 @@ fn stats_section(out: &mut String, shared: &Shared) {
     }
     let _ = write!(
         out,
-        "rollbacks:{}\r\nlate_cleanups:{}\r\n",
+        "rollbacks:{}\r\nlate_cleanups:{}\r\nadmission_limit:{}\r\n",
         locks.rollbacks.get(),
-        locks.late_cleanups.get()
+        locks.late_cleanups.get(),
+        shared.masters().admission.limit()
     );
     // Redis' `pubsub_channels`, `pubsub_patterns`, `pubsub_shardchannels` (of this proxy's
     // clients), then the messages passed on and the masters' copies dropped.

@@ -272,6 +272,30 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn an_acquire_not_admitted_within_a_quarter_of_its_ttl_is_told_to_retry_not_null() {
+        let (fakes, masters, acquirer) = ready(3).await;
+        // Every place taken by fan-outs in progress.
+        let busy: Vec<_> = futures::future::join_all(
+            (0..crate::admission::MAX_FANOUTS).map(|_| masters.admission.admit()),
+        )
+        .await;
+        let asked = Instant::now();
+        let reply = run(acquirer.acquire(attempt("v"))).await;
+        assert_eq!(asked.elapsed(), Duration::from_secs(1), "min(TTL / 4, 1 s)");
+        assert!(
+            matches!(&reply, Reply::Error(text) if text.starts_with(b"TRYAGAIN redlock-proxy is over its admission limit")),
+            "{reply:?}"
+        );
+        assert!(
+            fakes.iter().all(|f| f.acquires() == 0),
+            "a master was asked"
+        );
+        // A place frees: the next acquire is admitted and granted.
+        drop(busy);
+        assert_eq!(run(acquirer.acquire(attempt("w"))).await, Reply::ok());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_stalled_majority_refuses_after_one_node_timeout_and_leaves_nothing() {
         let (fakes, masters, acquirer) = ready(3).await;
         fakes[1].stall();

@@ -255,7 +255,10 @@ mod tests {
         // Nothing read for a node timeout, the oldest request older than that: the next one is
         // not sent, and answered at once.
         let asked = Instant::now();
-        assert_eq!(link.send(ping(), 1).wait().await, Err(NoReply::Unresponsive));
+        assert_eq!(
+            link.send(ping(), 1).wait().await,
+            Err(NoReply::Unresponsive)
+        );
         assert_eq!(asked.elapsed(), Duration::ZERO);
         // Slow is not dead: the connection stays, and once the master answers again its late
         // reply goes to the caller that gave up, the next one to the next caller.
