@@ -288,9 +288,9 @@ mod tests {
         let pinned: &[(&str, &str, usize, usize, bool)] = &[
             (
                 "lock.lua",
-                "ea88c69aa0bf61826000db33ec373b3d180fb612",
+                "279f8a00c9f6f2344bbcb4da52b62570796a5f1e",
                 3,
-                0,
+                1,
                 true,
             ),
             (
