@@ -460,7 +460,7 @@ fn tally(
         }
         voter.stats.count_acquire_vote(vote, false);
     }
-    late.count_acquire_votes();
+    late.count_acquire_votes(request.slot);
     let held = held_by_majority(&votes);
     let unreachable = majority_unreachable(&votes);
     let floor = token_floor(&votes);
