@@ -150,7 +150,8 @@ impl Rig {
     }
 
     /// [`Rig::start`] over `n` masters that each run with a wall clock of their own (the clock
-    /// nemesis: [`crate::clock`]).
+    /// nemesis: [`crate::clock`]) and `enable-debug-command yes` (for reloads in place), the
+    /// proxies with `allow_debug_command`.
     pub async fn start_with_clocks(
         n: usize,
         relays: bool,
