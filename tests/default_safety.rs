@@ -630,6 +630,8 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
     let witness: u64 = witness.parse().expect("a number");
     assert_eq!(floored(witness + 1, "v9").await, "*[:-1,:1,:-1]");
     assert_eq!(master_get(port, &k).await, None);
+    // A floor with more digits (the script compares decimals as strings, length first).
+    assert_eq!(floored(witness + 100, "v9").await, "*[:-1,:0,:-1]");
     assert_eq!(
         master_get(port, WITNESS_KEY).await,
         Some(witness.to_string())
@@ -640,6 +642,11 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
         format!("*[:-2,:0,+OK,:{}]", witness + 1)
     );
     assert_eq!(master_get(port, &k).await.as_deref(), Some("v5"));
+    // Above a floor with fewer digits, though "10" < "9" as strings (the counter dropped so
+    // that the same token is taken again).
+    master_cmd(port, &["SET", WITNESS_KEY, "10"]).await;
+    master_cmd(port, &["DEL", &tk]).await;
+    assert_eq!(floored(9, "v5").await, "*[:-2,:1,+OK,:11]");
 }
 
 /// The proxy's own keys on the masters cannot be touched through it: deleting the armed marker

@@ -33,7 +33,10 @@ local m = redis.call('mget', unpack(names))
 local armed = m[1] and not m[2]
 -- A witness below the floor: the master lost writes it acknowledged (its data replaced since
 -- the link's last answer): no acquire takes a key, whatever else it would answer; releases run.
-local behind = (tonumber(m[3]) or 0) < ARGV[1] + 0
+-- Both are decimals without leading zeros (INCR's, the proxy's): compared as strings, length
+-- first, which spares two conversions to a number (strtod) per call.
+local w, f = m[3] or '0', ARGV[1]
+local behind = #w < #f or (#w == #f and w < f)
 -- written: the counters this call set, so each acquire compares with the counter at its turn.
 local r, written, i, c, took = {}, {}, 1, 4, false
 k, a = 4, 2

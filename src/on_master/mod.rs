@@ -288,7 +288,7 @@ mod tests {
         let pinned: &[(&str, &str, usize, usize, bool)] = &[
             (
                 "lock.lua",
-                "279f8a00c9f6f2344bbcb4da52b62570796a5f1e",
+                "5c41a8fef740cd7bfd9f910d0f488bf6456974c0",
                 3,
                 1,
                 true,
