@@ -44,7 +44,8 @@ pub struct Nemesis {
     faulty_link: Vec<bool>,
     /// Each master's `run_id` (the one before its last kill, once killed).
     run_ids: Vec<String>,
-    /// What each master is restarted with (its persistence: empty for none).
+    /// What each master is restarted with (its persistence, `enable-debug-command`: empty for
+    /// neither).
     pub restart_args: Vec<Vec<String>>,
     /// Each relay's cut count when its blackhole or reset began.
     cut_before: Vec<Option<u64>>,
@@ -196,10 +197,9 @@ impl Nemesis {
             "restart m{i}: the same run_id as before"
         );
         self.run_ids[i] = fresh;
-        let how = if args.is_empty() {
-            "empty"
-        } else {
-            "from its AOF"
+        let how = match args.contains(&"--appendonly") {
+            true => "from its AOF",
+            false => "empty",
         };
         self.note(format!("restart m{i} {how}"));
     }
