@@ -91,6 +91,11 @@ pub struct Config {
     /// Propose fencing tokens from the masters' clocks, which keeps them increasing when a
     /// master loses its counters. Only tests switch this off (the negative control).
     pub token_clock: bool,
+    /// Send each merged lock call the highest write witness its master answered, so that a
+    /// master whose witness is behind it (data replaced in place since) takes no key
+    /// (docs/SAFETY.md, "Acknowledged writes"). Only tests switch this off (the negative
+    /// control).
+    pub witness_floor: bool,
     /// Largest TTL the proxy forwards, whatever sets it (`SET … PX`, `PEXPIRE`, lease
     /// scripts; scripts that compute a TTL are capped on the masters). A master that lost its
     /// data is quarantined for this long plus drift, so every proxy in front of the same
@@ -152,6 +157,7 @@ impl Default for Config {
             health_interval_ms: 100,
             quarantine: true,
             token_clock: true,
+            witness_floor: true,
             max_lock_ttl_ms: 60_000,
             wait_replicas: 0,
             threads: 1,

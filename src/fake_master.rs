@@ -276,10 +276,13 @@ impl FakeMaster {
             // In µs, as the script compares it (ms with the µs as a fraction).
             let now = self.clock_us();
             let armed = exists(keys_db, &keys[0]) && !exists(keys_db, &keys[1]);
+            // The witness floor leads the arguments: a witness below it takes no key.
+            let witness = live(keys_db, &keys[2]).map_or(0, |w| number(w).unwrap_or(0));
+            let behind = witness < n(0);
             let refuse = |code: i64, seen: u64| {
                 Reply::Array(vec![Reply::Integer(code), Reply::Integer(seen as i64)])
             };
-            let (mut k, mut a, mut answers, mut took) = (3, 0, Vec::new(), false);
+            let (mut k, mut a, mut answers, mut took) = (3, 1, Vec::new(), false);
             while a < argv.len() {
                 if argv[a].as_ref() == b"r" {
                     let (key, value) = (&keys[k], &argv[a + 1]);
@@ -293,7 +296,9 @@ impl FakeMaster {
                 }
                 let (key, counter) = (&keys[k], &keys[k + 1]);
                 let seen = live(keys_db, counter).map_or(0, |c| counter_token(c));
-                answers.push(if now > n(a + 4) * 1000 {
+                answers.push(if behind {
+                    Reply::Integer(-1)
+                } else if now > n(a + 4) * 1000 {
                     Reply::Integer(-2)
                 } else if now < n(a + 6) * 1000 {
                     refuse(-3, now)
@@ -319,7 +324,7 @@ impl FakeMaster {
                 (k, a) = (k + 2, a + 8);
             }
             if took {
-                let witness = live(keys_db, &keys[2]).map_or(0, |w| number(w).unwrap_or(0)) + 1;
+                let witness = witness + 1;
                 set(
                     keys_db,
                     keys[2].clone(),

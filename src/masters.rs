@@ -331,6 +331,16 @@ impl Voter {
         }
     }
 
+    /// A vote on an acquire of a key of `slot` that came after the decision: counted as late,
+    /// and `slot` rechecked if it answered unarmed or quarantined (`-1`, the lock script's
+    /// marker refusal, which a write witness below the floor answers too).
+    fn late_acquire_vote(&self, vote: &Vote, slot: u16) {
+        if *vote == Vote::Replied(Reply::Integer(-1)) {
+            self.recheck(slot);
+        }
+        self.stats.count_acquire_vote(vote, true);
+    }
+
     /// The markers a script checks for `slot`: the master's, or on a cluster the slot's.
     pub fn markers(&self, slot: u16) -> [Bytes; 2] {
         cluster::keys::markers_on(self.cluster().is_some(), slot)
@@ -492,17 +502,17 @@ pub struct LateVotes {
     waiting: Vec<(usize, Arc<Voter>, Pending)>,
     /// Wakes the fan-out at the earliest node timeout among `waiting`.
     timer: Option<Pin<Box<Sleep>>>,
-    /// Whether each vote, as it comes, is counted as a late acquire vote of its master
-    /// ([`LateVotes::count_acquire_votes`]).
-    acquire: bool,
+    /// Whether each vote, as it comes, is counted as a late acquire vote of its master, and
+    /// the slot of the acquire's key ([`LateVotes::count_acquire_votes`]).
+    acquire: Option<u16>,
 }
 
 impl LateVotes {
     /// The next vote to come as `(master index, vote)`; `None` once every vote is in.
     pub async fn next(&mut self) -> Option<(usize, Vote)> {
         let (i, vote, voter) = std::future::poll_fn(|cx| self.poll_next(cx)).await?;
-        if self.acquire {
-            voter.stats.count_acquire_vote(&vote, true);
+        if let Some(slot) = self.acquire {
+            voter.late_acquire_vote(&vote, slot);
         }
         Some((i, vote))
     }
@@ -511,9 +521,10 @@ impl LateVotes {
     /// for it: a refusal's rollback does, and once a grant is delivered nobody does, so the
     /// votes dropped with it are then waited for on a task of their own (each within its node
     /// timeout). Without this a master that always answers just after the quorum would
-    /// never show a vote.
-    pub fn count_acquire_votes(&mut self) {
-        self.acquire = true;
+    /// never show a vote. A late "unarmed or quarantined" (`-1`, also a write witness below
+    /// the floor) has `slot` rechecked at once, as one that came in time has.
+    pub fn count_acquire_votes(&mut self, slot: u16) {
+        self.acquire = Some(slot);
     }
 
     /// The next vote, with its voter.
@@ -561,7 +572,8 @@ impl LateVotes {
 
 impl Drop for LateVotes {
     fn drop(&mut self) {
-        if !self.acquire || self.waiting.is_empty() {
+        let Some(slot) = self.acquire else { return };
+        if self.waiting.is_empty() {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -572,11 +584,11 @@ impl Drop for LateVotes {
         let mut rest = LateVotes {
             waiting: std::mem::take(&mut self.waiting),
             timer: None,
-            acquire: false,
+            acquire: None,
         };
         runtime.spawn(async move {
             while let Some((_, vote, voter)) = std::future::poll_fn(|cx| rest.poll_next(cx)).await {
-                voter.stats.count_acquire_vote(&vote, true);
+                voter.late_acquire_vote(&vote, slot);
             }
         });
     }

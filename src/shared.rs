@@ -93,6 +93,7 @@ impl Shared {
                 policy,
                 lock::Options {
                     token_clock: config.token_clock,
+                    witness_floor: config.witness_floor,
                     no_quorum_reply: config.no_quorum_reply,
                 },
                 acquire_stats.clone(),

@@ -159,18 +159,22 @@ fn the_cluster_lock_script_grants_only_on_a_slot_this_node_armed() {
     // calls of several slots into one).
     let witness = format!("redlock-proxy:witness:{{{tag}}}");
     let acquire = |script: &str, value: &str| {
-        let (names, shared): (&[&str], &[&str]) = match script == LOCK_SCRIPT.text() {
-            true => (&["5"], &[&armed, &quarantine, &witness]),
-            false => (&["0", "4"], &[&armed, &quarantine]),
+        // The single-master form leads its arguments with the write witness floor (0: no
+        // check); the cluster form has none (its masters keep no witness).
+        let (names, shared, floor): (&[&str], &[&str], &[&str]) = match script == LOCK_SCRIPT.text()
+        {
+            true => (&["5"], &[&armed, &quarantine, &witness], &["0"]),
+            false => (&["0", "4"], &[&armed, &quarantine], &[]),
         };
         let head = [&["EVAL", script][..], names, shared].concat();
+        let keys: [&str; 2] = [key, &counter];
+        let keys = [&keys[..], floor].concat();
         proxy_reply(
             owner,
             &[
                 &head[..],
+                &keys[..],
                 &[
-                    key,
-                    &counter,
                     "a",
                     value,
                     "30000",

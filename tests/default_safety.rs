@@ -450,6 +450,7 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
                     WITNESS_KEY,
                     &k,
                     &tk,
+                    "0",
                     "a",
                     "tok",
                     "20000",
@@ -539,6 +540,7 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
             &k,
             &k,
             &tk,
+            "0",
             "a",
             "v1",
             "20000",
@@ -576,6 +578,75 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
     );
     assert_eq!(master_get(port, &k).await, None);
     assert_eq!(master_get(port, &tk).await, Some(r1));
+    // The write witness floor leads the arguments: a master whose witness is below it lost
+    // writes it acknowledged, and no acquire of the call takes a key (each answers -1, even
+    // one past its deadline); its releases still run, and no witness is counted up.
+    master_cmd(port, &["SET", &k, "v9"]).await;
+    let floored = |floor: u64, value: &'static str| {
+        let (k, tk, deadline, earliest) =
+            (k.clone(), tk.clone(), deadline.clone(), earliest.clone());
+        let (token, late) = (format!("{:016}", t_us + 20), (t - 1000).to_string());
+        async move {
+            let r4 = record(&token, "m4");
+            let floor = floor.to_string();
+            master_cmd(
+                port,
+                &[
+                    "EVAL",
+                    LOCK_SCRIPT.text(),
+                    "8",
+                    ARMED_KEY,
+                    QUARANTINE_KEY,
+                    WITNESS_KEY,
+                    &k,
+                    &tk,
+                    &k,
+                    &k,
+                    &tk,
+                    &floor,
+                    "a",
+                    "v4",
+                    "20000",
+                    &r4,
+                    &late,
+                    &token,
+                    &earliest,
+                    "60000",
+                    "r",
+                    value,
+                    "a",
+                    "v5",
+                    "20000",
+                    &r4,
+                    &deadline,
+                    &token,
+                    &earliest,
+                    "60000",
+                ],
+            )
+            .await
+        }
+    };
+    let witness: u64 = witness.parse().expect("a number");
+    assert_eq!(floored(witness + 1, "v9").await, "*[:-1,:1,:-1]");
+    assert_eq!(master_get(port, &k).await, None);
+    // A floor with more digits (the script compares decimals as strings, length first).
+    assert_eq!(floored(witness + 100, "v9").await, "*[:-1,:0,:-1]");
+    assert_eq!(
+        master_get(port, WITNESS_KEY).await,
+        Some(witness.to_string())
+    );
+    // At the floor: as ever (the first acquire past its deadline, the second granted).
+    assert_eq!(
+        floored(witness, "v9").await,
+        format!("*[:-2,:0,+OK,:{}]", witness + 1)
+    );
+    assert_eq!(master_get(port, &k).await.as_deref(), Some("v5"));
+    // Above a floor with fewer digits, though "10" < "9" as strings (the counter dropped so
+    // that the same token is taken again).
+    master_cmd(port, &["SET", WITNESS_KEY, "10"]).await;
+    master_cmd(port, &["DEL", &tk]).await;
+    assert_eq!(floored(9, "v5").await, "*[:-2,:1,+OK,:11]");
 }
 
 /// The proxy's own keys on the masters cannot be touched through it: deleting the armed marker

@@ -422,3 +422,71 @@ async fn a_master_that_can_reload_in_place_does_not_vote_unless_allowed() {
         }
     }
 }
+
+/// Issue 37, fault 3 with `allow_debug_command`, between two polls: the write witness floor.
+/// Masters 1 and 2 save (their snapshot predates A), A is granted on all three, masters 1 and 2
+/// reload that snapshot in place (`DEBUG RELOAD NOSAVE`: same `run_id`, armed, without `k` and
+/// with a witness below the one A's grant answered), and B asks at once: no poll runs in
+/// between (the health interval is 60 s). Each merged lock call carries the highest witness
+/// its master answered the link; the script takes no key on a master whose witness is below it
+/// and answers `-1`, so B is refused, and that answer has both masters polled at once:
+/// quarantined with cause `witness_behind`. Negative control: without the floor
+/// (`witness_floor = false`) masters 1 and 2 grant B while A holds `k`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_in_place_between_two_polls_is_refused_by_the_next_acquire() {
+    for floor in [true, false] {
+        let masters =
+            LocalCluster::start_with(3, &["--enable-debug-command", "yes"]).expect("start");
+        let env = Env::start_over(masters, |c| {
+            c.allow_debug_command = true;
+            c.health_interval_ms = 60_000;
+            c.witness_floor = floor;
+        })
+        .await;
+        let mut c = env.proxy.client().await;
+        let ports = env.ports();
+        let k = key(&format!("reload-between-polls-{floor}"));
+        for &port in &ports[1..] {
+            assert_eq!(master_cmd(port, &["SAVE"]).await, "+OK");
+        }
+        let granted = Instant::now();
+        assert_eq!(c.cmd(&["SET", &k, "a", "NX", "PX", "20000"]).await, "+OK");
+        for &port in &ports {
+            assert_eq!(master_get(port, &k).await.as_deref(), Some("a"));
+        }
+        for &port in &ports[1..] {
+            let reload = master_cmd(port, &["DEBUG", "RELOAD", "NOSAVE"]).await;
+            assert_eq!(reload, "+OK");
+            assert_eq!(master_get(port, &k).await, None, "the reload dropped A");
+        }
+        let b = c.cmd(&["SET", &k, "b", "NX", "PX", "20000"]).await;
+        assert!(
+            granted.elapsed() < Duration::from_secs(15),
+            "A's lease nearly ended before B asked: {:?}",
+            granted.elapsed()
+        );
+        if !floor {
+            assert_eq!(b, "+OK", "the scenario did not bite");
+            continue;
+        }
+        assert_eq!(b, "$nil", "B granted while A holds the lock");
+        for &port in &ports[1..] {
+            assert_eq!(master_get(port, &k).await, None, "B took the key");
+        }
+        // Polled at once (not at the 60 s interval): both quarantined for the lost writes.
+        let info =
+            wait_for_info_where(&mut c, Duration::from_secs(5), "1 and 2 quarantined", |i| {
+                (1..3).all(|m| {
+                    master_state(i, m)
+                        .is_some_and(|s| s.starts_with("quarantined (lacks lock writes"))
+                })
+            })
+            .await;
+        let causes = info
+            .lines()
+            .filter(|l| l.contains(",quarantine_cause=witness_behind"))
+            .count();
+        assert_eq!(causes, 2, "{info}");
+        assert_eq!(master_state(&info, 0), Some("up"), "{info}");
+    }
+}

@@ -33,7 +33,7 @@ use crate::procs::CpuProbe;
 use crate::report::{cell, fmt_rate, fmt_ratio, Verdict};
 use crate::settings::Settings;
 use crate::stats::median;
-use redlock_proxy::on_master::{script_sha, ARMED_KEY, LOCK_SCRIPT, QUARANTINE_KEY};
+use redlock_proxy::on_master::{script_sha, ARMED_KEY, LOCK_SCRIPT, QUARANTINE_KEY, WITNESS_KEY};
 use redlock_proxy::LocalMaster;
 use redlock_testkit::launcher::ProxyProcess;
 use redlock_testkit::resp::{blocking_cmd, encode, Client, Reply};
@@ -344,9 +344,11 @@ fn script_command(kind: CpuKind, sha: &str, tag: &str) -> Vec<String> {
             ]);
         }
         CpuKind::LockScript => {
-            args.push((2 + 2 * PER_CALL).to_string());
-            args.extend([ARMED_KEY.to_string(), QUARANTINE_KEY.to_string()]);
+            args.push((3 + 2 * PER_CALL).to_string());
+            args.extend([ARMED_KEY, QUARANTINE_KEY, WITNESS_KEY].map(String::from));
             args.extend((0..PER_CALL).flat_map(|i| [lock(i), counter(i)]));
+            // The write witness floor: 0, which every witness passes (the check still runs).
+            args.push("0".into());
             let token = record[..16].to_string();
             for _ in 0..PER_CALL {
                 // kind, value, PX, record, deadline (far), token, earliest clock, counter PX

@@ -25,7 +25,7 @@ use crate::live::LiveDuration;
 use crate::on_master::{script_sha, CLUSTER_LOCK_SCRIPT};
 use crate::protocol::Reply;
 use crate::secret::Secret;
-use crate::transport::{Driver, Link, SharedScript};
+use crate::transport::{Driver, Floor, Link, SharedScript};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -166,6 +166,8 @@ impl ClusterMaster {
                 body: CLUSTER_LOCK_SCRIPT.text(),
                 shared_keys: Vec::new(),
                 names_in_argv: true,
+                // Cluster nodes keep no witness (docs/SAFETY.md, "Acknowledged writes").
+                floor: Floor::None,
             }),
             wake: Notify::new(),
             rescan: AtomicBool::new(true),

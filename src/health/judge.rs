@@ -16,10 +16,14 @@ pub struct Observation {
     pub maxmemory_policy: String,
     pub loading: bool,
     pub evicted_keys: u64,
-    /// Calls of commands that may drop database 0's data wholesale while its marker survives
-    /// (`flushall`, `debug`). `FLUSHDB` and `SWAPDB` are not counted: they can only lose
-    /// database 0's locks together with its marker, which every acquire checks.
+    /// Calls of `FLUSHALL`, which may drop database 0's data wholesale while its marker
+    /// survives. `FLUSHDB` and `SWAPDB` are not counted: they can only lose database 0's locks
+    /// together with its marker, which every acquire checks.
     pub data_wipes: u64,
+    /// Calls of `DEBUG`, whose `RELOAD` may replace the data in place, marker included (when
+    /// the write witness shows it lost acknowledged writes, that is the cause named:
+    /// [`loss::between_looks`]).
+    pub debug_calls: u64,
     /// The dataset was loaded from disk at startup (AOF on, or keys loaded from an RDB).
     pub loaded_from_disk: bool,
     /// AOF on (`aof_enabled:1`), its last write succeeded, and `appendfsync always` (from
@@ -114,7 +118,10 @@ pub fn parse_info(text: &str) -> Observation {
                     .find_map(|kv| kv.strip_prefix("calls="))
                     .and_then(|n| n.parse::<u64>().ok())
                     .unwrap_or(0);
-                obs.data_wipes = obs.data_wipes.saturating_add(calls);
+                match field {
+                    "cmdstat_flushall" => obs.data_wipes = calls,
+                    _ => obs.debug_calls = calls,
+                }
             }
             _ => {}
         }
@@ -520,7 +527,7 @@ mod tests {
 
     #[test]
     fn parses_the_fields_that_matter() {
-        let text = "# Server\r\nrun_id:abc123\r\nuptime_in_seconds:42\r\n# Persistence\r\nloading:0\r\n# Stats\r\nevicted_keys:3\r\n# Replication\r\nrole:master\r\n# Memory\r\nmaxmemory_policy:noeviction\r\n# Commandstats\r\ncmdstat_flushall:calls=2,usec=4,usec_per_call=2.00,rejected_calls=0,failed_calls=0\r\ncmdstat_flushdb:calls=1,usec=1\r\ncmdstat_get:calls=9,usec=1\r\n";
+        let text = "# Server\r\nrun_id:abc123\r\nuptime_in_seconds:42\r\n# Persistence\r\nloading:0\r\n# Stats\r\nevicted_keys:3\r\n# Replication\r\nrole:master\r\n# Memory\r\nmaxmemory_policy:noeviction\r\n# Commandstats\r\ncmdstat_flushall:calls=2,usec=4,usec_per_call=2.00,rejected_calls=0,failed_calls=0\r\ncmdstat_flushdb:calls=1,usec=1\r\ncmdstat_get:calls=9,usec=1\r\ncmdstat_debug:calls=4,usec=1\r\n";
         let o = parse_info(text);
         assert_eq!(o.run_id, "abc123");
         assert_eq!(o.uptime_secs, 42);
@@ -530,6 +537,7 @@ mod tests {
         assert!(!o.loading);
         // FLUSHDB is not counted: it can only lose database 0's locks with its marker.
         assert_eq!(o.data_wipes, 2);
+        assert_eq!(o.debug_calls, 4);
     }
 
     #[test]

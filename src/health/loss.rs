@@ -194,7 +194,7 @@ pub fn between_looks(
             format!("promoted from {} to master", prev.role),
         ))
     } else if now.data_wipes > prev.data_wipes {
-        Some(Loss::new(Cause::DataWiped, "data wiped (FLUSHALL/DEBUG)"))
+        Some(Loss::new(Cause::DataWiped, "data wiped (FLUSHALL)"))
     } else if let Some(w) = now.witness.filter(|w| w.holds < w.acknowledged) {
         // The same process, with fewer of its writes than it acknowledged: its data was
         // replaced in place (DEBUG RELOAD with allow_debug_command, SWAPDB, a restore).
@@ -204,6 +204,13 @@ pub fn between_looks(
                 "lacks lock writes it acknowledged ({})",
                 witness_text(Some(w))
             ),
+        ))
+    } else if now.debug_calls > prev.debug_calls {
+        // A `DEBUG RELOAD` that kept every acknowledged write, as far as the witness shows
+        // (writes it does not cover may be gone).
+        Some(Loss::new(
+            Cause::DataWiped,
+            "data wiped or replaced in place (DEBUG)",
         ))
     } else if now.evicted_keys > prev.evicted_keys {
         Some(Loss::new(
@@ -393,6 +400,30 @@ mod tests {
             ..base.clone()
         };
         assert_eq!(cause(&wiped), Some(Cause::DataWiped));
+        // A `DEBUG` call is a loss; one whose data lacks acknowledged writes (the witness
+        // behind the highest answered: `DEBUG RELOAD` of an older snapshot) names that cause.
+        let debugged = Observation {
+            debug_calls: 1,
+            ..base.clone()
+        };
+        assert_eq!(cause(&debugged), Some(Cause::DataWiped));
+        let witness = |holds| {
+            Some(crate::health::judge::WitnessCheck {
+                holds,
+                acknowledged: 7,
+                uncovered: false,
+            })
+        };
+        let reloaded = Observation {
+            witness: witness(5),
+            ..debugged.clone()
+        };
+        assert_eq!(cause(&reloaded), Some(Cause::WitnessBehind));
+        let kept = Observation {
+            witness: witness(7),
+            ..debugged.clone()
+        };
+        assert_eq!(cause(&kept), Some(Cause::DataWiped));
         let evicted = Observation {
             evicted_keys: 2,
             ..base.clone()

@@ -20,7 +20,7 @@ use crate::redlock::{
     acquire_decision, backend_ttl_ms, held_by_majority, majority_unreachable, may_hold_our_value,
     propose_token, quorum_clock, token_floor, validity_window, AcquireDecision, TokenRules, Vote,
 };
-use crate::transport::SharedScript;
+use crate::transport::{Floor, SharedScript};
 use bytes::Bytes;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -29,8 +29,10 @@ use tokio::time::Instant;
 
 /// How the links call [`LOCK_SCRIPT`] (`src/on_master/lock.lua`: every merged acquire and
 /// release, checked as docs/SAFETY.md argues): by SHA1 (the health monitors load it on every
-/// master), with the markers as the keys every merged operation shares.
-pub fn lock_script() -> Arc<SharedScript> {
+/// master), with the markers and the write witness as the keys every merged operation shares,
+/// and `floor` leading the arguments ([`Floor::Witness`]; [`Floor::Off`] only in the negative
+/// control of the tests).
+pub fn lock_script(floor: Floor) -> Arc<SharedScript> {
     Arc::new(SharedScript {
         sha: script_sha(LOCK_SCRIPT.text().as_bytes()),
         body: LOCK_SCRIPT.text(),
@@ -40,6 +42,7 @@ pub fn lock_script() -> Arc<SharedScript> {
             Bytes::from_static(WITNESS_KEY.as_bytes()),
         ],
         names_in_argv: false,
+        floor,
     })
 }
 
@@ -488,7 +491,7 @@ fn tally(
         }
         voter.stats.count_acquire_vote(vote, false);
     }
-    late.count_acquire_votes();
+    late.count_acquire_votes(request.slot);
     let held = held_by_majority(&votes);
     let unreachable = majority_unreachable(&votes);
     let floor = token_floor(&votes);

@@ -24,7 +24,7 @@ use crate::on_master::{LOCK_SCRIPT, TOKEN_SCRIPT};
 use crate::protocol::{encode_command, Reply, ScriptCall};
 use crate::redlock::{MergeRule, Policy, TokenRules};
 use crate::script_keys::TokenOffer;
-use crate::transport::SharedScript;
+use crate::transport::{Floor, SharedScript};
 use bytes::Bytes;
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -34,6 +34,9 @@ use tokio::time::Instant;
 pub struct Options {
     /// Off only in the negative control of the tests (see [`TokenRules`]).
     pub token_clock: bool,
+    /// Whether the lock script checks the write witness floor ([`Floor`]); off only in the
+    /// negative control of the tests.
+    pub witness_floor: bool,
     pub no_quorum_reply: NoQuorumReply,
 }
 
@@ -41,6 +44,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             token_clock: true,
+            witness_floor: true,
             no_quorum_reply: NoQuorumReply::Null,
         }
     }
@@ -72,7 +76,10 @@ impl Acquirer {
             masters,
             policy,
             tokens: Tokens::new(rules, options.token_clock),
-            script: lock_script(),
+            script: lock_script(match options.witness_floor {
+                true => Floor::Witness,
+                false => Floor::Off,
+            }),
             flights: Flights::default(),
             no_quorum_reply: options.no_quorum_reply,
             stats,

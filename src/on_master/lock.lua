@@ -1,23 +1,24 @@
 -- The lock operations of one master, for every acquire and release a link merged into this
 -- call, run in order (docs/SAFETY.md, "Merged calls decide nothing together").
 -- KEYS: the armed marker, the quarantine marker, the write witness, then each operation's keys.
--- ARGV: each operation, led by its kind:
+-- ARGV: the witness floor (the highest write witness this master answered the link; 0: no
+-- check), then each operation, led by its kind:
 --   acquire 'a': KEYS lock key, token counter; ARGV value, PX, counter record
 --     (<token>:<proxy instance>), deadline (ms, master clock), proposed token (16 digits),
 --     earliest clock that may take it (ms), the counter's PX.
 --   release 'r': KEYS lock key; ARGV value.
--- Reply: one element per operation. Acquire: OK or nil from SET NX; -1 unarmed or
--- quarantined; -2 past the deadline; {-3, clock us} token too far ahead of the clock;
--- {-4, counter} token not above the counter. Release: 1 deleted, 0 not ours, or its error.
--- Then, if an acquire took its key, the write witness counted up once for the call: every
--- acquire this master acknowledged is in its data only if the witness it answered is
+-- Reply: one element per operation. Acquire: OK or nil from SET NX; -1 unarmed, quarantined,
+-- or its witness below the floor; -2 past the deadline; {-3, clock us} token too far ahead of
+-- the clock; {-4, counter} token not above the counter. Release: 1 deleted, 0 not ours, or its
+-- error. Then, if an acquire took its key, the write witness counted up once for the call:
+-- every acquire this master acknowledged is in its data only if the witness it answered is
 -- (docs/SAFETY.md, "Acknowledged writes").
 local t = redis.call('time')
 -- ms with the us as a fraction: at least as strict as whole ms for the deadline.
 local now = t[1] * 1000 + t[2] / 1000
--- One MGET for the markers and every acquire's counter.
-local names = {KEYS[1], KEYS[2]}
-local k, a = 4, 1
+-- One MGET for the markers, the witness and every acquire's counter.
+local names = {KEYS[1], KEYS[2], KEYS[3]}
+local k, a = 4, 2
 while a <= #ARGV do
   if ARGV[a] == 'a' then
     names[#names + 1] = KEYS[k + 1]
@@ -30,14 +31,22 @@ while a <= #ARGV do
 end
 local m = redis.call('mget', unpack(names))
 local armed = m[1] and not m[2]
+-- A witness below the floor: the master lost writes it acknowledged (its data replaced since
+-- the link's last answer): no acquire takes a key, whatever else it would answer; releases run.
+-- Both are decimals without leading zeros (INCR's, the proxy's): compared as strings, length
+-- first, which spares two conversions to a number (strtod) per call.
+local w, f = m[3] or '0', ARGV[1]
+local behind = #w < #f or (#w == #f and w < f)
 -- written: the counters this call set, so each acquire compares with the counter at its turn.
-local r, written, i, c, took = {}, {}, 1, 3, false
-k, a = 4, 1
+local r, written, i, c, took = {}, {}, 1, 4, false
+k, a = 4, 2
 while a <= #ARGV do
   if ARGV[a] == 'a' then
     local counter = written[KEYS[k + 1]] or m[c]
     c = c + 1
-    if now > ARGV[a + 4] + 0 then
+    if behind then
+      r[i] = -1
+    elseif now > ARGV[a + 4] + 0 then
       r[i] = -2
     elseif now < ARGV[a + 6] + 0 then
       r[i] = {-3, t[1] * 1000000 + t[2]}

@@ -288,9 +288,9 @@ mod tests {
         let pinned: &[(&str, &str, usize, usize, bool)] = &[
             (
                 "lock.lua",
-                "ea88c69aa0bf61826000db33ec373b3d180fb612",
+                "5c41a8fef740cd7bfd9f910d0f488bf6456974c0",
                 3,
-                0,
+                1,
                 true,
             ),
             (

@@ -108,10 +108,11 @@ fn changes(old: &Config, new: &Config) -> Changes {
         // The TLS listener and the masters' TLS: the files are re-read from the paths the
         // proxy started with (the certificate hook); other paths, or another mode, need a
         // restart.
-        restart: backends, local, drift_factor, max_lock_ttl_ms, wait_replicas, quarantine, token_clock, bind,
-        port, threads, log_format, metrics, tls_port, tls_cert_file, tls_key_file,
-        tls_ca_cert_file, tls_auth_clients, backend_tls_ca_cert_file, backend_tls_cert_file,
-        backend_tls_key_file, allow_locks_without_expiry, allow_debug_command, no_quorum_reply;
+        restart: backends, local, drift_factor, max_lock_ttl_ms, wait_replicas, quarantine,
+        token_clock, witness_floor, bind, port, threads, log_format, metrics, tls_port,
+        tls_cert_file, tls_key_file, tls_ca_cert_file, tls_auth_clients,
+        backend_tls_ca_cert_file, backend_tls_cert_file, backend_tls_key_file,
+        allow_locks_without_expiry, allow_debug_command, no_quorum_reply;
         live: maxclients, max_inflight_per_client, proto_max_bulk_len, max_value_bytes,
         client_output_buffer_limit, log_level, node_timeout_ms, timeout,
         client_query_buffer_limit, requirepass, users, health_interval_ms,

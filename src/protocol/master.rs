@@ -109,12 +109,14 @@ pub enum Invoke<'a> {
 }
 
 /// Encodes into `out` one call of a script for several callers: `EVALSHA sha` (or `EVAL
-/// body`), the number of keys, `shared_keys`, every call's keys, then every call's arguments,
-/// so the script finds call `i`'s keys and arguments at fixed strides after the shared keys.
+/// body`), the number of keys, `shared_keys`, every call's keys, then `lead` if given (one
+/// argument for the whole call) and every call's arguments, so the script finds call `i`'s
+/// keys and arguments at fixed strides after the shared keys and the lead.
 pub fn encode_script_call<'a>(
     out: &mut BytesMut,
     invoke: Invoke<'_>,
     names: Names<'_>,
+    lead: Option<u64>,
     calls: impl Iterator<Item = &'a ScriptCall> + Clone,
 ) {
     let shared_keys = match names {
@@ -122,7 +124,7 @@ pub fn encode_script_call<'a>(
         Names::Counted => &[],
     };
     let keys = shared_keys.len() + calls.clone().map(|c| c.keys).sum::<usize>();
-    let args = calls.clone().map(|c| c.args).sum::<usize>();
+    let args = usize::from(lead.is_some()) + calls.clone().map(|c| c.args).sum::<usize>();
     let counted = matches!(names, Names::Counted);
     header(out, b'*', 3 + keys + args + usize::from(counted));
     match invoke {
@@ -148,6 +150,9 @@ pub fn encode_script_call<'a>(
     }
     for call in calls.clone() {
         call.encode_keys(out);
+    }
+    if let Some(lead) = lead {
+        bulk(out, b'$', itoa::Buffer::new().format(lead).as_bytes());
     }
     for call in calls {
         call.encode_args(out);
@@ -221,6 +226,7 @@ mod tests {
             &mut out,
             Invoke::Sha("f00"),
             Names::Declared(&shared),
+            None,
             [&a, &b].into_iter(),
         );
         assert_eq!(
@@ -229,11 +235,27 @@ mod tests {
                 "EVALSHA", "f00", "5", "m", "a", "ta", "b", "tb", "1", "x\r\n", "2", ""
             ])
         );
+        // A lead: one argument for the whole call, before every call's arguments.
+        let mut out = BytesMut::new();
+        encode_script_call(
+            &mut out,
+            Invoke::Sha("f00"),
+            Names::Declared(&shared),
+            Some(42),
+            [&a, &b].into_iter(),
+        );
+        assert_eq!(
+            out.freeze(),
+            encode_command(&[
+                "EVALSHA", "f00", "5", "m", "a", "ta", "b", "tb", "42", "1", "x\r\n", "2", ""
+            ])
+        );
         let mut out = BytesMut::new();
         encode_script_call(
             &mut out,
             Invoke::Body("return 1"),
             Names::Declared(&[]),
+            None,
             [&a].into_iter(),
         );
         assert_eq!(
@@ -246,6 +268,7 @@ mod tests {
             &mut out,
             Invoke::Sha("f00"),
             Names::Counted,
+            None,
             [&a, &b].into_iter(),
         );
         assert_eq!(
@@ -262,6 +285,7 @@ mod tests {
             &mut out,
             Invoke::Sha("f00"),
             Names::Declared(&[]),
+            None,
             [&first, &b].into_iter(),
         );
         assert_eq!(
@@ -273,6 +297,7 @@ mod tests {
             &mut out,
             Invoke::Sha("f00"),
             Names::Declared(&[]),
+            None,
             [&second].into_iter(),
         );
         assert_eq!(
@@ -285,6 +310,7 @@ mod tests {
             &mut out,
             Invoke::Sha("f00"),
             Names::Declared(&[]),
+            None,
             [&trailing].into_iter(),
         );
         assert_eq!(

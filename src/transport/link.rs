@@ -75,6 +75,12 @@ impl Witness {
         self.uncovered.store(true, Ordering::Relaxed);
     }
 
+    /// The highest witness seen: what the master's must be at least, unless it lost writes it
+    /// acknowledged (the floor its merged lock calls carry).
+    pub fn floor(&self) -> u64 {
+        self.highest.load(Ordering::Relaxed)
+    }
+
     /// The highest witness seen, and whether a write since is not covered by one.
     pub fn acknowledged(&self) -> (u64, bool) {
         (

@@ -10,6 +10,9 @@
 //!   one element per caller (an error: `BUSY`, `OOM`, …), the same answer as every caller of
 //!   the call. One more element, an integer, is the master's write witness after the call
 //!   (the lock script adds it when an acquire took its key): the link's [`Witness`] notes it.
+//! - The lock script's merged call leads its arguments with the link's highest witness (the
+//!   floor, [`super::Floor`]) as of when it is encoded: every answer read before then, on this
+//!   connection or an earlier one, is at or below it.
 //! - A merged call the master answered `NOSCRIPT` is queued again at once, call by call with
 //!   the body (merged again by the writer), whether or not its callers still wait.
 
@@ -79,8 +82,14 @@ impl Merging {
         self.callers.push(caller);
     }
 
-    /// Encodes the gathered calls as one call, in flight from now on.
-    pub(super) fn flush(&mut self, buf: &mut BytesMut, queue: &mut VecDeque<AwaitingReply>) {
+    /// Encodes the gathered calls as one call, in flight from now on; `witness`: what the
+    /// link's master answered so far (the floor the lock script checks).
+    pub(super) fn flush(
+        &mut self,
+        buf: &mut BytesMut,
+        queue: &mut VecDeque<AwaitingReply>,
+        witness: &Witness,
+    ) {
         let (Some((script, by_body)), Some(queued_at)) =
             (self.script.take(), self.queued_at.take())
         else {
@@ -90,7 +99,8 @@ impl Merging {
             true => Invoke::Body(script.body),
             false => Invoke::Sha(&script.sha),
         };
-        encode_script_call(buf, invoke, script.names(), self.calls.iter());
+        let lead = script.lead(witness);
+        encode_script_call(buf, invoke, script.names(), lead, self.calls.iter());
         let merged = MergedCalls {
             script,
             by_body,

@@ -136,9 +136,33 @@ pub struct SharedScript {
     /// Its calls' key names go in the arguments, counted (a Redis Cluster node's merged call,
     /// whose keys span slots: [`Names::Counted`]); then it shares no key.
     pub names_in_argv: bool,
+    /// What leads the arguments of each merged call.
+    pub floor: Floor,
+}
+
+/// The number that leads the arguments of a merged call of a [`SharedScript`], read when the
+/// writer encodes the call (docs/SAFETY.md, "Acknowledged writes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Floor {
+    /// None (a Redis Cluster node's lock script: those masters keep no witness).
+    None,
+    /// The link's highest write witness ([`Witness::floor`]): the lock script takes no key on
+    /// a master whose witness is below it.
+    Witness,
+    /// `0`, which every witness passes: the check off (the negative control of the tests).
+    Off,
 }
 
 impl SharedScript {
+    /// What leads a merged call's arguments on a link whose master answered `witness`.
+    pub(crate) fn lead(&self, witness: &Witness) -> Option<u64> {
+        match self.floor {
+            Floor::None => None,
+            Floor::Witness => Some(witness.floor()),
+            Floor::Off => Some(0),
+        }
+    }
+
     /// How its merged calls pass their key names.
     pub(crate) fn names(&self) -> Names<'_> {
         match self.names_in_argv {

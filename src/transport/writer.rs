@@ -19,7 +19,6 @@
 use super::connection::{AwaitingReply, Outgoing, Payload, Pipe, Recipients, Unconfirmed};
 use super::merge::{Caller, Merging};
 use super::{Link, WriteHalf};
-use crate::live::LiveDuration;
 use crate::protocol::encode_command;
 use bytes::BytesMut;
 use std::collections::VecDeque;
@@ -60,7 +59,7 @@ pub(super) async fn write_loop(
         merging: Merging::default(),
         unconfirmed: Vec::new(),
         confirm_replicas: 0,
-        node_timeout: link.node_timeout.clone(),
+        link: link.clone(),
     };
     loop {
         // Something to write, or (while calls are held) an answer that may release them.
@@ -120,8 +119,9 @@ struct Batch {
     unconfirmed: Vec<Unconfirmed>,
     /// The most replicas any of them asks for.
     confirm_replicas: u32,
-    /// Its `WAIT` waits at most half of it, so that the requests it confirms still have time.
-    node_timeout: LiveDuration,
+    /// Its node timeout (a `WAIT` waits at most half of it, so that the requests it confirms
+    /// still have time) and its write witness (the floor of the merged lock calls).
+    link: Arc<Link>,
 }
 
 impl Batch {
@@ -150,7 +150,8 @@ impl Batch {
             && queue.len() >= IN_FLIGHT_BEFORE_HOLDING
             && !self.merging.is_full();
         if !hold {
-            self.merging.flush(&mut self.buf, &mut queue);
+            self.merging
+                .flush(&mut self.buf, &mut queue, &self.link.witness);
             if !self.unconfirmed.is_empty() {
                 self.confirm(&mut queue);
             }
@@ -162,7 +163,7 @@ impl Batch {
     fn confirm(&mut self, queue: &mut VecDeque<AwaitingReply>) {
         let replicas = std::mem::take(&mut self.confirm_replicas);
         // `WAIT … 0` would block for ever.
-        let ms = (self.node_timeout.get().as_millis() / 2).max(1);
+        let ms = (self.link.node_timeout.get().as_millis() / 2).max(1);
         let wait = encode_command(&["WAIT", &replicas.to_string(), &ms.to_string()]);
         let awaiting = AwaitingReply {
             replies: 1,
@@ -198,7 +199,7 @@ impl Batch {
                 invoke_by_body,
             } => {
                 if !self.merging.takes(&script, invoke_by_body) {
-                    self.merging.flush(&mut self.buf, queue);
+                    self.merging.flush(&mut self.buf, queue, &self.link.witness);
                 }
                 let caller = Caller {
                     reply: out.reply,
@@ -235,7 +236,7 @@ impl Batch {
         awaiting: AwaitingReply,
         queue: &mut VecDeque<AwaitingReply>,
     ) {
-        self.merging.flush(&mut self.buf, queue);
+        self.merging.flush(&mut self.buf, queue, &self.link.witness);
         self.buf.extend_from_slice(bytes);
         queue.push_back(awaiting);
     }
@@ -245,10 +246,10 @@ impl Batch {
 mod tests {
     //! Deterministic: in-memory pipes to a scripted master, and tokio's paused clock.
     use super::super::tests::{connected, ping, LIMIT, NODE_TIMEOUT};
-    use super::super::{Link, NoReply, Pending, SharedScript};
+    use super::super::{Floor, Link, NoReply, Pending, SharedScript};
     use crate::fake_master::{command, until, FakeMaster};
     use crate::lock::lock_script;
-    use crate::on_master::LOCK_SCRIPT;
+    use crate::on_master::{ARMED_KEY, LOCK_SCRIPT, TOKEN_KEY_PREFIX, WITNESS_KEY};
     use crate::protocol::{Reply, ScriptCall};
     use std::sync::Arc;
     use std::time::Duration;
@@ -269,7 +270,7 @@ mod tests {
     /// (the calls of one script, the same `Arc`, as the acquirer sends).
     fn releases(link: &Link, n: usize) -> Vec<Pending> {
         static SCRIPT: std::sync::LazyLock<Arc<SharedScript>> =
-            std::sync::LazyLock::new(lock_script);
+            std::sync::LazyLock::new(|| lock_script(Floor::Witness));
         let script = &*SCRIPT;
         (0..n)
             .map(|i| {
@@ -359,7 +360,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lock_operation_sent_again_with_the_body_waits_for_a_wait_of_its_own() {
         static SCRIPT: std::sync::LazyLock<Arc<SharedScript>> =
-            std::sync::LazyLock::new(lock_script);
+            std::sync::LazyLock::new(|| lock_script(Floor::Witness));
         let fake = FakeMaster::new();
         let (link, _stop) = loaded(&fake).await;
         fake.set_replicas(1);
@@ -381,6 +382,51 @@ mod tests {
         fake.set_replicas(0);
         let resent = link.send_script(SCRIPT.clone(), release(), Some(1));
         assert_eq!(resent.wait().await, Err(NoReply::Unconfirmed));
+    }
+
+    /// Each merged lock call leads with the link's highest write witness: once the master's
+    /// witness is behind it (its data replaced in place), no acquire takes a key (`-1`) and
+    /// releases still run; with the floor off (the tests' negative control) the acquire takes
+    /// it.
+    #[tokio::test(start_paused = true)]
+    async fn a_master_whose_witness_is_behind_the_floor_takes_no_key() {
+        let fake = FakeMaster::new();
+        let (link, _stop) = loaded(&fake).await;
+        fake.set(ARMED_KEY, "1");
+        let acquire = || {
+            let counter = format!("{TOKEN_KEY_PREFIX}k1");
+            // value, PX, record, deadline (far), token, earliest clock, counter PX
+            let args: [&[u8]; 8] = [
+                b"a",
+                b"v",
+                b"20000",
+                b"0000000000000001:t",
+                b"99999999999999",
+                b"0000000000000001",
+                b"0",
+                b"60000",
+            ];
+            ScriptCall::new(&[&[b"k1"], &[counter.as_bytes()]], &args)
+        };
+        let script = lock_script(Floor::Witness);
+        let granted = link.send_script(script.clone(), acquire(), None);
+        assert_eq!(granted.wait().await, Ok(Reply::ok()));
+        assert_eq!(link.witness.floor(), 1);
+        // Data replaced in place: the lock, its counter and the witness gone.
+        for gone in [WITNESS_KEY, "k1", &format!("{TOKEN_KEY_PREFIX}k1")] {
+            fake.wipe_key(gone);
+        }
+        fake.set("k0", "v");
+        let refused = link.send_script(script.clone(), acquire(), None);
+        let release = ScriptCall::new(&[&[b"k0"]], &[b"r", b"v"]);
+        let released = link.send_script(script, release, None);
+        assert_eq!(refused.wait().await, Ok(Reply::Integer(-1)));
+        assert_eq!(released.wait().await, Ok(Reply::Integer(1)));
+        assert_eq!((fake.get("k1"), fake.get("k0")), (None, None));
+        // The floor off: 0 leads, which every witness passes.
+        let off = link.send_script(lock_script(Floor::Off), acquire(), None);
+        assert_eq!(off.wait().await, Ok(Reply::ok()));
+        assert_eq!(fake.get("k1").as_deref(), Some(b"v".as_slice()));
     }
 
     #[tokio::test(start_paused = true)]

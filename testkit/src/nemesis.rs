@@ -44,7 +44,8 @@ pub struct Nemesis {
     faulty_link: Vec<bool>,
     /// Each master's `run_id` (the one before its last kill, once killed).
     run_ids: Vec<String>,
-    /// What each master is restarted with (its persistence: empty for none).
+    /// What each master is restarted with (its persistence, `enable-debug-command`: empty for
+    /// neither).
     pub restart_args: Vec<Vec<String>>,
     /// Each relay's cut count when its blackhole or reset began.
     cut_before: Vec<Option<u64>>,
@@ -196,10 +197,9 @@ impl Nemesis {
             "restart m{i}: the same run_id as before"
         );
         self.run_ids[i] = fresh;
-        let how = if args.is_empty() {
-            "empty"
-        } else {
-            "from its AOF"
+        let how = match args.contains(&"--appendonly") {
+            true => "from its AOF",
+            false => "empty",
         };
         self.note(format!("restart m{i} {how}"));
     }
@@ -272,6 +272,30 @@ impl Nemesis {
     pub fn restore_clock(&mut self, i: usize) {
         self.clocks[i].reset();
         self.note(format!("clock of m{i} back to real time"));
+    }
+
+    /// `SAVE` on master `i`: the data a later [`Nemesis::reload`] brings back.
+    pub fn save(&mut self, i: usize) {
+        let port = self.masters.masters[i].port;
+        let reply = blocking_cmd(port, &[b"SAVE"], Duration::from_secs(5)).map(|r| r.to_string());
+        assert!(
+            matches!(reply.as_deref(), Ok("+OK")),
+            "SAVE m{i}: {reply:?}"
+        );
+        self.note(format!("SAVE m{i}"));
+    }
+
+    /// `DEBUG RELOAD NOSAVE` on master `i`: its data replaced in place by its last `SAVE`
+    /// (same `run_id`, its markers as they were then).
+    pub fn reload(&mut self, i: usize) {
+        let port = self.masters.masters[i].port;
+        let command: [&[u8]; 3] = [b"DEBUG", b"RELOAD", b"NOSAVE"];
+        let reply = blocking_cmd(port, &command, Duration::from_secs(5)).map(|r| r.to_string());
+        assert!(
+            matches!(reply.as_deref(), Ok("+OK")),
+            "DEBUG RELOAD m{i}: {reply:?}"
+        );
+        self.note_fault(format!("DEBUG RELOAD NOSAVE m{i}: +OK"));
     }
 
     /// Blackhole the link to master `i`: nothing passes either way.
@@ -490,15 +514,25 @@ pub fn step_clock(nem: &mut Nemesis) {
     nem.restore_clock(i);
 }
 
-/// Every kind of fault, clock steps and rates among them (masters with clocks:
-/// [`crate::rig::Rig::start_with_clocks`]). Reloads in place are not among them: a master
-/// whose data `DEBUG RELOAD` can replace does not vote by default, and with
-/// `allow_debug_command` such a reload is caught at the next poll, not by an acquire before it
-/// (docs/SAFETY.md, "Acknowledged writes": a run with them here overlapped within 73 ms of
-/// each reload).
+/// Kleppmann's scenario with the data replaced in place as the loss: every master saved
+/// first, then a minority partitioned while locks are granted, healed, and one master of the
+/// majority reloads its saved data (`DEBUG RELOAD NOSAVE`: same `run_id`). Needs masters with
+/// `enable-debug-command` (proxies with `allow_debug_command`). The next acquire there finds
+/// its write witness below the floor its call carries and takes no key, and its `-1` has the
+/// master polled and quarantined at once (docs/SAFETY.md, "Acknowledged writes").
+pub fn step_partition_then_reload(nem: &mut Nemesis) {
+    for i in 0..nem.n() {
+        nem.save(i);
+    }
+    partition_then_lose(nem, Nemesis::reload);
+}
+
+/// Every kind of fault, clock steps and rates and reloads in place among them (masters with
+/// clocks: [`crate::rig::Rig::start_with_clocks`]).
 pub fn step_mixed_with_clocks(nem: &mut Nemesis) {
-    match nem.rng.below(3) {
+    match nem.rng.below(4) {
         0 => step_clock(nem),
+        1 => step_partition_then_reload(nem),
         _ => step_mixed(nem),
     }
 }

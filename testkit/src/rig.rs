@@ -150,7 +150,8 @@ impl Rig {
     }
 
     /// [`Rig::start`] over `n` masters that each run with a wall clock of their own (the clock
-    /// nemesis: [`crate::clock`]).
+    /// nemesis: [`crate::clock`]) and `enable-debug-command yes` (for reloads in place), the
+    /// proxies with `allow_debug_command`.
     pub async fn start_with_clocks(
         n: usize,
         relays: bool,
@@ -159,19 +160,18 @@ impl Rig {
         tweak: impl Fn(&mut Config),
     ) -> Rig {
         let clocks: Vec<FakeClock> = (0..n).map(|_| FakeClock::new()).collect();
+        let debug = ["--enable-debug-command", "yes"];
         let masters = LocalCluster {
             masters: clocks
                 .iter()
                 .map(|clock| {
-                    LocalMaster::start_with_env(
-                        None,
-                        &["--enable-debug-command", "yes"],
-                        clock.env(),
-                    )
-                    .expect("redis-server with the clock shim")
+                    LocalMaster::start_with_env(None, &debug, clock.env())
+                        .expect("redis-server with the clock shim")
                 })
                 .collect(),
         };
+        // A master the nemesis kills comes back able to reload in place too.
+        let restart_args = vec![debug.map(String::from).to_vec(); n];
         let allowing = |c: &mut Config| {
             tweak(c);
             c.allow_debug_command = true;
@@ -179,7 +179,7 @@ impl Rig {
         let nemesis_clocks = |nem: &mut Nemesis| nem.clocks = clocks;
         Rig::start_over(
             masters,
-            Vec::new(),
+            restart_args,
             relays,
             proxies,
             seed,
