@@ -10,9 +10,11 @@
 //!   takes 10 % off, at most once per half node timeout (one burst of slow fan-outs is one
 //!   signal). Requests beyond the limit wait in the proxy, outside every node timeout (a node
 //!   timeout counts from when a request is handed to a master's connection).
-//! - Waiting for admission is fair (first come, first admitted). Only an acquire bounds its
-//!   wait ([`Admission::admit_by`]): past the bound it asks no master and is told to retry
-//!   (`TRYAGAIN`, docs/PROTOCOL.md §4); releases, clean-ups and reads always wait their turn.
+//! - Waiting for admission is fair (first come, first admitted). Only an acquire is ever
+//!   refused ([`Admission::admit_by`]): at once when as many fan-outs already wait as the limit
+//!   lets run (the queue is bounded, so its wait stays about one decision long and its memory
+//!   bounded), or past its own bound; it then asks no master and is told to retry (`TRYAGAIN`,
+//!   docs/PROTOCOL.md §4). Releases, clean-ups and reads always wait their turn.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -67,6 +69,8 @@ pub struct Admission {
     limit: AtomicUsize,
     /// Permits to take out of circulation as they come back (a decrease while they were held).
     owed: AtomicUsize,
+    /// Fan-outs waiting for a place.
+    waiting: AtomicUsize,
     /// The additive increase so far, and when the limit last decreased.
     state: Mutex<(usize, Option<Instant>)>,
 }
@@ -77,8 +81,25 @@ impl Default for Admission {
             permits: Semaphore::new(MAX_FANOUTS),
             limit: AtomicUsize::new(MAX_FANOUTS),
             owed: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
             state: Mutex::new((0, None)),
         }
+    }
+}
+
+/// One fan-out counted as waiting while this lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn count(waiting: &'a AtomicUsize) -> Waiting<'a> {
+        waiting.fetch_add(1, Ordering::Relaxed);
+        Waiting(waiting)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -119,16 +140,24 @@ impl Admission {
         // at once overtakes nobody, and skips building and polling a waiter.
         let permit = match self.permits.try_acquire() {
             Ok(permit) => Ok(permit),
-            Err(_) => self.permits.acquire().await,
+            Err(_) => {
+                let _waiting = Waiting::count(&self.waiting);
+                self.permits.acquire().await
+            }
         };
         self.admitted(permit.ok())
     }
 
-    /// Waits for a place until `by`; `None` if none came by then.
+    /// Waits for a place until `by`; `None` if none came by then, or at once if as many
+    /// fan-outs already wait as the limit lets run.
     pub async fn admit_by(&self, by: Instant) -> Option<Admitted<'_>> {
         let permit = match self.permits.try_acquire() {
             Ok(permit) => permit,
-            Err(_) => timeout_at(by, self.permits.acquire()).await.ok()?.ok()?,
+            Err(_) if self.waiting.load(Ordering::Relaxed) >= self.limit() => return None,
+            Err(_) => {
+                let _waiting = Waiting::count(&self.waiting);
+                timeout_at(by, self.permits.acquire()).await.ok()?.ok()?
+            }
         };
         Some(self.admitted(Some(permit)))
     }
@@ -235,5 +264,21 @@ mod tests {
         let by = Instant::now() + Duration::from_millis(100);
         assert!(admission.admit_by(by).await.is_none());
         assert_eq!(Instant::now(), by);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_acquire_is_refused_at_once_when_the_queue_is_as_long_as_the_limit() {
+        let admission = Admission::default();
+        let _all: Vec<_> =
+            futures::future::join_all((0..MAX_FANOUTS).map(|_| admission.admit())).await;
+        let by = Instant::now() + Duration::from_secs(1);
+        // The limit's worth of acquires wait; the next one is refused without waiting.
+        let mut queued =
+            futures::future::join_all((0..MAX_FANOUTS).map(|_| admission.admit_by(by)));
+        assert!(futures::poll!(&mut queued).is_pending());
+        assert_eq!(admission.waiting.load(Ordering::Relaxed), MAX_FANOUTS);
+        let asked = Instant::now();
+        assert!(admission.admit_by(by).await.is_none());
+        assert_eq!(asked.elapsed(), Duration::ZERO);
     }
 }
