@@ -5,7 +5,7 @@
 //!    10000` (a fresh key per request) over `BENCH_OVERLOAD_MASTERS` (3 and 5) fresh masters, at
 //!    each of `BENCH_OVERLOAD_DEPTHS` (1 and 16 requests in flight per connection), on
 //!    `BENCH_OVERLOAD_CONNS` connections.
-//! 2. **Open loop** at `BENCH_OVERLOAD_FRACTIONS` (50, 100, 150, 200 %) of each configuration's
+//! 2. **Open loop** at `BENCH_OVERLOAD_FRACTIONS` (25, 50, 100, 150, 200 %) of each configuration's
 //!    peak: the proxy over as many masters, one redis-server directly, and twemproxy sharding
 //!    over as many masters, at the same offered rate and depth (open loop at depth 16: 16
 //!    requests scheduled together, written in one write).

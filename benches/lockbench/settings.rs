@@ -39,7 +39,7 @@
 //! | `BENCH_OVERLOAD_SECS` | `8` | `overload`: measured seconds of every cell (after `BENCH_WARMUP_SECS`) |
 //! | `BENCH_OVERLOAD_CONNS` | `50` | `overload`: connections of the peaks and of the open-loop cells |
 //! | `BENCH_OVERLOAD_MASTERS` / `BENCH_OVERLOAD_DEPTHS` | `3,5` / `1,16` | `overload`: the configurations (the proxy's masters, requests per write) |
-//! | `BENCH_OVERLOAD_FRACTIONS` | `0.5,1,1.5,2` | `overload`: offered rates, as fractions of each configuration's peak |
+//! | `BENCH_OVERLOAD_FRACTIONS` | `0.25,0.5,1,1.5,2` | `overload`: offered rates, as fractions of each configuration's peak |
 //! | `BENCH_OVERLOAD_BOUND_SECS` | `2` | `overload`: a reply later than this after its scheduled time counts as not answered |
 //! | `BENCH_OVERLOAD_BIG_CONNS` / `BENCH_OVERLOAD_BIG_FRACTION` | `20` / `0.25` | `overload`: the big-value case's small clients and their rate (fraction of the proxy-over-5 `-P 1` peak) |
 //! | `BENCH_OVERLOAD_BIG_MB` / `BENCH_OVERLOAD_BIG_EVERY_SECS` | `10` / `1` | `overload`: the big value's size, and how often it is sent |
@@ -337,7 +337,7 @@ impl Settings {
             overload_conns: env_num::<usize>("BENCH_OVERLOAD_CONNS", "50").max(1),
             overload_masters: env_list("BENCH_OVERLOAD_MASTERS", "3,5", positive),
             overload_depths: env_list("BENCH_OVERLOAD_DEPTHS", "1,16", positive),
-            overload_fractions: env_list("BENCH_OVERLOAD_FRACTIONS", "0.5,1,1.5,2", |f| {
+            overload_fractions: env_list("BENCH_OVERLOAD_FRACTIONS", "0.25,0.5,1,1.5,2", |f| {
                 f.parse().ok().filter(|f: &f64| *f > 0.0)
             }),
             overload_bound_secs: env_num::<f64>("BENCH_OVERLOAD_BOUND_SECS", "2").max(0.01),
