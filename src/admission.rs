@@ -8,7 +8,8 @@
 //! - The limit follows AIMD on how long admitted fan-outs take to be decided ([`next_limit`],
 //!   pure): one decided within half a node timeout adds `1/limit`, one slower is congestion and
 //!   takes 10 % off, at most once per half node timeout (one burst of slow fan-outs is one
-//!   signal). Requests beyond the limit wait in the proxy, outside every node timeout (a node
+//!   signal). One fan-out in [`SAMPLE_EVERY`] is timed (and weighs as many): two clock reads
+//!   and a lock per fan-out cost the proxy 2–3 % of its instructions per request. Requests beyond the limit wait in the proxy, outside every node timeout (a node
 //!   timeout counts from when a request is handed to a master's connection).
 //! - Waiting for admission is fair (first come, first admitted). Only an acquire is ever
 //!   refused ([`Admission::admit_by`]): at once when as many fan-outs already wait as the limit
@@ -27,6 +28,8 @@ use tokio::time::{timeout_at, Instant};
 pub const MAX_FANOUTS: usize = 256;
 /// Fewest fan-outs the limit allows: a congested proxy still serves this many at once.
 pub const MIN_FANOUTS: usize = 16;
+/// One fan-out in this many is timed for the limit.
+pub const SAMPLE_EVERY: usize = 16;
 
 /// How long an acquire of a lock of `ttl` may wait for admission: a quarter of its TTL, at
 /// most a second. Admitted later, it would leave its client less than three quarters of the
@@ -53,7 +56,7 @@ pub fn next_limit(
         *growth = 0;
         return (limit - limit / 10).max(MIN_FANOUTS);
     }
-    *growth += 1;
+    *growth += SAMPLE_EVERY;
     if *growth >= limit {
         *growth = 0;
         return (limit + 1).min(MAX_FANOUTS);
@@ -71,6 +74,8 @@ pub struct Admission {
     owed: AtomicUsize,
     /// Fan-outs waiting for a place.
     waiting: AtomicUsize,
+    /// Fan-outs admitted: every [`SAMPLE_EVERY`]th is timed.
+    admitted: AtomicUsize,
     /// The additive increase so far, and when the limit last decreased.
     state: Mutex<(usize, Option<Instant>)>,
 }
@@ -82,6 +87,7 @@ impl Default for Admission {
             limit: AtomicUsize::new(MAX_FANOUTS),
             owed: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
+            admitted: AtomicUsize::new(0),
             state: Mutex::new((0, None)),
         }
     }
@@ -108,8 +114,8 @@ impl Drop for Waiting<'_> {
 pub struct Admitted<'a> {
     permit: Option<SemaphorePermit<'a>>,
     admission: &'a Admission,
-    /// When it was admitted: the decision's time counts from here.
-    pub at: Instant,
+    /// When it was admitted, if it is timed: the decision's time counts from here.
+    pub at: Option<Instant>,
 }
 
 impl Drop for Admitted<'_> {
@@ -166,12 +172,17 @@ impl Admission {
         Admitted {
             permit,
             admission: self,
-            at: Instant::now(),
+            at: (self.admitted.fetch_add(1, Ordering::Relaxed) % SAMPLE_EVERY == 0)
+                .then(Instant::now),
         }
     }
 
-    /// A fan-out admitted at `admitted` was decided now: the limit follows ([`next_limit`]).
-    pub fn decided(&self, admitted: Instant, node_timeout: Duration) {
+    /// A fan-out admitted at `admitted` (if timed) was decided now: the limit follows
+    /// ([`next_limit`]).
+    pub fn decided(&self, admitted: Option<Instant>, node_timeout: Duration) {
+        let Some(admitted) = admitted else {
+            return;
+        };
         let now = Instant::now();
         let took = now.duration_since(admitted);
         let Ok(mut state) = self.state.lock() else {
@@ -211,17 +222,18 @@ mod tests {
     fn the_limit_grows_by_one_per_limit_fast_fan_outs_and_shrinks_a_tenth_on_a_slow_one() {
         let fast = Duration::from_millis(5);
         let slow = Duration::from_millis(26);
-        // (limit, growth before, took, may decrease) → (limit, growth after)
+        // (limit, growth before, took, may decrease) → (limit, growth after); each timed
+        // fan-out weighs SAMPLE_EVERY.
         let cases = [
-            ((100, 0, fast, true), (100, 1)),
-            ((100, 99, fast, true), (101, 0)),
+            ((100, 0, fast, true), (100, SAMPLE_EVERY)),
+            ((100, 100 - SAMPLE_EVERY, fast, true), (101, 0)),
             ((MAX_FANOUTS, MAX_FANOUTS - 1, fast, true), (MAX_FANOUTS, 0)),
             ((100, 50, slow, true), (90, 0)),
             ((100, 50, slow, false), (100, 50)),
             ((MIN_FANOUTS, 3, slow, true), (MIN_FANOUTS, 0)),
             ((17, 0, slow, true), (MIN_FANOUTS, 0)),
             // Exactly half a node timeout is still on time.
-            ((100, 0, NODE_TIMEOUT / 2, true), (100, 1)),
+            ((100, 0, NODE_TIMEOUT / 2, true), (100, SAMPLE_EVERY)),
         ];
         for ((limit, growth, took, may_decrease), expected) in cases {
             let mut g = growth;
@@ -241,15 +253,15 @@ mod tests {
             futures::future::join_all((0..MAX_FANOUTS).map(|_| admission.admit())).await;
         let start = Instant::now();
         tokio::time::advance(NODE_TIMEOUT).await;
-        admission.decided(start, NODE_TIMEOUT);
+        admission.decided(Some(start), NODE_TIMEOUT);
         let limit = admission.limit();
         assert_eq!(limit, MAX_FANOUTS - MAX_FANOUTS / 10);
         drop(held);
         assert_eq!(admission.permits.available_permits(), limit);
         // With permits owed, an increase cancels a debt instead of adding a permit.
         admission.owed.store(1, Ordering::Relaxed);
-        for _ in 0..limit {
-            admission.decided(Instant::now(), NODE_TIMEOUT);
+        for _ in 0..limit.div_ceil(SAMPLE_EVERY) {
+            admission.decided(Some(Instant::now()), NODE_TIMEOUT);
         }
         assert_eq!(admission.limit(), limit + 1);
         assert_eq!(admission.permits.available_permits(), limit);

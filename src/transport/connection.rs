@@ -141,8 +141,9 @@ impl Pipe {
     /// wait out its node timeout behind that one; it is answered at once instead (a missing
     /// vote, as a timeout would be), and the connection stays for when the master answers
     /// again. A master working through its queue, however slowly, keeps sending replies.
-    pub(super) fn unresponsive(&self, node_timeout: Duration) -> bool {
-        let now = Instant::now();
+    /// `now`: the caller's own reading of the clock (a request's hand-over time), so that
+    /// the look costs no clock read of its own.
+    pub(super) fn unresponsive(&self, now: Instant, node_timeout: Duration) -> bool {
         // The cheap look first: under load replies keep arriving, and the lock is not taken.
         if now < self.replies.last() + node_timeout {
             return false;
@@ -174,9 +175,9 @@ impl Default for Progress {
 }
 
 impl Progress {
-    /// Bytes moved just now.
-    pub(super) fn made(&self) {
-        let ms = self.opened.elapsed().as_millis() as u64;
+    /// Bytes moved at `now`.
+    pub(super) fn made(&self, now: Instant) {
+        let ms = now.duration_since(self.opened).as_millis() as u64;
         self.last_ms.fetch_max(ms, Ordering::Relaxed);
     }
 

@@ -255,7 +255,9 @@ impl Link {
         let node_timeout = self.node_timeout.get();
         let sent = match self.usable_connection() {
             None => Err(NoReply::NoLink),
-            Some(conn) if conn.pipe.unresponsive(node_timeout) => Err(NoReply::Unresponsive),
+            Some(conn) if conn.pipe.unresponsive(queued_at, node_timeout) => {
+                Err(NoReply::Unresponsive)
+            }
             Some(conn) => conn
                 .queue
                 .send(out)

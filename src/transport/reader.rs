@@ -51,8 +51,10 @@ pub(super) async fn read_loop(
                 match read {
                     Ok(0) | Err(_) => break NoReply::Closed,
                     Ok(_) => {
-                        pipe.progress.made();
-                        pipe.replies.made();
+                        // One clock read for both: this runs for every read.
+                        let now = Instant::now();
+                        pipe.progress.made(now);
+                        pipe.replies.made(now);
                         if !deliver(&mut buf, &pipe.in_flight, &conn.queue, &link) {
                             break NoReply::Closed;
                         }

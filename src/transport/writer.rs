@@ -96,14 +96,21 @@ pub(super) async fn write_loop(
     }
 }
 
-/// Writes all of `buf`, noting progress at every part the master took (a large request read
-/// slowly is progress: [`super::reader`]'s liveness check). False if the connection failed.
+/// Writes all of `buf`, noting progress at every part the master took after the socket's
+/// buffer was full (a large request read slowly is progress: [`super::reader`]'s liveness
+/// check). A write taken whole needs no note: a socket buffer takes bytes whether or not the
+/// master reads them, and the requests in it count from their hand-over anyway. False if the
+/// connection failed.
 async fn write_noting_progress(wr: &mut WriteHalf, mut buf: &[u8], pipe: &Pipe) -> bool {
+    let mut waited = false;
     while !buf.is_empty() {
         match wr.write(buf).await {
             Ok(0) | Err(_) => return false,
             Ok(n) => {
-                pipe.progress.made();
+                if waited {
+                    pipe.progress.made(Instant::now());
+                }
+                waited = true;
                 buf = &buf[n..];
             }
         }
