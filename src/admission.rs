@@ -172,7 +172,8 @@ impl Admission {
         Admitted {
             permit,
             admission: self,
-            at: (self.admitted.fetch_add(1, Ordering::Relaxed) % SAMPLE_EVERY == 0)
+            at: (self.admitted.fetch_add(1, Ordering::Relaxed))
+                .is_multiple_of(SAMPLE_EVERY)
                 .then(Instant::now),
         }
     }
