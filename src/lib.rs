@@ -22,7 +22,8 @@
 //!    [`condition`] (Redis 8.4's `IFEQ`/`IFNE`/`IFDEQ`/`IFDNE` conditions and XXH3 `DIGEST`).
 //! 2. [`transport`]: one pipelined FIFO connection per master (send, replies in order,
 //!    reconnect, liveness check, clean-ups that survive reconnects). Knows nothing of votes.
-//!    [`dial`] opens its streams: TCP or TLS, `AUTH`. Beside it [`pubsub`]: the clients'
+//!    Beside it [`admission`]: the adaptive limit on fan-outs in progress, and how long an
+//!    acquire may wait for a place. [`dial`] opens its streams: TCP or TLS, `AUTH`. Beside it [`pubsub`]: the clients'
 //!    subscriptions and one subscriber connection per master for them all. [`tls`] loads the
 //!    TLS material of both sides (rustls). Beside them [`config`]: the defaults, a TOML file
 //!    and flags on top, whose checks build the users and load the masters' TLS files.
