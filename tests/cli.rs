@@ -159,13 +159,15 @@ fn log_until_listening(args: &[&str]) -> Vec<String> {
     logged
 }
 
-/// A free loopback port (bound, then released): a master address nothing answers on.
-fn dead_master() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
-    format!("127.0.0.1:{port}")
+/// `n` distinct free loopback ports (bound together, then released): master addresses nothing
+/// answers on. Bound one at a time and released at once, two could be the same port (the
+/// kernel hands a released ephemeral port out again), which the configuration refuses as a
+/// master listed twice.
+fn dead_masters<const N: usize>() -> [String; N] {
+    let listeners: Vec<_> = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    std::array::from_fn(|i| format!("127.0.0.1:{}", listeners[i].local_addr().unwrap().port()))
 }
 
 /// An even number of masters tolerates no more failures than one master fewer (4 masters:
@@ -186,7 +188,8 @@ fn an_even_number_of_masters_is_warned_about() {
     let dir = std::env::temp_dir().join(format!("redlock-cli-even-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("two.toml");
-    let two = [dead_master(), dead_master()];
+    let [first, second, third, fourth] = dead_masters::<4>();
+    let two = [first.clone(), second.clone()];
     std::fs::write(
         &file,
         format!("backends = [\"{}\", \"{}\"]\n", two[0], two[1]),
@@ -214,7 +217,7 @@ fn an_even_number_of_masters_is_warned_about() {
         "{printed}"
     );
     // Flags override the file: three `--backend`s are odd, four are even again.
-    let three = [dead_master(), dead_master(), dead_master()];
+    let three = [first, second, third];
     let mut args: Vec<&str> = three
         .iter()
         .flat_map(|b| ["--backend", b.as_str()])
@@ -222,7 +225,6 @@ fn an_even_number_of_masters_is_warned_about() {
     let (code, printed) = check(&args);
     assert_eq!(code, Some(0), "{printed}");
     assert!(!printed.contains(WARNING), "{printed}");
-    let fourth = dead_master();
     args.extend(["--backend", fourth.as_str()]);
     let (code, printed) = check(&args);
     assert_eq!(code, Some(0), "{printed}");
