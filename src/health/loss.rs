@@ -357,6 +357,12 @@ impl ClockHistory {
         loss
     }
 
+    /// Judges `now` against the history (see [`clock`]) without keeping it: a reading a
+    /// merged lock call took, between two polls. Before the first reading, no loss.
+    pub fn check(&mut self, now: &ClockReading, drift_factor: f64) -> Option<Loss> {
+        clock(self.readings.make_contiguous(), now, drift_factor)
+    }
+
     /// Forgets every reading (another process, perhaps on another machine, serves it now).
     pub fn clear(&mut self) {
         self.readings.clear();
