@@ -140,8 +140,8 @@ impl MasterHealth {
     }
 
     /// Judges the master's clock as a merged lock call read it (`master_us`, µs since the
-    /// epoch), the call written at `written` and its reply read at `read`, against the readings
-    /// of the polls ([`ClockHistory::check`], the rule of [`super::loss::clock`]); the reading
+    /// epoch), the call written at `written` and its reply read at `read`, against the last
+    /// poll's reading ([`ClockHistory::check`], the rule of [`super::loss::clock`]); the reading
     /// is not kept. A loss has the master judged at once ([`MasterHealth::recheck`]): its poll
     /// reads `TIME` and quarantines it (docs/SAFETY.md, "Master clocks: steps and rates
     /// between two looks"). Returns whether the clock ran ahead.
@@ -162,7 +162,7 @@ impl MasterHealth {
             error: half + Duration::from_millis(1),
         };
         let loss = match self.state.lock() {
-            Ok(mut h) => h.clock_history.check(&reading, drift_factor),
+            Ok(h) => h.clock_history.check(&reading, drift_factor),
             Err(_) => return false,
         };
         let Some(loss) = loss else { return false };
