@@ -96,6 +96,11 @@ pub struct Config {
     /// (docs/SAFETY.md, "Acknowledged writes"). Only tests switch this off (the negative
     /// control).
     pub witness_floor: bool,
+    /// Judge each master's clock as every merged lock call reads it, so that an acquire a
+    /// master took while its clock ran ahead of the drift allowance (a step or a rate between
+    /// two health polls) is no vote (docs/SAFETY.md, "Master clocks: steps and rates between
+    /// two looks"). Only tests switch this off (the negative control).
+    pub clock_per_call: bool,
     /// Largest TTL the proxy forwards, whatever sets it (`SET … PX`, `PEXPIRE`, lease
     /// scripts; scripts that compute a TTL are capped on the masters). A master that lost its
     /// data is quarantined for this long plus drift, so every proxy in front of the same
@@ -158,6 +163,7 @@ impl Default for Config {
             quarantine: true,
             token_clock: true,
             witness_floor: true,
+            clock_per_call: true,
             max_lock_ttl_ms: 60_000,
             wait_replicas: 0,
             threads: 1,

@@ -334,6 +334,8 @@ impl FakeMaster {
                 );
                 answers.push(Reply::Integer(witness as i64));
             }
+            // Last, the clock the call read (µs), as the script answers it.
+            answers.push(Reply::Integer(now as i64));
             Reply::Array(answers)
         } else if body == UNDO_SCRIPT.text() {
             let ours = live(keys_db, &keys[0]) == Some(&argv[0])
@@ -488,6 +490,7 @@ pub fn masters(fakes: &[Arc<FakeMaster>], node_timeout: Duration) -> Arc<Masters
                 wait_replicas: 0,
                 drift_factor: 0.01,
                 allow_debug_command: false,
+                clock_per_call: true,
             },
         },
         fakes.iter().map(|_| Arc::default()).collect(),

@@ -693,10 +693,11 @@ impl Masters {
                 let place = match endpoint {
                     Endpoint::Single((link, driver)) => {
                         tokio::spawn(driver.run(stop_rx.clone()));
-                        Place::Single {
-                            link,
-                            health: Arc::default(),
+                        let health: Arc<MasterHealth> = Arc::default();
+                        if settings.health.clock_per_call {
+                            watch_call_clocks(&link, &health, settings.health.drift_factor);
                         }
+                        Place::Single { link, health }
                     }
                     Endpoint::Cluster(backend, tls, env_password) => {
                         Place::Cluster(ClusterMaster::new(
@@ -921,6 +922,17 @@ enum Endpoint {
 /// The TLS connector for `rediss://` and `clusters://` masters, if any (or why it could not be
 /// built).
 type MasterTls = Option<Result<TlsConnector, String>>;
+
+/// Has `health` judge the master's clock as every merged lock call on `link` reads it
+/// ([`MasterHealth::judge_call_clock`]): an acquire the master took while its clock ran ahead
+/// of the clock rule is then no vote, and the master is judged at once.
+fn watch_call_clocks(link: &Arc<Link>, health: &Arc<MasterHealth>, drift_factor: f64) {
+    let (health, addr) = (health.clone(), link.addr.clone());
+    link.call_clock
+        .install(Box::new(move |master_us, written, read| {
+            health.judge_call_clock(&addr, master_us, written, read, drift_factor)
+        }));
+}
 
 /// What every master's dial shares: the TLS connector (TLS material that cannot be loaded
 /// leaves the TLS masters unreachable, with the reason on every attempt) and the password

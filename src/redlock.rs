@@ -284,8 +284,8 @@ pub fn majority_unreachable(votes: &[Vote]) -> bool {
         > n - quorum(n)
 }
 
-/// True where a refused acquire must be rolled back: the master said `OK`, or its answer is
-/// unknown (still pending, timed out, connection lost: the write may have been applied).
+/// True where a refused acquire must be rolled back: the master said `OK` (or took the key in
+/// a call whose clock reading ran ahead: [`CLOCK_AHEAD`]), or its answer is unknown (still pending, timed out, connection lost: the write may have been applied).
 /// A master that answered null did *not* take our value; deleting "our" value there could
 /// delete another holder's lock that happens to use the same token (the PHP lock class of
 /// `tests/clients/php-phpredis.php` draws tokens from only 9001 values), so those masters are
@@ -293,9 +293,15 @@ pub fn majority_unreachable(votes: &[Vote]) -> bool {
 pub fn may_hold_our_value(vote: &Vote) -> bool {
     match vote {
         Vote::Pending | Vote::Missing(_) | Vote::Fenced => true,
-        Vote::Replied(_) => is_ok(vote),
+        Vote::Replied(reply) => is_ok(vote) || *reply == CLOCK_AHEAD,
     }
 }
+
+/// An acquire a master took (`OK`) in a merged call whose reading of the master's clock ran
+/// ahead of the clock rule (docs/SAFETY.md, "Master clocks: steps and rates between two
+/// looks"): its key may expire early there, so it is no vote; the key is there, so it is
+/// undone as an `OK` is; and the master is judged again at once, as after `-1`.
+pub const CLOCK_AHEAD: Reply = Reply::Integer(-5);
 
 /// Which replies the quorum rule may pick when no Q masters agree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -672,6 +678,8 @@ mod tests {
         assert!(may_hold_our_value(&P));
         assert!(may_hold_our_value(&M));
         assert!(!may_hold_our_value(&null()));
+        assert!(may_hold_our_value(&Vote::Replied(CLOCK_AHEAD)));
+        assert!(!may_hold_our_value(&Vote::Replied(Reply::Integer(-1))));
         assert!(!may_hold_our_value(&err("ERR x")));
     }
 

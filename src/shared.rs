@@ -84,6 +84,7 @@ impl Shared {
                 wait_replicas: config.wait_replicas,
                 drift_factor: config.drift_factor,
                 allow_debug_command: config.allow_debug_command,
+                clock_per_call: config.clock_per_call,
             },
         );
         let acquire_stats: Arc<LockStats> = Arc::default();

@@ -357,6 +357,15 @@ impl ClockHistory {
         loss
     }
 
+    /// Judges `now` against the latest reading only (see [`clock`]) without keeping it: a
+    /// reading a merged lock call took, between two polls, where the hole is a step or rate
+    /// since the last poll (rates over longer windows are the polls' to find, against the
+    /// samples). Before the first reading, no loss.
+    pub fn check(&self, now: &ClockReading, drift_factor: f64) -> Option<Loss> {
+        let last = self.readings.back()?;
+        clock(std::slice::from_ref(last), now, drift_factor)
+    }
+
     /// Forgets every reading (another process, perhaps on another machine, serves it now).
     pub fn clear(&mut self) {
         self.readings.clear();

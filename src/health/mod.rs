@@ -247,6 +247,9 @@ pub struct MonitorConfig {
     /// Masters whose `enable-debug-command` is not `no` may vote (the operator accepts that
     /// `DEBUG RELOAD` can replace their data in place).
     pub allow_debug_command: bool,
+    /// Judge a master's clock on every merged lock call ([`MasterHealth::judge_call_clock`]),
+    /// not only at each poll (off only in the negative control of the tests).
+    pub clock_per_call: bool,
 }
 
 /// Where a master is, as its voter routes to it and the monitors watch it: one server, or a

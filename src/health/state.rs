@@ -139,6 +139,38 @@ impl MasterHealth {
             .judge(reading, drift_factor, bound, CLOCK_SAMPLE_SPACING)
     }
 
+    /// Judges the master's clock as a merged lock call read it (`master_us`, µs since the
+    /// epoch), the call written at `written` and its reply read at `read`, against the last
+    /// poll's reading ([`ClockHistory::check`], the rule of [`super::loss::clock`]); the reading
+    /// is not kept. A loss has the master judged at once ([`MasterHealth::recheck`]): its poll
+    /// reads `TIME` and quarantines it (docs/SAFETY.md, "Master clocks: steps and rates
+    /// between two looks"). Returns whether the clock ran ahead.
+    pub fn judge_call_clock(
+        &self,
+        addr: &str,
+        master_us: u64,
+        written: Instant,
+        read: Instant,
+        drift_factor: f64,
+    ) -> bool {
+        // TIME was read somewhere between the call's writing and its reply's reading, with a
+        // resolution of 1 µs; the ms it is judged in are covered by the extra millisecond.
+        let half = read.saturating_duration_since(written) / 2;
+        let reading = ClockReading {
+            at: written + half,
+            master_ms: master_us / 1000,
+            error: half + Duration::from_millis(1),
+        };
+        let loss = match self.state.lock() {
+            Ok(h) => h.clock_history.check(&reading, drift_factor),
+            Err(_) => return false,
+        };
+        let Some(loss) = loss else { return false };
+        tracing::warn!(master = %addr, reason = %loss, "a lock call read the master's clock ahead of the clock rule: its acquires in that call are no votes, and it is judged at once");
+        self.recheck();
+        true
+    }
+
     /// Whether the master is in quarantine now (it votes for no proxy: see the module header).
     pub fn quarantined(&self) -> bool {
         self.state

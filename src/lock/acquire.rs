@@ -43,6 +43,7 @@ pub fn lock_script(floor: Floor) -> Arc<SharedScript> {
         ],
         names_in_argv: false,
         floor,
+        answers_clock: true,
     })
 }
 

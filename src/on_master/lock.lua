@@ -12,7 +12,9 @@
 -- the clock; {-4, counter} token not above the counter. Release: 1 deleted, 0 not ours, or its
 -- error. Then, if an acquire took its key, the write witness counted up once for the call:
 -- every acquire this master acknowledged is in its data only if the witness it answered is
--- (docs/SAFETY.md, "Acknowledged writes").
+-- (docs/SAFETY.md, "Acknowledged writes"). Last, always, the clock (us) this call read: the
+-- proxy judges it against its own clock before any OK of the call counts as a vote
+-- (docs/SAFETY.md, "Master clocks: steps and rates between two looks").
 local t = redis.call('time')
 -- ms with the us as a fraction: at least as strict as whole ms for the deadline.
 local now = t[1] * 1000 + t[2] / 1000
@@ -81,5 +83,9 @@ while a <= #ARGV do
   end
   i = i + 1
 end
-if took then r[i] = redis.call('incr', KEYS[3]) end
+if took then
+  r[i] = redis.call('incr', KEYS[3])
+  i = i + 1
+end
+r[i] = t[1] * 1000000 + t[2]
 return r

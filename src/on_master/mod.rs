@@ -288,7 +288,7 @@ mod tests {
         let pinned: &[(&str, &str, usize, usize, bool)] = &[
             (
                 "lock.lua",
-                "5c41a8fef740cd7bfd9f910d0f488bf6456974c0",
+                "bfa25378197711d3d2babdfa80703a160327b98b",
                 3,
                 1,
                 true,

@@ -109,7 +109,7 @@ fn changes(old: &Config, new: &Config) -> Changes {
         // proxy started with (the certificate hook); other paths, or another mode, need a
         // restart.
         restart: backends, local, drift_factor, max_lock_ttl_ms, wait_replicas, quarantine,
-        token_clock, witness_floor, bind, port, threads, log_format, metrics, tls_port,
+        token_clock, witness_floor, clock_per_call, bind, port, threads, log_format, metrics, tls_port,
         tls_cert_file, tls_key_file, tls_ca_cert_file, tls_auth_clients,
         backend_tls_ca_cert_file, backend_tls_cert_file, backend_tls_key_file,
         allow_locks_without_expiry, allow_debug_command, no_quorum_reply;

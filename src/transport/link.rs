@@ -50,6 +50,43 @@ pub struct Link {
     pub(super) cleanups: Cleanups,
     /// What the master acknowledged of the proxy's lock writes ([`Witness`]).
     pub witness: Witness,
+    /// Judges the master's clock as each merged lock call read it ([`CallClock`]).
+    pub call_clock: CallClock,
+}
+
+/// The judge of the master's clock as each merged lock call read it (docs/SAFETY.md, "Master
+/// clocks: steps and rates between two looks"): installed by whoever watches the master's
+/// health (none: every reading passes). It is given the master's clock (µs) the call read, and
+/// when the call was written and its reply read on this proxy's monotonic clock, and answers
+/// whether the master's clock is ahead of what the clock rule allows (it then has the master
+/// judged at once); every acquire the call answered `OK` is then not a vote.
+#[derive(Default)]
+pub struct CallClock(std::sync::OnceLock<Box<JudgeCallClock>>);
+
+/// See [`CallClock`]: `(master µs, written, read) -> ahead`.
+pub type JudgeCallClock = dyn Fn(u64, Instant, Instant) -> bool + Send + Sync;
+
+impl CallClock {
+    /// Installs the judge (once; a second one is ignored).
+    pub fn install(&self, judge: Box<JudgeCallClock>) {
+        let _ = self.0.set(judge);
+    }
+
+    /// Whether the master's clock `master_us`, read by a call written at `written` whose reply
+    /// was read at `read`, is ahead of what the clock rule allows.
+    pub(crate) fn ahead(&self, master_us: u64, written: Instant, read: Instant) -> bool {
+        self.0
+            .get()
+            .is_some_and(|judge| judge(master_us, written, read))
+    }
+}
+
+impl std::fmt::Debug for CallClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallClock")
+            .field("installed", &self.0.get().is_some())
+            .finish()
+    }
 }
 
 /// The master's write witness as this link saw it (docs/SAFETY.md, "Acknowledged writes"): the
@@ -123,6 +160,7 @@ impl Link {
             new_connection: Notify::new(),
             cleanups: Cleanups::default(),
             witness: Witness::default(),
+            call_clock: CallClock::default(),
         });
         let driver = Driver::new(link.clone(), connector);
         (link, driver)

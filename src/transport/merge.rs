@@ -10,6 +10,12 @@
 //!   one element per caller (an error: `BUSY`, `OOM`, …), the same answer as every caller of
 //!   the call. One more element, an integer, is the master's write witness after the call
 //!   (the lock script adds it when an acquire took its key): the link's [`Witness`] notes it.
+//! - A script that [answers its clock](SharedScript::answers_clock) ends its reply array with
+//!   the master's clock (µs) as the call read it, after the witness: the link's [`CallClock`]
+//!   judges it against the time from when the call was encoded (before it was written) to when
+//!   its reply was read, and if the master's clock ran ahead of the clock rule every `OK` of the
+//!   call (an acquire that took its key) is handed over as [`CLOCK_AHEAD`]: no vote, undone as
+//!   one. Callers never see the clock element, as they never see the witness.
 //! - The lock script's merged call leads its arguments with the link's highest witness (the
 //!   floor, [`super::Floor`]) as of when it is encoded: every answer read before then, on this
 //!   connection or an earlier one, is at or below it.
@@ -17,8 +23,9 @@
 //!   the body (merged again by the writer), whether or not its callers still wait.
 
 use super::connection::{Answer, AwaitingReply, Outgoing, Payload, Recipients, ReplyTo};
-use super::{SharedScript, Witness};
+use super::{CallClock, Link, SharedScript, Witness};
 use crate::protocol::{encode_script_call, Invoke, Reply, ScriptCall};
+use crate::redlock::CLOCK_AHEAD;
 use bytes::BytesMut;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -102,6 +109,7 @@ impl Merging {
         let lead = script.lead(witness);
         encode_script_call(buf, invoke, script.names(), lead, self.calls.iter());
         let merged = MergedCalls {
+            written_at: Instant::now(),
             script,
             by_body,
             calls: std::mem::take(&mut self.calls),
@@ -121,6 +129,9 @@ impl Merging {
 
 /// The calls of one merged script call, kept until answered (to send again with the body).
 pub(super) struct MergedCalls {
+    /// When it was encoded, just before it was written: the earliest the master can have read
+    /// its clock for it.
+    written_at: Instant,
     script: Arc<SharedScript>,
     by_body: bool,
     calls: Vec<ScriptCall>,
@@ -130,13 +141,13 @@ pub(super) struct MergedCalls {
 impl MergedCalls {
     /// Hands each caller its element of the reply array (`Err`: none will come); calls the
     /// master answered `NOSCRIPT` are queued again on `resend`, with the body, as handed over
-    /// at `queued_at`.
+    /// at `queued_at`. `link`: the master's, whose witness and clock judge the reply notes.
     pub(super) fn answer(
         self,
         answer: Answer,
         queued_at: Instant,
         resend: &mpsc::UnboundedSender<Outgoing>,
-        witness: &Witness,
+        link: &Link,
     ) {
         if !self.by_body && matches!(&answer, Ok(r) if r.is_error_code("NOSCRIPT")) {
             for (call, caller) in self.calls.into_iter().zip(self.callers) {
@@ -160,12 +171,10 @@ impl MergedCalls {
         let txs: Vec<Option<ReplyTo>> = self.callers.into_iter().map(|c| c.reply).collect();
         let mut answer = answer;
         if let Ok(Reply::Array(items)) = &mut answer {
-            if items.len() == txs.len() + 1 {
-                if let Some(Reply::Integer(value @ 0..)) = items.last() {
-                    witness.saw(*value as u64);
-                    items.pop();
-                }
+            if self.script.answers_clock {
+                strip_clock(items, txs.len(), self.written_at, &link.call_clock);
             }
+            strip_witness(items, txs.len(), &link.witness);
         }
         match answer {
             Ok(Reply::Array(items)) if items.len() == txs.len() => {
@@ -181,6 +190,37 @@ impl MergedCalls {
                     let _ = tx.send(other.clone());
                 }
             }
+        }
+    }
+}
+
+/// Takes the master's clock (µs) off the end of a reply array of `callers` answers (after the
+/// witness, if any) and has `clock` judge it; if it ran ahead, every acquire the call answered
+/// `OK` becomes [`CLOCK_AHEAD`]. `written_at`: when the call was encoded; its reply is read now.
+fn strip_clock(items: &mut Vec<Reply>, callers: usize, written_at: Instant, clock: &CallClock) {
+    if !(callers + 1..=callers + 2).contains(&items.len()) {
+        return;
+    }
+    let Some(&Reply::Integer(master_us @ 0..)) = items.last() else {
+        return;
+    };
+    items.pop();
+    if clock.ahead(master_us as u64, written_at, Instant::now()) {
+        for item in items.iter_mut().take(callers) {
+            if *item == Reply::ok() {
+                *item = CLOCK_AHEAD;
+            }
+        }
+    }
+}
+
+/// Takes the write witness off the end of a reply array of `callers` answers, if it is there,
+/// and notes it.
+fn strip_witness(items: &mut Vec<Reply>, callers: usize, witness: &Witness) {
+    if items.len() == callers + 1 {
+        if let Some(Reply::Integer(value @ 0..)) = items.last() {
+            witness.saw(*value as u64);
+            items.pop();
         }
     }
 }

@@ -67,7 +67,7 @@ mod reader;
 mod writer;
 
 pub use driver::Driver;
-pub use link::{Link, Pending, Witness};
+pub use link::{CallClock, Link, Pending, Witness};
 
 use crate::protocol::Names;
 use bytes::Bytes;
@@ -138,6 +138,10 @@ pub struct SharedScript {
     pub names_in_argv: bool,
     /// What leads the arguments of each merged call.
     pub floor: Floor,
+    /// Its reply array ends with the master's clock (µs) as the call read it, which the link's
+    /// [`CallClock`] judges before the answers are handed over (the lock script of a single
+    /// master).
+    pub answers_clock: bool,
 }
 
 /// The number that leads the arguments of a merged call of a [`SharedScript`], read when the

@@ -21,7 +21,7 @@
 use super::connection::{
     Answer, AwaitingReply, Connection, Outgoing, Payload, Pipe, Recipients, ReplyTo, Unconfirmed,
 };
-use super::{liveness_window, Link, NoReply, ReadHalf, Witness};
+use super::{liveness_window, Link, NoReply, ReadHalf};
 use crate::protocol::{decode_reply, Reply};
 use bytes::{Bytes, BytesMut};
 use std::collections::VecDeque;
@@ -85,7 +85,7 @@ pub(super) async fn read_loop(
         if let Some((payload, expires)) = entry.cleanup.take() {
             link.cleanups.keep(&link.addr, payload, expires);
         }
-        entry.answer(Err(why), &conn.queue, &link.witness);
+        entry.answer(Err(why), &conn.queue, &link);
     }
 }
 
@@ -147,14 +147,14 @@ fn deliver(
         } else {
             Reply::Array(std::mem::take(&mut done.got))
         };
-        done.answer(Ok(reply), resend, &link.witness);
+        done.answer(Ok(reply), resend, link);
     }
 }
 
 impl AwaitingReply {
     /// Hands over the reply (`Err`: none will come); requests the master answered `NOSCRIPT`
     /// are queued again on `resend`, with the body.
-    fn answer(self, answer: Answer, resend: &mpsc::UnboundedSender<Outgoing>, witness: &Witness) {
+    fn answer(self, answer: Answer, resend: &mpsc::UnboundedSender<Outgoing>, link: &Link) {
         match self.to {
             Recipients::One(Some(tx)) => answer_one(
                 tx,
@@ -166,7 +166,7 @@ impl AwaitingReply {
                 resend,
             ),
             Recipients::One(None) => {}
-            Recipients::Merged(merged) => merged.answer(answer, self.queued_at, resend, witness),
+            Recipients::Merged(merged) => merged.answer(answer, self.queued_at, resend, link),
             Recipients::Confirm { replicas, requests } => confirm(&answer, replicas, requests),
         }
     }

@@ -436,6 +436,59 @@ mod tests {
         assert_eq!(fake.get("k1").as_deref(), Some(b"v".as_slice()));
     }
 
+    /// Each merged lock call's reply ends with the master's clock, which the link's
+    /// [`super::super::CallClock`] judges (given the clock and when the call was written and
+    /// answered) before the answers are handed over: while it says "ahead", the acquires the
+    /// call took answer [`crate::redlock::CLOCK_AHEAD`] (no vote), other answers are as ever;
+    /// callers never see the clock element.
+    #[tokio::test(start_paused = true)]
+    async fn a_lock_call_whose_clock_ran_ahead_grants_no_vote() {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let fake = FakeMaster::new();
+        let (link, _stop) = loaded(&fake).await;
+        fake.set(ARMED_KEY, "1");
+        let ahead = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(AtomicU64::new(0));
+        let (judge_ahead, judge_seen) = (ahead.clone(), seen.clone());
+        link.call_clock
+            .install(Box::new(move |master_us, written, read| {
+                assert!(written <= read);
+                judge_seen.store(master_us, Ordering::Relaxed);
+                judge_ahead.load(Ordering::Relaxed)
+            }));
+        let acquire = |key: &'static str| {
+            let counter = format!("{TOKEN_KEY_PREFIX}{key}");
+            let args: [&[u8]; 8] = [
+                b"a",
+                b"v",
+                b"20000",
+                b"0000000000000001:t",
+                b"99999999999999",
+                b"0000000000000001",
+                b"0",
+                b"60000",
+            ];
+            ScriptCall::new(&[&[key.as_bytes()], &[counter.as_bytes()]], &args)
+        };
+        let script = lock_script(Floor::Witness);
+        let granted = link.send_script(script.clone(), acquire("k1"), None);
+        assert_eq!(granted.wait().await, Ok(Reply::ok()));
+        assert!(seen.load(Ordering::Relaxed) > 1_000_000_000_000_000);
+        ahead.store(true, Ordering::Relaxed);
+        fake.set("k0", "v");
+        let refused = link.send_script(script.clone(), acquire("k2"), None);
+        let held = link.send_script(script.clone(), acquire("k1"), None);
+        let released = link.send_script(script, ScriptCall::new(&[&[b"k0"]], &[b"r", b"v"]), None);
+        assert_eq!(refused.wait().await, Ok(crate::redlock::CLOCK_AHEAD));
+        // A refusal (here the token, not above k1's counter) is handed over as it is.
+        let refusal = Reply::Array(vec![Reply::Integer(-4), Reply::Integer(1)]);
+        assert_eq!(held.wait().await, Ok(refusal));
+        assert_eq!(released.wait().await, Ok(Reply::Integer(1)));
+        // The master took the key (the rollback undoes it) and counted its witness.
+        assert_eq!(fake.get("k2").as_deref(), Some(b"v".as_slice()));
+        assert_eq!(link.witness.floor(), 2);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn held_lock_operations_are_never_written_once_their_connection_is_retired() {
         let fake = FakeMaster::new();
