@@ -12,9 +12,9 @@
 //!   and a lock per fan-out cost the proxy 2–3 % of its instructions per request. Requests beyond the limit wait in the proxy, outside every node timeout (a node
 //!   timeout counts from when a request is handed to a master's connection).
 //! - Waiting for admission is fair (first come, first admitted). Only an acquire is ever
-//!   refused ([`Admission::admit_by`]): at once when as many fan-outs already wait as the limit
-//!   lets run (the queue is bounded, so its wait stays about one decision long and its memory
-//!   bounded), or past its own bound; it then asks no master and is told to retry (`TRYAGAIN`,
+//!   refused ([`Admission::admit_by`]): at once when [`QUEUE_LIMITS`] times as many fan-outs
+//!   already wait as the limit lets run (the queue is bounded, so its wait stays a few
+//!   decisions long and its memory bounded), or past its own bound; it then asks no master and is told to retry (`TRYAGAIN`,
 //!   docs/PROTOCOL.md §4). Releases, clean-ups and reads always wait their turn.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,6 +30,11 @@ pub const MAX_FANOUTS: usize = 256;
 pub const MIN_FANOUTS: usize = 16;
 /// One fan-out in this many is timed for the limit.
 pub const SAMPLE_EVERY: usize = 16;
+/// How many limits' worth of fan-outs may wait before an acquire is refused at once: enough for
+/// clients that pipeline deeply (50 connections × 16 requests are 800 at once, no overload),
+/// few enough that the wait stays a few decisions long (2,048 waiting at 35,000 grants a second
+/// is 60 ms) and its memory bounded.
+pub const QUEUE_LIMITS: usize = 8;
 
 /// How long an acquire of a lock of `ttl` may wait for admission: a quarter of its TTL, at
 /// most a second. Admitted later, it would leave its client less than three quarters of the
@@ -154,12 +159,14 @@ impl Admission {
         self.admitted(permit.ok())
     }
 
-    /// Waits for a place until `by`; `None` if none came by then, or at once if as many
-    /// fan-outs already wait as the limit lets run.
+    /// Waits for a place until `by`; `None` if none came by then, or at once if
+    /// [`QUEUE_LIMITS`] times as many fan-outs already wait as the limit lets run.
     pub async fn admit_by(&self, by: Instant) -> Option<Admitted<'_>> {
         let permit = match self.permits.try_acquire() {
             Ok(permit) => permit,
-            Err(_) if self.waiting.load(Ordering::Relaxed) >= self.limit() => return None,
+            Err(_) if self.waiting.load(Ordering::Relaxed) >= QUEUE_LIMITS * self.limit() => {
+                return None
+            }
             Err(_) => {
                 let _waiting = Waiting::count(&self.waiting);
                 timeout_at(by, self.permits.acquire()).await.ok()?.ok()?
@@ -280,16 +287,16 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn an_acquire_is_refused_at_once_when_the_queue_is_as_long_as_the_limit() {
+    async fn an_acquire_is_refused_at_once_when_the_queue_is_full() {
         let admission = Admission::default();
         let _all: Vec<_> =
             futures::future::join_all((0..MAX_FANOUTS).map(|_| admission.admit())).await;
         let by = Instant::now() + Duration::from_secs(1);
-        // The limit's worth of acquires wait; the next one is refused without waiting.
-        let mut queued =
-            futures::future::join_all((0..MAX_FANOUTS).map(|_| admission.admit_by(by)));
+        // QUEUE_LIMITS limits' worth of acquires wait; the next one is refused without waiting.
+        let full = QUEUE_LIMITS * MAX_FANOUTS;
+        let mut queued = futures::future::join_all((0..full).map(|_| admission.admit_by(by)));
         assert!(futures::poll!(&mut queued).is_pending());
-        assert_eq!(admission.waiting.load(Ordering::Relaxed), MAX_FANOUTS);
+        assert_eq!(admission.waiting.load(Ordering::Relaxed), full);
         let asked = Instant::now();
         assert!(admission.admit_by(by).await.is_none());
         assert_eq!(asked.elapsed(), Duration::ZERO);

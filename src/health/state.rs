@@ -140,7 +140,7 @@ impl MasterHealth {
     }
 
     /// Judges the master's clock as a merged lock call read it (`master_us`, µs since the
-    /// epoch), the call written at `written` and its reply read at `read`, against the last
+    /// epoch), the call handed over (no later than written) at `written` and its reply read at `read`, against the last
     /// poll's reading ([`ClockHistory::check`], the rule of [`super::loss::clock`]); the reading
     /// is not kept. A loss has the master judged at once ([`MasterHealth::recheck`]): its poll
     /// reads `TIME` and quarantines it (docs/SAFETY.md, "Master clocks: steps and rates

@@ -109,7 +109,6 @@ impl Merging {
         let lead = script.lead(witness);
         encode_script_call(buf, invoke, script.names(), lead, self.calls.iter());
         let merged = MergedCalls {
-            written_at: Instant::now(),
             script,
             by_body,
             calls: std::mem::take(&mut self.calls),
@@ -129,9 +128,6 @@ impl Merging {
 
 /// The calls of one merged script call, kept until answered (to send again with the body).
 pub(super) struct MergedCalls {
-    /// When it was encoded, just before it was written: the earliest the master can have read
-    /// its clock for it.
-    written_at: Instant,
     script: Arc<SharedScript>,
     by_body: bool,
     calls: Vec<ScriptCall>,
@@ -141,11 +137,14 @@ pub(super) struct MergedCalls {
 impl MergedCalls {
     /// Hands each caller its element of the reply array (`Err`: none will come); calls the
     /// master answered `NOSCRIPT` are queued again on `resend`, with the body, as handed over
-    /// at `queued_at`. `link`: the master's, whose witness and clock judge the reply notes.
+    /// at `queued_at`. `link`: the master's, whose witness and clock judge the reply notes;
+    /// the master read its clock for the call between `queued_at` (its first caller's
+    /// hand-over, the earliest it can have been written: no clock read of its own) and
+    /// `read_at` (when the reader read the reply).
     pub(super) fn answer(
         self,
         answer: Answer,
-        queued_at: Instant,
+        (queued_at, read_at): (Instant, Instant),
         resend: &mpsc::UnboundedSender<Outgoing>,
         link: &Link,
     ) {
@@ -172,7 +171,7 @@ impl MergedCalls {
         let mut answer = answer;
         if let Ok(Reply::Array(items)) = &mut answer {
             if self.script.answers_clock {
-                strip_clock(items, txs.len(), self.written_at, &link.call_clock);
+                strip_clock(items, txs.len(), (queued_at, read_at), &link.call_clock);
             }
             strip_witness(items, txs.len(), &link.witness);
         }
@@ -196,8 +195,13 @@ impl MergedCalls {
 
 /// Takes the master's clock (µs) off the end of a reply array of `callers` answers (after the
 /// witness, if any) and has `clock` judge it; if it ran ahead, every acquire the call answered
-/// `OK` becomes [`CLOCK_AHEAD`]. `written_at`: when the call was encoded; its reply is read now.
-fn strip_clock(items: &mut Vec<Reply>, callers: usize, written_at: Instant, clock: &CallClock) {
+/// `OK` becomes [`CLOCK_AHEAD`]. The master read its clock between the two instants given.
+fn strip_clock(
+    items: &mut Vec<Reply>,
+    callers: usize,
+    (sent, read): (Instant, Instant),
+    clock: &CallClock,
+) {
     if !(callers + 1..=callers + 2).contains(&items.len()) {
         return;
     }
@@ -205,7 +209,7 @@ fn strip_clock(items: &mut Vec<Reply>, callers: usize, written_at: Instant, cloc
         return;
     };
     items.pop();
-    if clock.ahead(master_us as u64, written_at, Instant::now()) {
+    if clock.ahead(master_us as u64, sent, read) {
         for item in items.iter_mut().take(callers) {
             if *item == Reply::ok() {
                 *item = CLOCK_AHEAD;

@@ -55,7 +55,7 @@ pub(super) async fn read_loop(
                         let now = Instant::now();
                         pipe.progress.made(now);
                         pipe.replies.made(now);
-                        if !deliver(&mut buf, &pipe.in_flight, &conn.queue, &link) {
+                        if !deliver(&mut buf, &pipe.in_flight, &conn.queue, &link, now) {
                             break NoReply::Closed;
                         }
                         pipe.answered.notify_one();
@@ -85,7 +85,8 @@ pub(super) async fn read_loop(
         if let Some((payload, expires)) = entry.cleanup.take() {
             link.cleanups.keep(&link.addr, payload, expires);
         }
-        entry.answer(Err(why), &conn.queue, &link);
+        let now = Instant::now();
+        entry.answer(Err(why), &conn.queue, &link, now);
     }
 }
 
@@ -116,6 +117,7 @@ fn deliver(
     in_flight: &Mutex<VecDeque<AwaitingReply>>,
     resend: &mpsc::UnboundedSender<Outgoing>,
     link: &Link,
+    read_at: Instant,
 ) -> bool {
     let addr = &link.addr;
     loop {
@@ -147,14 +149,20 @@ fn deliver(
         } else {
             Reply::Array(std::mem::take(&mut done.got))
         };
-        done.answer(Ok(reply), resend, link);
+        done.answer(Ok(reply), resend, link, read_at);
     }
 }
 
 impl AwaitingReply {
-    /// Hands over the reply (`Err`: none will come); requests the master answered `NOSCRIPT`
-    /// are queued again on `resend`, with the body.
-    fn answer(self, answer: Answer, resend: &mpsc::UnboundedSender<Outgoing>, link: &Link) {
+    /// Hands over the reply (`Err`: none will come), read at `read_at`; requests the master
+    /// answered `NOSCRIPT` are queued again on `resend`, with the body.
+    fn answer(
+        self,
+        answer: Answer,
+        resend: &mpsc::UnboundedSender<Outgoing>,
+        link: &Link,
+        read_at: Instant,
+    ) {
         match self.to {
             Recipients::One(Some(tx)) => answer_one(
                 tx,
@@ -166,7 +174,9 @@ impl AwaitingReply {
                 resend,
             ),
             Recipients::One(None) => {}
-            Recipients::Merged(merged) => merged.answer(answer, self.queued_at, resend, link),
+            Recipients::Merged(merged) => {
+                merged.answer(answer, (self.queued_at, read_at), resend, link)
+            }
             Recipients::Confirm { replicas, requests } => confirm(&answer, replicas, requests),
         }
     }
