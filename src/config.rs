@@ -67,8 +67,9 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Longest bulk string a client may send (Redis' `proto-max-bulk-len`).
     pub proto_max_bulk_len: u64,
-    /// Longest argument the proxy sends on to the masters (a lock value is a token): a
-    /// request with a longer one is refused with an error, and no other request waits for it.
+    /// Longest argument a request may carry (a lock value is a token): a request with a
+    /// longer one is refused with an error before any master is asked, and no other request
+    /// waits for it.
     pub max_value_bytes: u64,
     /// Requests one client may have in flight before the proxy stops reading its socket.
     pub max_inflight_per_client: usize,

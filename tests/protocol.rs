@@ -269,7 +269,12 @@ async fn handshake_commands_answer_like_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_bulk_is_refused_without_buffering_it() {
-    let env = Env::start_with(1, |c| c.proto_max_bulk_len = 1024 * 1024).await;
+    let env = Env::start_with(1, |c| {
+        c.proto_max_bulk_len = 1024 * 1024;
+        // Not this test's cap: an argument at proto_max_bulk_len must pass it.
+        c.max_value_bytes = 1024 * 1024;
+    })
+    .await;
     let mut c = env.proxy.client().await;
     c.send_raw(b"*2\r\n$4\r\nECHO\r\n$1048577\r\n").await;
     assert_eq!(c.read().await, "-ERR Protocol error: invalid bulk length");

@@ -391,6 +391,23 @@ mod tests {
         assert_eq!(resent.wait().await, Err(NoReply::Unconfirmed));
     }
 
+    /// An acquire of `key` as the lock script takes it: value, PX, record, deadline (far),
+    /// token, earliest clock, counter PX.
+    fn acquire_of(key: &str) -> ScriptCall {
+        let counter = format!("{TOKEN_KEY_PREFIX}{key}");
+        let args: [&[u8]; 8] = [
+            b"a",
+            b"v",
+            b"20000",
+            b"0000000000000001:t",
+            b"99999999999999",
+            b"0000000000000001",
+            b"0",
+            b"60000",
+        ];
+        ScriptCall::new(&[&[key.as_bytes()], &[counter.as_bytes()]], &args)
+    }
+
     /// Each merged lock call leads with the link's highest write witness: once the master's
     /// witness is behind it (its data replaced in place), no acquire takes a key (`-1`) and
     /// releases still run; with the floor off (the tests' negative control) the acquire takes
@@ -400,21 +417,7 @@ mod tests {
         let fake = FakeMaster::new();
         let (link, _stop) = loaded(&fake).await;
         fake.set(ARMED_KEY, "1");
-        let acquire = || {
-            let counter = format!("{TOKEN_KEY_PREFIX}k1");
-            // value, PX, record, deadline (far), token, earliest clock, counter PX
-            let args: [&[u8]; 8] = [
-                b"a",
-                b"v",
-                b"20000",
-                b"0000000000000001:t",
-                b"99999999999999",
-                b"0000000000000001",
-                b"0",
-                b"60000",
-            ];
-            ScriptCall::new(&[&[b"k1"], &[counter.as_bytes()]], &args)
-        };
+        let acquire = || acquire_of("k1");
         let script = lock_script(Floor::Witness);
         let granted = link.send_script(script.clone(), acquire(), None);
         assert_eq!(granted.wait().await, Ok(Reply::ok()));
@@ -456,20 +459,7 @@ mod tests {
                 judge_seen.store(master_us, Ordering::Relaxed);
                 judge_ahead.load(Ordering::Relaxed)
             }));
-        let acquire = |key: &'static str| {
-            let counter = format!("{TOKEN_KEY_PREFIX}{key}");
-            let args: [&[u8]; 8] = [
-                b"a",
-                b"v",
-                b"20000",
-                b"0000000000000001:t",
-                b"99999999999999",
-                b"0000000000000001",
-                b"0",
-                b"60000",
-            ];
-            ScriptCall::new(&[&[key.as_bytes()], &[counter.as_bytes()]], &args)
-        };
+        let acquire = acquire_of;
         let script = lock_script(Floor::Witness);
         let granted = link.send_script(script.clone(), acquire("k1"), None);
         assert_eq!(granted.wait().await, Ok(Reply::ok()));
