@@ -282,7 +282,7 @@ impl Status {
     /// The status for a terminal.
     pub fn to_text(&self) -> String {
         let mut out = format!(
-            "redlock-proxy {}, up {} s: {}; {}\ndeployment: {}\nclients: {}; acquires per second (last {:.0} s): {:.1} granted, {:.1} refused\nmasters (votes and reply latency over {}):\n",
+            "redlock-proxy {}, up {} s: {}; {}\ndeployment: {}\nclients: {}; acquires per second (last {:.0} s): {:.1} granted, {:.1} refused\nmasters (votes and reply latency {}):\n",
             self.version,
             self.uptime_s,
             if self.ready { "ready" } else { "NOT READY" },
