@@ -25,6 +25,11 @@ struct State {
     closed: AtomicBool,
     /// Chunks discarded by a blackhole, connections dropped by a reset.
     cut: AtomicU64,
+    /// Counts resets: each one closes every live connection at once. A connection waits for
+    /// no byte to be reset: the proxy sends nothing to a master it finds unresponsive (slow is
+    /// not dead, issue 38), so a connection that lost bytes in a blackhole would otherwise live
+    /// on, desynchronised, until the proxy's liveness window.
+    resets: tokio::sync::watch::Sender<u64>,
 }
 
 /// A running relay; dropped = stops accepting.
@@ -55,7 +60,15 @@ impl Relay {
                     let _ = server.set_nodelay(true);
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
-                    tokio::join!(pipe(cr, sw, st.clone()), pipe(sr, cw, st));
+                    let mut resets = st.resets.subscribe();
+                    let cut = st.clone();
+                    tokio::select! {
+                        _ = async { tokio::join!(pipe(cr, sw, st.clone()), pipe(sr, cw, st)) } => {}
+                        // Dropping both streams closes both sides.
+                        _ = resets.changed() => {
+                            cut.cut.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
                 });
             }
         });
@@ -81,8 +94,12 @@ impl Relay {
             .store(delay.as_millis() as u64, Ordering::Relaxed);
     }
 
+    /// `Mode::Reset` also closes every live connection at once.
     pub fn set_mode(&self, mode: Mode) {
         self.state.mode.store(mode as u8, Ordering::Relaxed);
+        if mode == Mode::Reset {
+            self.state.resets.send_modify(|n| *n += 1);
+        }
     }
 
     /// How many chunks a blackhole discarded and connections a reset dropped, so far.
@@ -93,8 +110,8 @@ impl Relay {
     /// Ends a blackhole or reset (blocking): the relay's blackhole *discards* bytes, which a
     /// real partition does not (TCP retransmits), and forwarding again on a connection that
     /// lost bytes mid-stream would desynchronise RESP and fabricate replies. So the link ends
-    /// its fault like a real long partition: connections are reset for three node timeouts
-    /// (every link with lost bytes times out and is retired by the proxy), then only new
+    /// its fault like a real long partition: every live connection is closed at once (each may
+    /// have lost bytes) and new ones are refused for three node timeouts, then only new
     /// connections pass, without delay.
     pub fn heal_blocking(&self, node_timeout: Duration) {
         self.set_mode(Mode::Reset);
