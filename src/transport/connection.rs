@@ -9,8 +9,9 @@
 //!   more is written.
 //! - The in-flight list is the FIFO that matches replies to requests: the writer pushes a
 //!   request there *before* its bytes are written, the reader pops the oldest per reply.
-//! - Every byte that moves (read from the master, or written to it) is noted as progress
-//!   ([`Progress`]): the evidence the reader's liveness check asks for.
+//! - The master's progress is noted ([`Progress`]): when its bytes last arrived, and when it
+//!   last took bytes of a write that had filled the socket's buffer (a large request read
+//!   slowly). Together they are the evidence the reader's liveness check asks for.
 
 use super::merge::MergedCalls;
 use super::reader::read_loop;
@@ -129,10 +130,10 @@ pub(super) struct Pipe {
     pub(super) pushed: Notify,
     /// The reader answered a request: the writer may send the calls it was holding.
     pub(super) answered: Notify,
-    /// When bytes last moved either way.
-    pub(super) progress: Progress,
     /// When the master's bytes last arrived.
     pub(super) replies: Progress,
+    /// When the master last took bytes of a write that had filled the socket's buffer.
+    pub(super) drained: Progress,
 }
 
 impl Pipe {
@@ -157,7 +158,7 @@ impl Pipe {
     }
 }
 
-/// When a connection last moved bytes either way: a master working through its queue, or
+/// When a connection last made one kind of progress: a master working through its queue, or
 /// still reading a large request, is slow, not dead.
 pub(super) struct Progress {
     opened: Instant,
@@ -181,7 +182,7 @@ impl Progress {
         self.last_ms.fetch_max(ms, Ordering::Relaxed);
     }
 
-    /// When bytes last moved (the connection's opening, before any did).
+    /// When the progress was last made (the connection's opening, before any was).
     pub(super) fn last(&self) -> Instant {
         self.opened + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
     }

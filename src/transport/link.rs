@@ -57,7 +57,8 @@ pub struct Link {
 /// The judge of the master's clock as each merged lock call read it (docs/SAFETY.md, "Master
 /// clocks: steps and rates between two looks"): installed by whoever watches the master's
 /// health (none: every reading passes). It is given the master's clock (µs) the call read, and
-/// when the call was written and its reply read on this proxy's monotonic clock, and answers
+/// when the call was handed over (no later than written) and its reply read on this proxy's
+/// monotonic clock, and answers
 /// whether the master's clock is ahead of what the clock rule allows (it then has the master
 /// judged at once); every acquire the call answered `OK` is then not a vote.
 #[derive(Default)]
@@ -72,8 +73,8 @@ impl CallClock {
         let _ = self.0.set(judge);
     }
 
-    /// Whether the master's clock `master_us`, read by a call written at `written` whose reply
-    /// was read at `read`, is ahead of what the clock rule allows.
+    /// Whether the master's clock `master_us`, read by a call handed over at `written` whose
+    /// reply was read at `read`, is ahead of what the clock rule allows.
     pub(crate) fn ahead(&self, master_us: u64, written: Instant, read: Instant) -> bool {
         self.0
             .get()

@@ -10,8 +10,9 @@
 //! - **Slow is not dead.** A caller waits at most the node timeout for its reply; a late reply
 //!   is a missing reply for that caller only, and the connection keeps serving everything
 //!   queued on it. A connection is **retired** (and a fresh one dialled, with backoff) only on
-//!   evidence of death: a reset or end of stream, a protocol error, or no byte moving either
-//!   way for the [`liveness_window`] while requests are in flight. Its callers then get no
+//!   evidence of death: a reset or end of stream, a protocol error, or no progress of the
+//!   master (no byte read, none taken of a write that filled the socket's buffer) for the
+//!   [`liveness_window`] while requests are in flight. Its callers then get no
 //!   reply ([`NoReply`]). What it had written may still run: a paused master (SIGSTOP, swap, a
 //!   long script) runs the bytes already in its socket buffer when it resumes, even after the
 //!   connection was closed or reset (checked on redis-server 7.0). The acquire protects itself
@@ -76,7 +77,8 @@ use std::io;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-/// How long a connection with requests in flight may move no byte either way before it is taken
+/// How long a connection with requests in flight may see no progress of its master (no byte
+/// read, none of a write that filled the socket's buffer taken) before it is taken
 /// for dead and replaced: twenty node timeouts, and at least a second. Long enough that a
 /// master answering several node timeouts late, or reading a large request, keeps its
 /// connection (its late replies are missing votes, not a reconnect); short enough that a

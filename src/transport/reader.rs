@@ -6,10 +6,11 @@
 //! - Replies are matched to requests strictly in FIFO order; a request that expects several
 //!   replies gets them together, as one array. A reply nobody asked for, or bytes that are not
 //!   RESP, close the connection.
-//! - Slow is not dead: a connection is retired only when requests are in flight and no byte
-//!   moved either way (read, or written: [`super::connection::Progress`]) for the liveness
-//!   window ([`super::liveness_window`]), counted from the later of that progress and the
-//!   oldest request's hand-over. A reply later than its caller's node timeout is a missing
+//! - Slow is not dead: a connection is retired only when requests are in flight and the master
+//!   made no progress (no byte read from it, none of a write that filled the socket's buffer
+//!   taken by it: [`super::connection::Progress`]) for the liveness window
+//!   ([`super::liveness_window`]), counted from the latest progress or the oldest request's
+//!   hand-over. A reply later than its caller's node timeout is a missing
 //!   reply for that caller only; the connection and everything queued on it stay. Replies
 //!   already read are delivered first.
 //! - When the connection ends, every request still in flight gets no reply (a timeout if the
@@ -51,9 +52,7 @@ pub(super) async fn read_loop(
                 match read {
                     Ok(0) | Err(_) => break NoReply::Closed,
                     Ok(_) => {
-                        // One clock read for both: this runs for every read.
                         let now = Instant::now();
-                        pipe.progress.made(now);
                         pipe.replies.made(now);
                         if !deliver(&mut buf, &pipe.in_flight, &conn.queue, &link, now) {
                             break NoReply::Closed;
@@ -91,7 +90,7 @@ pub(super) async fn read_loop(
 }
 
 /// When the connection is to be taken for dead, if a request is in flight: the liveness
-/// window after the later of its last progress and the oldest request's hand-over.
+/// window after the latest of its two kinds of progress and the oldest request's hand-over.
 ///
 /// Only this retires a connection; a caller's node timeout does not. A master that answers
 /// late (overloaded, reading a large request, working through a long queue) is alive: dropping
@@ -106,7 +105,7 @@ fn dead_at(pipe: &Pipe, link: &Link) -> Option<Instant> {
         .lock()
         .ok()
         .and_then(|q| q.front().map(|p| p.queued_at))?;
-    let since = oldest.max(pipe.progress.last());
+    let since = oldest.max(pipe.replies.last()).max(pipe.drained.last());
     Some(since + liveness_window(link.node_timeout.get()))
 }
 

@@ -108,7 +108,7 @@ async fn write_noting_progress(wr: &mut WriteHalf, mut buf: &[u8], pipe: &Pipe) 
             Ok(0) | Err(_) => return false,
             Ok(n) => {
                 if waited {
-                    pipe.progress.made(Instant::now());
+                    pipe.drained.made(Instant::now());
                 }
                 waited = true;
                 buf = &buf[n..];
