@@ -23,9 +23,8 @@ enum Fault {
     Rate(f64),
 }
 
-/// Runs one scenario with a lease of `ttl_ms`; B's replies, tried until one is granted or
-/// for a second after `k` expired on master 2, and the proxy's `INFO masters` then.
-async fn scenario(fault: Fault, ttl_ms: u64, quarantine: bool) -> (Vec<String>, String) {
+/// Three masters, the last (master 2) with a clock of its own, and that clock.
+fn masters_with_clock_on_2() -> (FakeClock, LocalCluster) {
     let mut clock = FakeClock::new();
     let masters = LocalCluster {
         masters: vec![
@@ -34,6 +33,13 @@ async fn scenario(fault: Fault, ttl_ms: u64, quarantine: bool) -> (Vec<String>, 
             clock.start_master(),
         ],
     };
+    (clock, masters)
+}
+
+/// Runs one scenario with a lease of `ttl_ms`; B's replies, tried until one is granted or
+/// for a second after `k` expired on master 2, and the proxy's `INFO masters` then.
+async fn scenario(fault: Fault, ttl_ms: u64, quarantine: bool) -> (Vec<String>, String) {
+    let (mut clock, masters) = masters_with_clock_on_2();
     let env = Env::start_over(masters, |c| c.quarantine = quarantine).await;
     let ports = env.ports();
     let mut c = env.proxy.client().await;
@@ -158,14 +164,7 @@ async fn a_step_within_the_node_timeout_between_two_polls_is_refused_by_the_next
     const NODE_TIMEOUT_MS: u64 = 2000;
     const STEP: Duration = Duration::from_millis(1500);
     for per_call in [true, false] {
-        let mut clock = FakeClock::new();
-        let masters = LocalCluster {
-            masters: vec![
-                LocalMaster::start(None, &[]).expect("redis-server"),
-                LocalMaster::start(None, &[]).expect("redis-server"),
-                clock.start_master(),
-            ],
-        };
+        let (mut clock, masters) = masters_with_clock_on_2();
         let env = Env::start_over(masters, |c| {
             c.health_interval_ms = 60_000;
             c.node_timeout_ms = NODE_TIMEOUT_MS;
