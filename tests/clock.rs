@@ -25,7 +25,7 @@ enum Fault {
 
 /// Three masters, the last (master 2) with a clock of its own, and that clock.
 fn masters_with_clock_on_2() -> (FakeClock, LocalCluster) {
-    let mut clock = FakeClock::new();
+    let clock = FakeClock::new();
     let masters = LocalCluster {
         masters: vec![
             LocalMaster::start(None, &[]).expect("redis-server"),
