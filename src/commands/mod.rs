@@ -71,8 +71,9 @@ pub struct Session {
 }
 
 impl Session {
-    /// A new connection's session: authenticated as `default` unless that needs a password.
-    pub fn new(shared: &Shared, client: Arc<ClientHandle>) -> Session {
+    /// A new connection's session: authenticated as `default` unless that needs a password;
+    /// `max_value_bytes` from the configuration the connection started with.
+    pub fn new(shared: &Shared, client: Arc<ClientHandle>, max_value_bytes: u64) -> Session {
         let (users, users_generation) = shared.users();
         Session {
             client,
@@ -83,7 +84,7 @@ impl Session {
             user: users.initial(),
             users_generation,
             pubsub: pubsub::Subscriptions::default(),
-            max_value_bytes: shared.live_config().max_value_bytes,
+            max_value_bytes,
             ended: None,
         }
     }

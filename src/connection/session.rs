@@ -169,7 +169,7 @@ where
         };
         let now = Instant::now();
         ClientSession {
-            session: Session::new(shared, client),
+            session: Session::new(shared, client, settings.max_value_bytes),
             shared,
             shard,
             limits,
