@@ -282,7 +282,9 @@ impl FakeMaster {
             let refuse = |code: i64, seen: u64| {
                 Reply::Array(vec![Reply::Integer(code), Reply::Integer(seen as i64)])
             };
-            let (mut k, mut a, mut answers, mut took) = (3, 1, Vec::new(), false);
+            // Then the call's bounds: deadline, earliest clock (ms), counter PX.
+            let (late, early, life) = (now > n(1) * 1000, now < n(2) * 1000, n(3));
+            let (mut k, mut a, mut answers, mut took) = (3, 4, Vec::new(), false);
             while a < argv.len() {
                 if argv[a].as_ref() == b"r" {
                     let (key, value) = (&keys[k], &argv[a + 1]);
@@ -298,13 +300,13 @@ impl FakeMaster {
                 let seen = live(keys_db, counter).map_or(0, |c| counter_token(c));
                 answers.push(if behind {
                     Reply::Integer(-1)
-                } else if now > n(a + 4) * 1000 {
+                } else if late {
                     Reply::Integer(-2)
-                } else if now < n(a + 6) * 1000 {
+                } else if early {
                     refuse(-3, now)
                 } else if !armed {
                     Reply::Integer(-1)
-                } else if n(a + 5) <= seen {
+                } else if counter_token(&argv[a]) <= seen {
                     refuse(-4, seen)
                 } else if exists(keys_db, key) {
                     Reply::Null
@@ -316,12 +318,11 @@ impl FakeMaster {
                         false,
                         Some(n(a + 2)),
                     );
-                    let record = argv[a + 3].clone();
-                    set(keys_db, counter.clone(), record, false, Some(n(a + 7)));
+                    set(keys_db, counter.clone(), argv[a].clone(), false, Some(life));
                     took = true;
                     Reply::ok()
                 });
-                (k, a) = (k + 2, a + 8);
+                (k, a) = (k + 2, a + 3);
             }
             if took {
                 let witness = witness + 1;

@@ -174,15 +174,15 @@ fn the_cluster_lock_script_grants_only_on_a_slot_this_node_armed() {
             &[
                 &head[..],
                 &keys[..],
+                // The call's bounds (deadline, earliest clock, counter PX), then the acquire
+                // (record, value, PX).
                 &[
-                    "a",
-                    value,
-                    "30000",
-                    "0000000000000001:test",
                     &deadline,
-                    "0000000000000001",
                     "0",
                     "60000",
+                    "0000000000000001:test",
+                    value,
+                    "30000",
                 ],
             ]
             .concat(),

@@ -465,14 +465,12 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
                     &k,
                     &tk,
                     "0",
-                    "a",
-                    "tok",
-                    "20000",
-                    &record,
                     &deadline,
-                    &token,
                     &earliest,
                     "60000",
+                    &record,
+                    "tok",
+                    "20000",
                 ],
             )
             .await;

@@ -347,21 +347,12 @@ fn script_command(kind: CpuKind, sha: &str, tag: &str) -> Vec<String> {
             args.push((3 + 2 * PER_CALL).to_string());
             args.extend([ARMED_KEY, QUARANTINE_KEY, WITNESS_KEY].map(String::from));
             args.extend((0..PER_CALL).flat_map(|i| [lock(i), counter(i)]));
-            // The write witness floor: 0, which every witness passes (the check still runs).
-            args.push("0".into());
-            let token = record[..16].to_string();
+            // The write witness floor: 0, which every witness passes (the check still runs);
+            // the call's bounds: a far deadline, no earliest clock, the counter's PX.
+            args.extend(["0", "99999999999999", "0", COUNTER_PX].map(String::from));
             for _ in 0..PER_CALL {
-                // kind, value, PX, record, deadline (far), token, earliest clock, counter PX
-                args.extend([
-                    "a".to_string(),
-                    "v".to_string(),
-                    TTL_MS.to_string(),
-                    record.clone(),
-                    "99999999999999".into(),
-                    token.clone(),
-                    "0".into(),
-                    COUNTER_PX.into(),
-                ]);
+                // record, value, PX
+                args.extend([record.clone(), "v".to_string(), TTL_MS.to_string()]);
             }
         }
         CpuKind::Direct(_) | CpuKind::Proxy(_) => unreachable!("not a script cell"),

@@ -15,7 +15,7 @@ use crate::masters::{Ask, LateVotes, Masters};
 use crate::on_master::{
     script_sha, ARMED_KEY, LOCK_SCRIPT, QUARANTINE_KEY, TOKEN_KEY_PREFIX, WITNESS_KEY,
 };
-use crate::protocol::{encode_command, Reply, ScriptCall};
+use crate::protocol::{encode_command, CallBounds, Reply, ScriptCall};
 use crate::redlock::{
     acquire_decision, backend_ttl_ms, held_by_majority, majority_unreachable, may_hold_our_value,
     propose_token, quorum_clock, token_floor, validity_window, AcquireDecision, TokenRules, Vote,
@@ -31,7 +31,7 @@ use tokio::time::Instant;
 /// release, checked as docs/SAFETY.md argues): by SHA1 (the health monitors load it on every
 /// master), with the markers and the write witness as the keys every merged operation shares,
 /// and `floor` leading the arguments ([`Floor::Witness`]; [`Floor::Off`] only in the negative
-/// control of the tests).
+/// control of the tests), then the merged acquires' [`CallBounds`].
 pub fn lock_script(floor: Floor) -> Arc<SharedScript> {
     Arc::new(SharedScript {
         sha: script_sha(LOCK_SCRIPT.text().as_bytes()),
@@ -43,6 +43,7 @@ pub fn lock_script(floor: Floor) -> Arc<SharedScript> {
         ],
         names_in_argv: false,
         floor,
+        leads_bounds: true,
         answers_clock: true,
     })
 }
@@ -366,24 +367,18 @@ impl Request {
         // deadline, token), merged by the link with the operations queued beside it and called
         // by SHA1 (the health monitor loads it on every master); a master that lost its script
         // cache answers NOSCRIPT and the link sends the body at once.
+        // The record starts with the token (16 digits), which the script compares.
         let record = acquirer.tokens.record(token);
-        // The record starts with the token as the script compares it.
-        let token_arg = &record.as_bytes()[..16];
         let (earliest, latest) = acquirer.tokens.accepted_clocks_ms(token);
-        let mut earliest_digits = itoa::Buffer::new();
-        let earliest = earliest_digits.format(earliest).as_bytes();
-        let mut counter_px = itoa::Buffer::new();
-        let counter_px = counter_px
-            .format(acquirer.tokens.rules.counter_life_ms.max(px_ms))
-            .as_bytes();
+        let bounds = CallBounds {
+            deadline: 0,
+            earliest,
+            counter_life: acquirer.tokens.rules.counter_life_ms.max(px_ms),
+        };
         let slot = key_slot(key);
         // Encoded once per kind of master: only the deadline differs from master to master.
         let call = |keys: &[&[&[u8]]]| {
-            ScriptCall::with_number_between(
-                keys,
-                &[b"a", value, px, record.as_bytes()],
-                &[token_arg, earliest, counter_px],
-            )
+            ScriptCall::with_bounds(keys, &[record.as_bytes(), value, px], bounds)
         };
         let masters = &acquirer.masters;
         let operation = match masters.quarantine() {
@@ -456,7 +451,7 @@ async fn fan_out(acquirer: &Acquirer, request: &Request, admitted: &Admitted<'_>
             None => (acquirer.script.clone(), single.as_ref()?),
             Some(c) => (c.lock_script(), cluster.as_ref()?),
         };
-        Some(Ask::Script(script, call.with_number(deadline)))
+        Some(Ask::Script(script, call.with_deadline(deadline)))
     };
     let (votes, late) = masters
         .fan_out_admitted(admitted, request.slot, ask, 1, |v| {

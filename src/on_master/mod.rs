@@ -288,9 +288,9 @@ mod tests {
         let pinned: &[(&str, &str, usize, usize, bool)] = &[
             (
                 "lock.lua",
-                "bfa25378197711d3d2babdfa80703a160327b98b",
+                "70fbef4ce7274a20e75b7db3ac89566ad2557dea",
                 3,
-                1,
+                4,
                 true,
             ),
             (
@@ -358,7 +358,7 @@ mod tests {
             ),
             (
                 "cluster_lock.lua",
-                "71f03840db45776524c8e9141364914bef99695c",
+                "3fcf90f465596c893c920cfe97ff82d6b07beeeb",
                 0,
                 1,
                 true,

@@ -9,6 +9,8 @@ pub mod master;
 pub mod reply;
 pub mod request;
 
-pub use master::{decode_reply, encode_command, encode_script_call, Invoke, Names, ScriptCall};
+pub use master::{
+    decode_reply, encode_command, encode_script_call, CallBounds, Invoke, Names, ScriptCall,
+};
 pub use reply::{Protocol, Reply};
 pub use request::{parse_strict_i64, ParseError, Request, RequestParser};

@@ -106,8 +106,8 @@ impl Merging {
             true => Invoke::Body(script.body),
             false => Invoke::Sha(&script.sha),
         };
-        let lead = script.lead(witness);
-        encode_script_call(buf, invoke, script.names(), lead, self.calls.iter());
+        let (lead, len) = script.lead(witness, &self.calls);
+        encode_script_call(buf, invoke, script.names(), &lead[..len], self.calls.iter());
         let merged = MergedCalls {
             script,
             by_body,

@@ -70,7 +70,7 @@ mod writer;
 pub use driver::Driver;
 pub use link::{CallClock, Link, Pending, Witness};
 
-use crate::protocol::Names;
+use crate::protocol::{CallBounds, Names, ScriptCall};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::io;
@@ -138,8 +138,11 @@ pub struct SharedScript {
     /// Its calls' key names go in the arguments, counted (a Redis Cluster node's merged call,
     /// whose keys span slots: [`Names::Counted`]); then it shares no key.
     pub names_in_argv: bool,
-    /// What leads the arguments of each merged call.
+    /// What leads the arguments of each merged call: the floor, then, for a lock script,
+    /// the bounds of its acquires.
     pub floor: Floor,
+    /// Its merged calls lead with their acquires' [`CallBounds`] (after the floor).
+    pub leads_bounds: bool,
     /// Its reply array ends with the master's clock (µs) as the call read it, which the link's
     /// [`CallClock`] judges before the answers are handed over (the lock script of a single
     /// master).
@@ -160,13 +163,25 @@ pub enum Floor {
 }
 
 impl SharedScript {
-    /// What leads a merged call's arguments on a link whose master answered `witness`.
-    pub(crate) fn lead(&self, witness: &Witness) -> Option<u64> {
-        match self.floor {
+    /// What leads the arguments of a merged call of `calls` on a link whose master answered
+    /// `witness`: its floor, then its bounds; the first `.1` of the four are used.
+    pub(crate) fn lead(&self, witness: &Witness, calls: &[ScriptCall]) -> ([u64; 4], usize) {
+        let mut lead = [0; 4];
+        let mut len = 0;
+        let floor = match self.floor {
             Floor::None => None,
             Floor::Witness => Some(witness.floor()),
             Floor::Off => Some(0),
+        };
+        if let Some(floor) = floor {
+            lead[0] = floor;
+            len = 1;
         }
+        if self.leads_bounds {
+            lead[len..len + 3].copy_from_slice(&CallBounds::of(calls.iter()).lead());
+            len += 3;
+        }
+        (lead, len)
     }
 
     /// How its merged calls pass their key names.

@@ -257,7 +257,7 @@ mod tests {
     use crate::fake_master::{command, until, FakeMaster};
     use crate::lock::lock_script;
     use crate::on_master::{ARMED_KEY, LOCK_SCRIPT, TOKEN_KEY_PREFIX, WITNESS_KEY};
-    use crate::protocol::{Reply, ScriptCall};
+    use crate::protocol::{CallBounds, Reply, ScriptCall};
     use std::sync::Arc;
     use std::time::Duration;
     use tokio::sync::watch;
@@ -391,21 +391,19 @@ mod tests {
         assert_eq!(resent.wait().await, Err(NoReply::Unconfirmed));
     }
 
-    /// An acquire of `key` as the lock script takes it: value, PX, record, deadline (far),
-    /// token, earliest clock, counter PX.
+    /// An acquire of `key` as the lock script takes it: record, value, PX; its bounds a far
+    /// deadline, no earliest clock, the counter's PX.
     fn acquire_of(key: &str) -> ScriptCall {
         let counter = format!("{TOKEN_KEY_PREFIX}{key}");
-        let args: [&[u8]; 8] = [
-            b"a",
-            b"v",
-            b"20000",
-            b"0000000000000001:t",
-            b"99999999999999",
-            b"0000000000000001",
-            b"0",
-            b"60000",
-        ];
-        ScriptCall::new(&[&[key.as_bytes()], &[counter.as_bytes()]], &args)
+        ScriptCall::with_bounds(
+            &[&[key.as_bytes()], &[counter.as_bytes()]],
+            &[b"0000000000000001:t", b"v", b"20000"],
+            CallBounds {
+                deadline: 99_999_999_999_999,
+                earliest: 0,
+                counter_life: 60_000,
+            },
+        )
     }
 
     /// Each merged lock call leads with the link's highest write witness: once the master's
