@@ -11,8 +11,8 @@
 use crate::live::LiveDuration;
 use crate::masters::{Masters, Settings};
 use crate::on_master::{
-    script_sha, CLAIM_SCRIPT, COMPARE_AND_DELETE, LIFT_SCRIPT, LOCK_SCRIPT, QUARANTINE_SCRIPT,
-    RESTAMP_SCRIPT, STATUS_SCRIPT, UNDO_SCRIPT,
+    script_sha, token_key, ARMED_KEY, CLAIM_SCRIPT, COMPARE_AND_DELETE, LIFT_SCRIPT, LOCK_SCRIPT,
+    QUARANTINE_KEY, QUARANTINE_SCRIPT, RESTAMP_SCRIPT, STATUS_SCRIPT, UNDO_SCRIPT, WITNESS_KEY,
 };
 use crate::protocol::{Protocol, Reply, RequestParser};
 use crate::transport::{Connect, Driver, Link, ReadHalf, WriteHalf};
@@ -220,7 +220,7 @@ impl FakeMaster {
 
     /// The scripts the proxy sends, as Redis would run them.
     fn script(&self, keys_db: &mut Db, body: &str, keys: &[Bytes], argv: &[Bytes]) -> Reply {
-        let exists = |db: &Db, k: &Bytes| live(db, k).is_some();
+        let exists = |db: &Db, k: &[u8]| live(db, k).is_some();
         let n = |i: usize| number(&argv[i]).unwrap_or(0);
         let value =
             |db: &Db, k: &Bytes| live(db, k).map_or(Reply::Null, |v| Reply::Bulk(v.clone()));
@@ -275,16 +275,19 @@ impl FakeMaster {
         } else if body == LOCK_SCRIPT.text() {
             // In µs, as the script compares it (ms with the µs as a fraction).
             let now = self.clock_us();
-            let armed = exists(keys_db, &keys[0]) && !exists(keys_db, &keys[1]);
+            // It names the proxy's own keys itself; each operation passes its lock key.
+            let witness_key = Bytes::from_static(WITNESS_KEY.as_bytes());
+            let armed = exists(keys_db, ARMED_KEY.as_bytes())
+                && !exists(keys_db, QUARANTINE_KEY.as_bytes());
             // The witness floor leads the arguments: a witness below it takes no key.
-            let witness = live(keys_db, &keys[2]).map_or(0, |w| number(w).unwrap_or(0));
+            let witness = live(keys_db, &witness_key).map_or(0, |w| number(w).unwrap_or(0));
             let behind = witness < n(0);
             let refuse = |code: i64, seen: u64| {
                 Reply::Array(vec![Reply::Integer(code), Reply::Integer(seen as i64)])
             };
             // Then the call's bounds: deadline, earliest clock (ms), counter PX.
             let (late, early, life) = (now > n(1) * 1000, now < n(2) * 1000, n(3));
-            let (mut k, mut a, mut answers, mut took) = (3, 4, Vec::new(), false);
+            let (mut k, mut a, mut answers, mut took) = (0, 4, Vec::new(), false);
             while a < argv.len() {
                 if argv[a].as_ref() == b"r" {
                     let (key, value) = (&keys[k], &argv[a + 1]);
@@ -296,8 +299,8 @@ impl FakeMaster {
                     (k, a) = (k + 1, a + 2);
                     continue;
                 }
-                let (key, counter) = (&keys[k], &keys[k + 1]);
-                let seen = live(keys_db, counter).map_or(0, |c| counter_token(c));
+                let (key, counter) = (&keys[k], token_key(&keys[k]));
+                let seen = live(keys_db, &counter).map_or(0, |c| counter_token(c));
                 answers.push(if behind {
                     Reply::Integer(-1)
                 } else if late {
@@ -318,17 +321,17 @@ impl FakeMaster {
                         false,
                         Some(n(a + 2)),
                     );
-                    set(keys_db, counter.clone(), argv[a].clone(), false, Some(life));
+                    set(keys_db, counter, argv[a].clone(), false, Some(life));
                     took = true;
                     Reply::ok()
                 });
-                (k, a) = (k + 2, a + 3);
+                (k, a) = (k + 1, a + 3);
             }
             if took {
                 let witness = witness + 1;
                 set(
                     keys_db,
-                    keys[2].clone(),
+                    witness_key,
                     Bytes::from(witness.to_string()),
                     false,
                     None,

@@ -154,40 +154,29 @@ fn the_cluster_lock_script_grants_only_on_a_slot_this_node_armed() {
         other => panic!("TIME: {other:?}"),
     };
     let deadline = ((secs + 60) * 1000).to_string();
-    // The single-master form declares its 5 keys (the markers, the write witness, the lock and
-    // its counter); the cluster form passes its 4 counted in its arguments (a node merges
-    // calls of several slots into one).
-    let witness = format!("redlock-proxy:witness:{{{tag}}}");
-    let acquire = |script: &str, value: &str| {
-        // The single-master form leads its arguments with the write witness floor (0: no
-        // check); the cluster form has none (its masters keep no witness).
-        let (names, shared, floor): (&[&str], &[&str], &[&str]) = match script == LOCK_SCRIPT.text()
-        {
-            true => (&["5"], &[&armed, &quarantine, &witness], &["0"]),
-            false => (&["0", "4"], &[&armed, &quarantine], &[]),
+    // The cluster form passes its 4 names counted in its arguments (a node merges calls of
+    // several slots into one); the single-master form passes the lock key alone and names the
+    // proxy's own keys itself, untagged (a cluster node refuses that: it runs on single
+    // masters only), and leads with the write witness floor.
+    let acquire_on = |port: u16, script: &str, value: &str| {
+        let single = script == LOCK_SCRIPT.text();
+        let names: &[&str] = match single {
+            true => &["1", key, "0"],
+            false => &["0", "4", &armed, &quarantine, key, &counter],
         };
-        let head = [&["EVAL", script][..], names, shared].concat();
-        let keys: [&str; 2] = [key, &counter];
-        let keys = [&keys[..], floor].concat();
-        proxy_reply(
-            owner,
-            &[
-                &head[..],
-                &keys[..],
-                // The call's bounds (deadline, earliest clock, counter PX), then the acquire
-                // (record, value, PX).
-                &[
-                    &deadline,
-                    "0",
-                    "60000",
-                    "0000000000000001:test",
-                    value,
-                    "30000",
-                ],
-            ]
-            .concat(),
-        )
+        // The call's bounds (deadline, earliest clock, counter PX), then the acquire (record,
+        // value, PX).
+        let args = [
+            &deadline,
+            "0",
+            "60000",
+            "0000000000000001:test",
+            value,
+            "30000",
+        ];
+        proxy_reply(port, &[&["EVAL", script][..], names, &args].concat())
     };
+    let acquire = |script: &str, value: &str| acquire_on(owner, script, value);
     // The acquire's answer (the single-master form adds the write witness after a grant, then
     // the clock it read).
     let element = |reply: ProxyReply| match reply {
@@ -204,11 +193,17 @@ fn the_cluster_lock_script_grants_only_on_a_slot_this_node_armed() {
         ProxyReply::Integer(-1)
     );
     assert_eq!(proxy_reply(owner, &["EXISTS", key]), ProxyReply::Integer(0));
-    // Negative control: the single-master form grants on the foreign stamp.
-    assert_eq!(element(acquire(LOCK_SCRIPT.text(), "v2")), ProxyReply::ok());
+    // Negative control: the single-master form grants on a foreign stamp (a single master
+    // with the same marker).
+    let single = redlock_proxy::LocalMaster::start(None, &[]).expect("a master");
+    let armed_single = redlock_proxy::on_master::ARMED_KEY;
     assert_eq!(
-        proxy_reply(owner, &["DEL", key, &counter]),
-        ProxyReply::Integer(2)
+        proxy_reply(single.port, &["SET", armed_single, "another-node-id"]),
+        ProxyReply::ok()
+    );
+    assert_eq!(
+        element(acquire_on(single.port, LOCK_SCRIPT.text(), "v2")),
+        ProxyReply::ok()
     );
     // Re-armed by this node, in the script that quarantines the slot: refused while the
     // quarantine runs, granted once it is lifted.

@@ -448,7 +448,7 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
     };
     // The earliest master clock (ms) that may take a token: 10 s before it.
     let acquire = |id: &str, deadline: u64, token: u64| {
-        let (k, tk) = (k.clone(), tk.clone());
+        let k = k.clone();
         let earliest = (token / 1000 - 10_000).to_string();
         let (token, deadline) = (format!("{token:016}"), deadline.to_string());
         let record = format!("{token}:{id}");
@@ -458,12 +458,8 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
                 &[
                     "EVAL",
                     LOCK_SCRIPT.text(),
-                    "5",
-                    ARMED_KEY,
-                    QUARANTINE_KEY,
-                    WITNESS_KEY,
+                    "1",
                     &k,
-                    &tk,
                     "0",
                     &deadline,
                     &earliest,
@@ -537,49 +533,33 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
     let (r1, r2) = (record(&token, "m1"), record(&other, "m2"));
     let below = format!("{:016}", t_us + 9);
     let r3 = record(&below, "m3");
+    // Each operation passes its lock key; the call's bounds (deadline, earliest clock,
+    // counter PX) lead after the floor; then each acquire's record, value and PX.
     let merged = master_cmd(
         port,
         &[
             "EVAL",
             LOCK_SCRIPT.text(),
-            "10",
-            ARMED_KEY,
-            QUARANTINE_KEY,
-            WITNESS_KEY,
-            &k,
-            &tk,
-            &k,
-            &tk,
+            "4",
             &k,
             &k,
-            &tk,
+            &k,
+            &k,
             "0",
-            "a",
-            "v1",
-            "20000",
-            &r1,
             &deadline,
-            &token,
             &earliest,
             "60000",
-            "a",
-            "v2",
+            &r1,
+            "v1",
             "20000",
             &r2,
-            &deadline,
-            &other,
-            &earliest,
-            "60000",
+            "v2",
+            "20000",
             "r",
             "v1",
-            "a",
+            &r3,
             "v3",
             "20000",
-            &r3,
-            &deadline,
-            &below,
-            &earliest,
-            "60000",
         ],
     )
     .await;
@@ -593,77 +573,72 @@ async fn late_writes_are_void_and_clean_ups_undo_only_their_own_attempt() {
     assert_eq!(master_get(port, &tk).await, Some(r1));
     // The write witness floor leads the arguments: a master whose witness is below it lost
     // writes it acknowledged, and no acquire of the call takes a key (each answers -1, even
-    // one past its deadline); its releases still run, and no witness is counted up.
+    // past the call's deadline); its releases still run, and no witness is counted up.
     master_cmd(port, &["SET", &k, "v9"]).await;
-    let floored = |floor: u64, value: &'static str| {
-        let (k, tk, deadline, earliest) =
-            (k.clone(), tk.clone(), deadline.clone(), earliest.clone());
-        let (token, late) = (format!("{:016}", t_us + 20), (t - 1000).to_string());
+    let r4 = record(&format!("{:016}", t_us + 20), "m4");
+    let late = (t - 1000).to_string();
+    let floored = |floor: u64, value: &'static str, deadline: &str| {
+        let (k, earliest, r4) = (k.clone(), earliest.clone(), r4.clone());
+        let (floor, deadline) = (floor.to_string(), deadline.to_string());
         async move {
-            let r4 = record(&token, "m4");
-            let floor = floor.to_string();
-            master_cmd(
+            let reply = master_cmd(
                 port,
                 &[
                     "EVAL",
                     LOCK_SCRIPT.text(),
-                    "8",
-                    ARMED_KEY,
-                    QUARANTINE_KEY,
-                    WITNESS_KEY,
-                    &k,
-                    &tk,
+                    "3",
                     &k,
                     &k,
-                    &tk,
+                    &k,
                     &floor,
-                    "a",
+                    &deadline,
+                    &earliest,
+                    "60000",
+                    &r4,
                     "v4",
                     "20000",
-                    &r4,
-                    &late,
-                    &token,
-                    &earliest,
-                    "60000",
                     "r",
                     value,
-                    "a",
+                    &r4,
                     "v5",
                     "20000",
-                    &r4,
-                    &deadline,
-                    &token,
-                    &earliest,
-                    "60000",
                 ],
             )
-            .await
+            .await;
+            clock_off(reply)
         }
     };
-    let floored = |floor: u64, value: &'static str| {
-        let call = floored(floor, value);
-        async move { clock_off(call.await) }
-    };
     let witness: u64 = witness.parse().expect("a number");
-    assert_eq!(floored(witness + 1, "v9").await, "*[:-1,:1,:-1]");
+    assert_eq!(floored(witness + 1, "v9", &late).await, "*[:-1,:1,:-1]");
     assert_eq!(master_get(port, &k).await, None);
     // A floor with more digits (the script compares decimals as strings, length first).
-    assert_eq!(floored(witness + 100, "v9").await, "*[:-1,:0,:-1]");
+    assert_eq!(
+        floored(witness + 100, "v9", &deadline).await,
+        "*[:-1,:0,:-1]"
+    );
     assert_eq!(
         master_get(port, WITNESS_KEY).await,
         Some(witness.to_string())
     );
-    // At the floor: as ever (the first acquire past its deadline, the second granted).
+    // At the floor: as ever. Past the call's deadline every acquire is refused; before it the
+    // first takes the key, the release frees it, and the second, with the same token, finds
+    // the counter the first wrote in this call.
+    assert_eq!(floored(witness, "v4", &late).await, "*[:-2,:0,:-2]");
+    let refused = format!("*[:-4,:{}]", t_us + 20);
     assert_eq!(
-        floored(witness, "v9").await,
-        format!("*[:-2,:0,+OK,:{}]", witness + 1)
+        floored(witness, "v4", &deadline).await,
+        format!("*[+OK,:1,{refused},:{}]", witness + 1)
     );
-    assert_eq!(master_get(port, &k).await.as_deref(), Some("v5"));
+    assert_eq!(master_get(port, &k).await, None);
+    assert_eq!(master_get(port, &tk).await, Some(r4.clone()));
     // Above a floor with fewer digits, though "10" < "9" as strings (the counter dropped so
     // that the same token is taken again).
     master_cmd(port, &["SET", WITNESS_KEY, "10"]).await;
     master_cmd(port, &["DEL", &tk]).await;
-    assert_eq!(floored(9, "v5").await, "*[:-2,:1,+OK,:11]");
+    assert_eq!(
+        floored(9, "v4", &deadline).await,
+        format!("*[+OK,:1,{refused},:11]")
+    );
 }
 
 /// The proxy's own keys on the masters cannot be touched through it: deleting the armed marker

@@ -344,9 +344,10 @@ fn script_command(kind: CpuKind, sha: &str, tag: &str) -> Vec<String> {
             ]);
         }
         CpuKind::LockScript => {
-            args.push((3 + 2 * PER_CALL).to_string());
-            args.extend([ARMED_KEY, QUARANTINE_KEY, WITNESS_KEY].map(String::from));
-            args.extend((0..PER_CALL).flat_map(|i| [lock(i), counter(i)]));
+            // Each acquire passes its lock key; the script names the markers, the witness and
+            // the counters itself.
+            args.push(PER_CALL.to_string());
+            args.extend((0..PER_CALL).map(lock));
             // The write witness floor: 0, which every witness passes (the check still runs);
             // the call's bounds: a far deadline, no earliest clock, the counter's PX.
             args.extend(["0", "99999999999999", "0", COUNTER_PX].map(String::from));

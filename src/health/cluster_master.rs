@@ -164,7 +164,6 @@ impl ClusterMaster {
             lock_script: Arc::new(SharedScript {
                 sha: script_sha(CLUSTER_LOCK_SCRIPT.text().as_bytes()),
                 body: CLUSTER_LOCK_SCRIPT.text(),
-                shared_keys: Vec::new(),
                 names_in_argv: true,
                 // Cluster nodes keep no witness (docs/SAFETY.md, "Acknowledged writes").
                 floor: Floor::None,

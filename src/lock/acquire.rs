@@ -12,9 +12,7 @@ use crate::error::ProxyError;
 use crate::health::instance_name;
 use crate::lease::{Granted, Lease, Outcome};
 use crate::masters::{Ask, LateVotes, Masters};
-use crate::on_master::{
-    script_sha, ARMED_KEY, LOCK_SCRIPT, QUARANTINE_KEY, TOKEN_KEY_PREFIX, WITNESS_KEY,
-};
+use crate::on_master::{script_sha, LOCK_SCRIPT};
 use crate::protocol::{encode_command, CallBounds, Reply, ScriptCall};
 use crate::redlock::{
     acquire_decision, backend_ttl_ms, held_by_majority, majority_unreachable, may_hold_our_value,
@@ -29,18 +27,13 @@ use tokio::time::Instant;
 
 /// How the links call [`LOCK_SCRIPT`] (`src/on_master/lock.lua`: every merged acquire and
 /// release, checked as docs/SAFETY.md argues): by SHA1 (the health monitors load it on every
-/// master), with the markers and the write witness as the keys every merged operation shares,
-/// and `floor` leading the arguments ([`Floor::Witness`]; [`Floor::Off`] only in the negative
-/// control of the tests), then the merged acquires' [`CallBounds`].
+/// master), each operation passing its lock key alone (the script names the proxy's own keys
+/// itself), and `floor` leading the arguments ([`Floor::Witness`]; [`Floor::Off`] only in the
+/// negative control of the tests), then the merged acquires' [`CallBounds`].
 pub fn lock_script(floor: Floor) -> Arc<SharedScript> {
     Arc::new(SharedScript {
         sha: script_sha(LOCK_SCRIPT.text().as_bytes()),
         body: LOCK_SCRIPT.text(),
-        shared_keys: vec![
-            Bytes::from_static(ARMED_KEY.as_bytes()),
-            Bytes::from_static(QUARANTINE_KEY.as_bytes()),
-            Bytes::from_static(WITNESS_KEY.as_bytes()),
-        ],
         names_in_argv: false,
         floor,
         leads_bounds: true,
@@ -383,9 +376,7 @@ impl Request {
         let masters = &acquirer.masters;
         let operation = match masters.quarantine() {
             true => Operation::Script {
-                single: masters
-                    .any_single()
-                    .then(|| call(&[&[key], &[TOKEN_KEY_PREFIX.as_bytes(), key]])),
+                single: masters.any_single().then(|| call(&[&[key]])),
                 // Each operation names its slot's markers (as `cluster::keys` names them, from
                 // their pieces): a node merges calls of all its slots.
                 cluster: masters.any_cluster().then(|| {

@@ -135,21 +135,17 @@ pub enum Invoke<'a> {
 }
 
 /// Encodes into `out` one call of a script for several callers: `EVALSHA sha` (or `EVAL
-/// body`), the number of keys, `shared_keys`, every call's keys, then `lead` (arguments for
-/// the whole call) and every call's arguments, so the script finds call `i`'s keys and
-/// arguments at fixed strides after the shared keys and the lead.
+/// body`), the number of keys, every call's keys, then `lead` (arguments for the whole call)
+/// and every call's arguments, so the script finds call `i`'s keys and arguments at fixed
+/// strides after the lead.
 pub fn encode_script_call<'a>(
     out: &mut BytesMut,
     invoke: Invoke<'_>,
-    names: Names<'_>,
+    names: Names,
     lead: &[u64],
     calls: impl Iterator<Item = &'a ScriptCall> + Clone,
 ) {
-    let shared_keys = match names {
-        Names::Declared(shared) => shared,
-        Names::Counted => &[],
-    };
-    let keys = shared_keys.len() + calls.clone().map(|c| c.keys).sum::<usize>();
+    let keys = calls.clone().map(|c| c.keys).sum::<usize>();
     let args = lead.len() + calls.clone().map(|c| c.args).sum::<usize>();
     let counted = matches!(names, Names::Counted);
     header(out, b'*', 3 + keys + args + usize::from(counted));
@@ -171,9 +167,6 @@ pub fn encode_script_call<'a>(
         }
         false => bulk(out, b'$', itoa::Buffer::new().format(keys).as_bytes()),
     }
-    for key in shared_keys {
-        bulk(out, b'$', key);
-    }
     for call in calls.clone() {
         call.encode_keys(out);
     }
@@ -187,9 +180,9 @@ pub fn encode_script_call<'a>(
 
 /// How a merged script call passes the names of the keys it touches.
 #[derive(Debug, Clone, Copy)]
-pub enum Names<'a> {
-    /// As declared keys (`KEYS`): these shared ones, then each call's.
-    Declared(&'a [Bytes]),
+pub enum Names {
+    /// As declared keys (`KEYS`), each call's in turn.
+    Declared,
     /// In the arguments, led by their number (`0` declared keys): for a Redis Cluster node's
     /// call whose keys span slots, which the node refuses as declared keys (`CROSSSLOT`).
     Counted,
@@ -244,43 +237,40 @@ mod tests {
 
     #[test]
     fn calls_of_one_script_merge_into_one_command() {
-        let shared = [Bytes::from_static(b"m")];
         let a = ScriptCall::new(&[&[b"a"], &[b"t", b"a"]], &[b"1", b"x\r\n"]);
         let b = ScriptCall::new(&[&[b"b"], &[b"tb"]], &[b"2", b""]);
         let mut out = BytesMut::new();
         encode_script_call(
             &mut out,
             Invoke::Sha("f00"),
-            Names::Declared(&shared),
+            Names::Declared,
             &[],
             [&a, &b].into_iter(),
         );
         assert_eq!(
             out.freeze(),
-            encode_command(&[
-                "EVALSHA", "f00", "5", "m", "a", "ta", "b", "tb", "1", "x\r\n", "2", ""
-            ])
+            encode_command(&["EVALSHA", "f00", "4", "a", "ta", "b", "tb", "1", "x\r\n", "2", ""])
         );
         // A lead: one argument for the whole call, before every call's arguments.
         let mut out = BytesMut::new();
         encode_script_call(
             &mut out,
             Invoke::Sha("f00"),
-            Names::Declared(&shared),
+            Names::Declared,
             &[42],
             [&a, &b].into_iter(),
         );
         assert_eq!(
             out.freeze(),
             encode_command(&[
-                "EVALSHA", "f00", "5", "m", "a", "ta", "b", "tb", "42", "1", "x\r\n", "2", ""
+                "EVALSHA", "f00", "4", "a", "ta", "b", "tb", "42", "1", "x\r\n", "2", ""
             ])
         );
         let mut out = BytesMut::new();
         encode_script_call(
             &mut out,
             Invoke::Body("return 1"),
-            Names::Declared(&[]),
+            Names::Declared,
             &[],
             [&a].into_iter(),
         );
@@ -337,7 +327,7 @@ mod tests {
         encode_script_call(
             &mut out,
             Invoke::Sha("f00"),
-            Names::Declared(&[]),
+            Names::Declared,
             &[&[1][..], &bounds.lead()[..]].concat(),
             calls.into_iter(),
         );

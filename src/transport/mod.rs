@@ -71,7 +71,6 @@ pub use driver::Driver;
 pub use link::{CallClock, Link, Pending, Witness};
 
 use crate::protocol::{CallBounds, Names, ScriptCall};
-use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::io;
 use std::time::Duration;
@@ -129,14 +128,13 @@ pub enum NoReply {
 }
 
 /// A script that many requests call (see the module header): its SHA1 for the call, its body
-/// for a master that lost it, and the keys every call shares (they are passed once).
+/// for a master that lost it, and how its merged calls are laid out.
 #[derive(Debug)]
 pub struct SharedScript {
     pub sha: String,
     pub body: &'static str,
-    pub shared_keys: Vec<Bytes>,
     /// Its calls' key names go in the arguments, counted (a Redis Cluster node's merged call,
-    /// whose keys span slots: [`Names::Counted`]); then it shares no key.
+    /// whose keys span slots: [`Names::Counted`]).
     pub names_in_argv: bool,
     /// What leads the arguments of each merged call: the floor, then, for a lock script,
     /// the bounds of its acquires.
@@ -185,10 +183,10 @@ impl SharedScript {
     }
 
     /// How its merged calls pass their key names.
-    pub(crate) fn names(&self) -> Names<'_> {
+    pub(crate) fn names(&self) -> Names {
         match self.names_in_argv {
             true => Names::Counted,
-            false => Names::Declared(&self.shared_keys),
+            false => Names::Declared,
         }
     }
 }

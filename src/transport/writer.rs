@@ -394,9 +394,8 @@ mod tests {
     /// An acquire of `key` as the lock script takes it: record, value, PX; its bounds a far
     /// deadline, no earliest clock, the counter's PX.
     fn acquire_of(key: &str) -> ScriptCall {
-        let counter = format!("{TOKEN_KEY_PREFIX}{key}");
         ScriptCall::with_bounds(
-            &[&[key.as_bytes()], &[counter.as_bytes()]],
+            &[&[key.as_bytes()]],
             &[b"0000000000000001:t", b"v", b"20000"],
             CallBounds {
                 deadline: 99_999_999_999_999,
