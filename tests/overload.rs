@@ -1,6 +1,7 @@
 //! Slow is not dead (issue 38): a master that answers late keeps its connection and votes
 //! again the moment it is on time, and a request too large to send on is refused without any
-//! other client waiting for it. Real redis-servers; the late master sits behind a delaying
+//! other client waiting for it, read past without being buffered, its connection serving what
+//! follows. Real redis-servers; the late master sits behind a delaying
 //! relay. Node timeouts here are long enough that no scheduler hiccup reaches them: what is
 //! checked is behaviour (connections kept, votes counted), never a duration.
 
@@ -10,6 +11,9 @@ use redlock_testkit::{eventually, key};
 use std::time::{Duration, Instant};
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The refusal of a 10 MB argument at the default `max_value_bytes`.
+const TEN_MB_REFUSED: &str = "-ERR string exceeds maximum allowed size (max_value_bytes 65536 of redlock-proxy): an argument of 10485760 bytes";
 
 /// `(connects, retired_connections)` of master `i` in the proxy's `INFO masters`.
 fn connections(info: &str, i: usize) -> (Option<i64>, Option<i64>) {
@@ -94,10 +98,7 @@ async fn a_value_above_max_value_bytes_is_refused_and_no_other_client_waits_for_
     let too_big = key("too-big");
     for _ in 0..3 {
         let reply = c.cmd(&["SET", &too_big, &big, "NX", "PX", "5000"]).await;
-        assert_eq!(
-            reply,
-            "-ERR string exceeds maximum allowed size (max_value_bytes 65536 of redlock-proxy): an argument of 10485760 bytes"
-        );
+        assert_eq!(reply, TEN_MB_REFUSED);
     }
     // At the cap a value goes through; one byte more does not.
     let at_cap = key("at-cap");
@@ -123,4 +124,27 @@ async fn a_value_above_max_value_bytes_is_refused_and_no_other_client_waits_for_
     for i in 0..5 {
         assert_eq!(connections(&after, i), connections(&before, i), "{after}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_above_max_value_bytes_is_read_past_unbuffered_and_the_connection_goes_on() {
+    // The query buffer limit at its least (1 MiB): a proxy that buffered a 10 MB request would
+    // close the connection at 1 MiB, without a reply. Reading past it holds a read's worth.
+    let env = Env::start_with(1, |c| c.client_query_buffer_limit = 1024 * 1024).await;
+    let mut c = env.proxy.client().await;
+    let big = "x".repeat(10 * 1024 * 1024);
+    let k = key("read-past");
+    // All in one write: each request parsed behind the one read past. An unknown command with
+    // a 10 MB argument gets the same refusal (the check comes before the command lookup).
+    let replies = c
+        .pipeline(&[
+            vec!["SET", &k, &big, "NX", "PX", "30000"],
+            vec!["PING"],
+            vec!["NOSUCHCOMMAND", &big],
+            vec!["SET", &k, "v", "NX", "PX", "30000"],
+        ])
+        .await;
+    // The last acquire is granted: the refused one took nothing.
+    assert_eq!(replies, [TEN_MB_REFUSED, "+PONG", TEN_MB_REFUSED, "+OK"]);
+    assert_eq!(c.cmd(&["PING"]).await, "+PONG");
 }

@@ -2,9 +2,13 @@
 //! - any valid multibulk request, encoded and cut at arbitrary read boundaries, parses back to
 //!   the same arguments and the same raw bytes; so does an inline request whose words are
 //!   quoted with `\xHH` escapes;
+//! - a value cap changes only the requests with an argument over it: they come with the
+//!   arguments before that one and its length, and their bytes are dropped as they arrive,
+//!   never piled up in the read buffer;
 //! - the limits (`proto-max-bulk-len`, the multibulk count, the 64 KiB line) give Redis' exact
 //!   error texts, and a claimed length or count is never allocated up-front;
-//! - arbitrary bytes never panic, and the outcome does not depend on how they were read.
+//! - arbitrary bytes never panic, and the outcome does not depend on how they were read (with
+//!   or without a value cap).
 
 use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
@@ -47,30 +51,47 @@ fn largest_allocation_in<T>(work: impl FnOnce() -> T) -> (T, usize) {
     (out, LARGEST.with(Cell::get))
 }
 
-/// How a connection ends up: its requests (arguments and raw bytes), then the protocol error
-/// that closed it, if any.
-type Outcome = (Vec<(Vec<Bytes>, Option<Bytes>)>, Option<ParseError>);
+/// How a connection ends up: its requests (arguments, raw bytes, the length of an argument
+/// over the value cap), then the protocol error that closed it, if any.
+type Outcome = (
+    Vec<(Vec<Bytes>, Option<Bytes>, Option<usize>)>,
+    Option<ParseError>,
+);
 
 /// Feeds `input` to `parser` cut at `cuts` (offsets, any order, out-of-range ones ignored).
-fn parse_cut(mut parser: RequestParser, input: &[u8], cuts: &[usize]) -> Outcome {
+fn parse_cut(parser: RequestParser, input: &[u8], cuts: &[usize]) -> Outcome {
+    parse_cut_holding(parser, input, cuts).0
+}
+
+/// [`parse_cut`], and the most bytes the read buffer held after a parse, beyond those of the
+/// read just parsed, while a request was being read past.
+fn parse_cut_holding(mut parser: RequestParser, input: &[u8], cuts: &[usize]) -> (Outcome, usize) {
     let mut bounds: Vec<usize> = cuts.iter().copied().filter(|c| *c < input.len()).collect();
     bounds.push(input.len());
     bounds.sort_unstable();
     let mut buf = BytesMut::new();
     let mut requests = Vec::new();
-    let mut start = 0;
+    let (mut start, mut held) = (0, 0);
     for end in bounds {
         buf.extend_from_slice(&input[start..end]);
+        let read = end - start;
         start = end;
         loop {
             match parser.next(&mut buf) {
-                Ok(Some(Request { args, raw })) => requests.push((args, raw)),
+                Ok(Some(Request {
+                    args,
+                    raw,
+                    oversized,
+                })) => requests.push((args, raw, oversized)),
                 Ok(None) => break,
-                Err(err) => return (requests, Some(err)),
+                Err(err) => return ((requests, Some(err)), held),
             }
         }
+        if parser.skipping() {
+            held = held.max(buf.len().saturating_sub(read));
+        }
     }
-    (requests, None)
+    ((requests, None), held)
 }
 
 fn parse_whole(input: &[u8]) -> Outcome {
@@ -105,10 +126,42 @@ proptest! {
         let (requests, error) = parse_cut(request_parser(), &input, &cuts);
         prop_assert_eq!(error, None);
         prop_assert_eq!(requests.len(), commands.len());
-        for ((args, raw), (command, frame)) in requests.iter().zip(commands.iter().zip(&frames)) {
+        for ((args, raw, oversized), (command, frame)) in
+            requests.iter().zip(commands.iter().zip(&frames))
+        {
             prop_assert_eq!(args, command);
             prop_assert_eq!(raw.as_ref(), Some(frame));
+            prop_assert_eq!(*oversized, None);
         }
+    }
+
+    #[test]
+    fn a_value_cap_changes_only_the_requests_over_it(
+        commands in prop::collection::vec(command(), 1..5),
+        cap in 0u64..40,
+        cuts in prop::collection::vec(any::<usize>(), 0..12),
+    ) {
+        let frames: Vec<Bytes> = commands.iter().map(|c| encode_command(c)).collect();
+        let input = frames.concat();
+        let cuts: Vec<usize> = cuts.iter().map(|c| c % (input.len() + 1)).collect();
+        let parser = request_parser().with_value_cap(cap);
+        let ((requests, error), held) = parse_cut_holding(parser, &input, &cuts);
+        prop_assert_eq!(error, None);
+        let expected: Vec<_> = commands
+            .iter()
+            .zip(&frames)
+            .map(|(command, frame)| {
+                let command: Vec<Bytes> = command.iter().map(|a| Bytes::copy_from_slice(a)).collect();
+                match command.iter().position(|a| a.len() as u64 > cap) {
+                    Some(i) => (command[..i].to_vec(), None, Some(command[i].len())),
+                    None => (command, Some(frame.clone()), None),
+                }
+            })
+            .collect();
+        prop_assert_eq!(requests, expected);
+        // While a request is read past, the buffer holds at most the last read and what came
+        // of a `$` line before it.
+        prop_assert!(held <= 4, "held {} bytes more than the last read", held);
     }
 
     #[test]
@@ -125,7 +178,7 @@ proptest! {
         let cuts: Vec<usize> = cuts.iter().map(|c| c % (input.len() + 1)).collect();
         let (requests, error) = parse_cut(request_parser(), input.as_bytes(), &cuts);
         prop_assert_eq!(error, None);
-        let args: Vec<&Vec<Bytes>> = requests.iter().map(|(args, _)| args).collect();
+        let args: Vec<&Vec<Bytes>> = requests.iter().map(|(args, ..)| args).collect();
         prop_assert_eq!(args.len(), commands.len());
         for (args, command) in args.into_iter().zip(&commands) {
             prop_assert_eq!(args, command);
@@ -198,9 +251,11 @@ proptest! {
             0..300,
         ),
         cuts in prop::collection::vec(any::<usize>(), 0..16),
+        cap in prop_oneof![Just(u64::MAX), 0u64..8],
     ) {
         let cuts: Vec<usize> = cuts.iter().map(|c| c % (input.len() + 1)).collect();
-        prop_assert_eq!(parse_cut(request_parser(), &input, &cuts), parse_whole(&input));
+        let parser = || request_parser().with_value_cap(cap);
+        prop_assert_eq!(parse_cut(parser(), &input, &cuts), parse_cut(parser(), &input, &[]));
     }
 }
 

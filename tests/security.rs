@@ -380,18 +380,42 @@ async fn a_slowloris_costs_bounded_memory_and_is_closed() {
     );
     assert!(early.is_closed().await);
 
-    // After AUTH: a 500 MB bulk announced, then sent in small pieces; the proxy buffers at
-    // most the query buffer limit, then closes the connection (and logs it).
+    // After AUTH: a 100 MB argument, over max_value_bytes, is read past, never buffered (the
+    // query buffer limit is 1 MiB), and refused; the connection serves what follows.
+    let mut big = Client::connect(proxy.port).await;
+    let value = "x".repeat(100 << 20);
+    assert_eq!(
+        big.pipeline(&[vec!["AUTH", "secret"], vec!["SET", "k", &value], vec!["PING"]])
+            .await,
+        [
+            "+OK",
+            "-ERR string exceeds maximum allowed size (max_value_bytes 65536 of redlock-proxy): an argument of 104857600 bytes",
+            "+PONG"
+        ]
+    );
+    drop(value);
+    let read_past = rss_kib(proxy.pid());
+    assert!(
+        read_past < before + 16 * 1024,
+        "RSS grew from {before} KiB to {read_past} KiB reading past 100 MB"
+    );
+
+    // After AUTH: a request of 100,000 arguments announced, each under max_value_bytes, sent
+    // in small pieces; the proxy buffers at most the query buffer limit, then closes the
+    // connection (and logs it).
     let mut slow = Client::connect(proxy.port).await;
     assert_eq!(slow.cmd(&["AUTH", "secret"]).await, "+OK");
-    slow.send_raw(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$500000000\r\n")
-        .await;
-    let piece = vec![b'x'; 4096];
+    slow.send_raw(b"*100000\r\n").await;
+    let arg = [&b"$60000\r\n"[..], &[b'x'; 60_000], b"\r\n"].concat();
+    let stream = arg.repeat(4 * limit / arg.len() + 1);
     let mut sent = 0usize;
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut closed = false;
-    while Instant::now() < deadline && sent < 4 * limit {
-        if slow.write(&piece).await.is_err() {
+    for piece in stream.chunks(4096) {
+        if Instant::now() >= deadline {
+            break;
+        }
+        if slow.write(piece).await.is_err() {
             closed = true;
             break;
         }
@@ -403,7 +427,7 @@ async fn a_slowloris_costs_bounded_memory_and_is_closed() {
     assert!(sent >= limit, "closed after only {sent} bytes");
     let after = rss_kib(proxy.pid());
     // Bounded: the growth is the limit's order (the buffer doubles as it fills, and the
-    // allocator keeps freed segments for reuse), not the announced 500 MB.
+    // allocator keeps freed segments for reuse), not the announced 6 GB.
     assert!(
         after < before + 32 * 1024,
         "RSS grew from {before} KiB to {after} KiB"

@@ -1,7 +1,10 @@
 //! The client request parser on arbitrary bytes. The first byte picks how the rest is cut
-//! into reads and (its low bit) whether the client has authenticated; the same bytes parsed in one read must give the same requests and the same
-//! error, every multibulk request's `raw` bytes must parse back to the same arguments on
-//! their own, and every request re-encoded as a multibulk must parse back to itself.
+//! into reads, (its low bit) whether the client has authenticated and (its next bit) whether
+//! arguments over [`VALUE_CAP`] bytes are read past; the same bytes parsed in one read must
+//! give the same requests and the same error, every multibulk request's `raw` bytes must
+//! parse back to the same arguments on their own, every request re-encoded as a multibulk
+//! must parse back to itself, and a request is marked oversized exactly when it met an
+//! argument over the cap (keeping none past it).
 #![no_main]
 
 use bytes::{Bytes, BytesMut};
@@ -11,6 +14,9 @@ use redlock_proxy::fuzzing::{
 };
 use redlock_proxy_fuzz::reads;
 
+/// The value cap when the first byte asks for one: small, so that short inputs cross it.
+const VALUE_CAP: u64 = 8;
+
 /// What a connection would see: its requests in order, then the protocol error that closed
 /// it (if any).
 #[derive(Debug, PartialEq)]
@@ -18,28 +24,43 @@ struct Session {
     requests: Vec<Vec<Bytes>>,
     error: Option<ParseError>,
     raws: Vec<Option<Bytes>>,
+    oversized: Vec<Option<usize>>,
 }
 
-fn parse_in_reads(input: &[u8], unauthenticated: bool, pattern: Option<u8>) -> Session {
-    let mut parser = request_parser();
+fn parse_in_reads(input: &[u8], unauthenticated: bool, cap: u64, pattern: Option<u8>) -> Session {
+    let mut parser = request_parser().with_value_cap(cap);
     parser.unauthenticated = unauthenticated;
     let mut buf = BytesMut::new();
     let mut session = Session {
         requests: Vec::new(),
         error: None,
         raws: Vec::new(),
+        oversized: Vec::new(),
     };
     for read in reads(input, pattern) {
         buf.extend_from_slice(read);
         loop {
             match parser.next(&mut buf) {
-                Ok(Some(Request { args, raw })) => {
+                Ok(Some(Request {
+                    args,
+                    raw,
+                    oversized,
+                })) => {
                     assert!(
-                        !args.is_empty(),
+                        !args.is_empty() || oversized.is_some(),
                         "an empty request is skipped, not returned"
                     );
+                    match oversized {
+                        Some(len) => {
+                            assert!(len as u64 > cap, "oversized at {len}, cap {cap}");
+                            // Its bytes are not kept (a multibulk's were dropped unread).
+                            assert!(raw.is_none());
+                        }
+                        None => assert!(args.iter().all(|a| a.len() as u64 <= cap)),
+                    }
                     session.requests.push(args);
                     session.raws.push(raw);
+                    session.oversized.push(oversized);
                 }
                 Ok(None) => break,
                 Err(err) => {
@@ -70,8 +91,9 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let unauthenticated = cut & 1 == 1;
-    let whole = parse_in_reads(input, unauthenticated, None);
-    let pieces = parse_in_reads(input, unauthenticated, Some(cut));
+    let cap = if cut & 2 == 2 { VALUE_CAP } else { u64::MAX };
+    let whole = parse_in_reads(input, unauthenticated, cap, None);
+    let pieces = parse_in_reads(input, unauthenticated, cap, Some(cut));
     // Past the line limit, where the "too big" errors fall depends on the reads, in Redis too.
     if input.len() <= INLINE_MAX_SIZE {
         assert_eq!(
@@ -83,6 +105,9 @@ fuzz_target!(|data: &[u8]| {
         if let Some(raw) = raw {
             assert_eq!(&parse_alone(raw), args);
         }
-        assert_eq!(&parse_alone(&encode_command(args)), args);
+        // An oversized request may keep no argument at all: nothing to re-encode.
+        if !args.is_empty() {
+            assert_eq!(&parse_alone(&encode_command(args)), args);
+        }
     }
 });

@@ -63,7 +63,8 @@ pub struct Session {
     pub users_generation: u64,
     /// What the client subscribed to, and its messages.
     pub pubsub: pubsub::Subscriptions,
-    /// Longest argument sent on to the masters (`max_value_bytes` when it connected).
+    /// Longest argument sent on to the masters (`max_value_bytes` when it connected): the cap
+    /// the connection's parser reads past, named in the refusal of a longer one.
     max_value_bytes: u64,
     /// Set once the connection ends: a blocked command stops waiting. Made by the first
     /// blocking command (most connections never block: no allocation for them).
@@ -484,6 +485,14 @@ pub fn dispatch(ctx: &Ctx<'_>, session: &mut Session, request: Request) -> Actio
     ctx.shared.stats.count_command(slot);
     let shown = slot.map(|slot| shown_command(slot, &request.args));
     session.client.touch(shown, ctx.received_at);
+    // The parser read past an argument over `max_value_bytes` (its bytes are gone): refused
+    // whatever the command, as Redis answers a bulk over `proto-max-bulk-len` for any.
+    if let Some(len) = request.oversized {
+        return Action::error(ProxyError::ArgumentTooLong {
+            len,
+            cap: session.max_value_bytes,
+        });
+    }
     let Some(spec) = slot.map(|slot| &COMMANDS[slot]) else {
         return Action::error(ProxyError::unknown_command(&request.args));
     };
@@ -515,13 +524,6 @@ fn serve(ctx: &Ctx<'_>, session: &mut Session, spec: &'static Spec, request: Req
             };
             if !arity_ok {
                 return Action::error(ProxyError::WrongArity(spec.name.into()));
-            }
-            let cap = session.max_value_bytes;
-            if let Some(long) = request.args.iter().find(|a| a.len() as u64 > cap) {
-                return Action::error(ProxyError::ArgumentTooLong {
-                    len: long.len(),
-                    cap,
-                });
             }
             let keys = spec.keys(&request.args);
             if let Err(denied) = check_access(ctx.shared, session, spec, keys) {

@@ -21,7 +21,9 @@
 //!   flight, nor past [`BARRIER_READ_AHEAD`] unparsed bytes behind a barrier (read that far
 //!   so a blocked client's disconnection is seen); past `client_query_buffer_limit` bytes of
 //!   requests, or `client_output_buffer_limit` bytes of replies (0 = none), the client is
-//!   closed at once.
+//!   closed at once. A request with an argument over `max_value_bytes` is read past, not
+//!   buffered (the parser drops its bytes as they come, read [`SKIP_READ_CHUNK`] at a time),
+//!   and answered with the refusal; the connection goes on.
 //! - Replies that are ready are encoded first, then written in one write per burst (early
 //!   once [`FLUSH_AT`] bytes wait).
 //! - An HTTP request line (`POST`, `Host:`: [`Request::is_http`]) closes the connection at
@@ -59,6 +61,10 @@ const READ_CHUNK: usize = 4 * 1024;
 /// polls a read while requests are in flight, whose arguments still point into the buffer's
 /// allocation, and `reserve` would then allocate a fresh buffer for every request.
 const READ_MIN: usize = 1024;
+/// Read buffer headroom while the parser reads past an argument over `max_value_bytes`: its
+/// bytes are dropped as they come, so larger reads cost no memory that stays, and 10 MB is
+/// 160 reads, not 2,560.
+const SKIP_READ_CHUNK: usize = 64 * 1024;
 /// Request bytes read ahead while a barrier waits (a blocked `BLPOP`): enough to see the
 /// client's stream end, as Redis frees a blocked client that disconnects, and bounded.
 const BARRIER_READ_AHEAD: usize = 16 * 1024;
@@ -176,7 +182,9 @@ where
             stop,
             rd,
             wr,
-            parser: RequestParser::new(settings.proto_max_bulk_len),
+            // The same cap as the session's: what the parser reads past is what it refuses.
+            parser: RequestParser::new(settings.proto_max_bulk_len)
+                .with_value_cap(settings.max_value_bytes),
             rbuf: BytesMut::new(),
             in_flight: InFlight::default(),
             out: Output::default(),
@@ -248,7 +256,9 @@ where
                 }
             }
         }
-        if self.rbuf.is_empty() && self.rbuf.capacity() > KEEP_BUFFER {
+        // Not while a request is read past: each of its reads leaves the buffer empty, and its
+        // allocation is reused by the next.
+        if self.rbuf.is_empty() && self.rbuf.capacity() > KEEP_BUFFER && !self.parser.skipping() {
             self.rbuf = BytesMut::new();
         }
     }
@@ -308,10 +318,15 @@ where
             self.rbuf = BytesMut::new();
             self.out.release_if_empty();
         }
+        // (headroom wanted, headroom below which the buffer is grown)
         let chunk = if barrier {
-            BARRIER_READ_CHUNK
+            (BARRIER_READ_CHUNK, READ_MIN.min(BARRIER_READ_CHUNK))
+        } else if self.parser.skipping() {
+            // What is read now is dropped, not kept: growing the buffer takes its allocation
+            // back in place (a fresh one only if earlier requests still point into it).
+            (SKIP_READ_CHUNK, SKIP_READ_CHUNK)
         } else {
-            READ_CHUNK
+            (READ_CHUNK, READ_MIN)
         };
         let can_read = !closing && (self.in_flight.accepts(self.limits.max_inflight) || read_ahead);
         let unparsed = !self.rbuf.is_empty();
@@ -497,10 +512,14 @@ async fn next_message(inbox: &mut Option<Inbox>) -> Message {
     }
 }
 
-/// Reads more bytes, with at least `chunk` bytes of headroom when it runs low; false at end of
-/// stream or on error.
-async fn read_more(rd: &mut (impl AsyncRead + Unpin), buf: &mut BytesMut, chunk: usize) -> bool {
-    if buf.capacity() - buf.len() < READ_MIN.min(chunk) {
+/// Reads more bytes, with at least `chunk` bytes of headroom when it is below `low`; false at
+/// end of stream or on error.
+async fn read_more(
+    rd: &mut (impl AsyncRead + Unpin),
+    buf: &mut BytesMut,
+    (chunk, low): (usize, usize),
+) -> bool {
+    if buf.capacity() - buf.len() < low {
         buf.reserve(chunk);
     }
     matches!(rd.read_buf(buf).await, Ok(n) if n > 0)

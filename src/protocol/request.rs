@@ -10,6 +10,12 @@
 //!   sends it and closes the connection, exactly as Redis does (`CLIENT_CLOSE_AFTER_REPLY`).
 //! - A complete request is split off the read buffer and frozen once; its arguments are
 //!   zero-copy slices of those bytes, and `raw` holds the exact bytes for verbatim forwarding.
+//! - Bounded by the value cap ([`RequestParser::with_value_cap`]), not by the peer: an
+//!   argument announced longer than the cap is read past, not buffered. Its payload, and every
+//!   later argument of its request (headers still checked, payloads of any size), are dropped
+//!   from the read buffer as they arrive, counting only bytes and arguments; the request then
+//!   comes out with the arguments before it and [`Request::oversized`], for the caller to
+//!   refuse. A request of 10 MB thus holds one read's worth of memory, not 10 MB.
 
 use bytes::{Buf, Bytes, BytesMut};
 use std::ops::Range;
@@ -29,10 +35,16 @@ const PREALLOC_ARGS: usize = 1024;
 /// One client request: its arguments, and for multibulk requests the exact bytes received.
 #[derive(Debug, Clone)]
 pub struct Request {
-    /// Command name and arguments (binary-safe).
+    /// Command name and arguments (binary-safe). For a multibulk request with an argument over
+    /// the value cap, only the arguments before that one (none if it was the name): the rest
+    /// were dropped unread.
     pub args: Vec<Bytes>,
-    /// The request exactly as received when it came as a RESP multibulk, `None` for inline.
+    /// The request exactly as received when it came as a RESP multibulk, `None` for inline
+    /// and for a request with an argument over the value cap (its bytes were not kept).
     pub raw: Option<Bytes>,
+    /// The length of the request's first argument longer than the value cap, if any: the
+    /// request is to be refused, never run.
+    pub oversized: Option<usize>,
 }
 
 impl Request {
@@ -87,11 +99,30 @@ struct Partial {
     pos: usize,
 }
 
+/// State of a multibulk request being read past, from the first argument over the value cap
+/// to its end: nothing of it stays in the read buffer, and what is kept does not grow with
+/// the bytes or the arguments still to come.
+#[derive(Debug)]
+struct Skip {
+    /// The arguments before the oversized one (they were in the buffer already).
+    kept: Vec<Bytes>,
+    /// The oversized argument's length.
+    len: usize,
+    /// Arguments whose `$` line is still to come.
+    left: usize,
+    /// Bytes of the current argument (payload and the two after it) still to drop.
+    remaining: u64,
+}
+
 /// Parses requests out of a connection's read buffer.
 #[derive(Debug)]
 pub struct RequestParser {
     max_bulk_len: u64,
+    /// Longest argument kept; a longer one is read past ([`Skip`]).
+    value_cap: u64,
     partial: Option<Partial>,
+    /// The request being read past, if one is: then `partial` is `None`.
+    skip: Option<Skip>,
     /// Byte ranges (in the read buffer) of the partial request's arguments received so far.
     /// Kept from one request to the next, so that parsing allocates only the request's own
     /// argument vector.
@@ -102,25 +133,45 @@ pub struct RequestParser {
 
 impl RequestParser {
     /// A parser that refuses bulk strings longer than `max_bulk_len` (Redis' `proto-max-bulk-len`).
+    /// Every argument up to that length is kept: no value cap.
     pub fn new(max_bulk_len: u64) -> Self {
         Self {
             max_bulk_len,
+            value_cap: u64::MAX,
             partial: None,
+            skip: None,
             ranges: Vec::new(),
             unauthenticated: false,
         }
+    }
+
+    /// The same parser, reading past arguments longer than `cap` instead of buffering them:
+    /// their requests come with [`Request::oversized`] set. A length above `max_bulk_len`
+    /// stays a protocol error.
+    pub fn with_value_cap(mut self, cap: u64) -> Self {
+        self.value_cap = cap;
+        self
+    }
+
+    /// Whether a request is being read past: its bytes are dropped as they come, so the caller
+    /// may read in larger pieces without holding more memory.
+    pub fn skipping(&self) -> bool {
+        self.skip.is_some()
     }
 
     /// Returns the next complete request, `Ok(None)` if more bytes are needed.
     /// Empty requests (`*0`, `*-1`, blank inline lines) are skipped, as Redis does.
     pub fn next(&mut self, buf: &mut BytesMut) -> Result<Option<Request>, ParseError> {
         loop {
+            if self.skip.is_some() {
+                return self.skip_rest(buf);
+            }
             if self.partial.is_none() {
                 if buf.is_empty() {
                     return Ok(None);
                 }
                 if buf[0] != b'*' {
-                    match parse_inline(buf)? {
+                    match parse_inline(buf, self.value_cap)? {
                         Some(Some(req)) => return Ok(Some(req)),
                         Some(None) => continue,
                         None => return Ok(None),
@@ -141,6 +192,7 @@ impl RequestParser {
         buf: &mut BytesMut,
     ) -> Result<Option<Option<Request>>, ParseError> {
         let max_bulk_len = self.max_bulk_len;
+        let value_cap = self.value_cap;
         let unauthenticated = self.unauthenticated;
         let partial = match &mut self.partial {
             Some(p) => p,
@@ -165,28 +217,93 @@ impl RequestParser {
             }
         };
         while self.ranges.len() < partial.expected {
-            let Some(arg) = bulk(buf, partial.pos, max_bulk_len, unauthenticated)? else {
+            let Some((line_end, len)) =
+                bulk_header(buf, partial.pos, max_bulk_len, unauthenticated)?
+            else {
                 return Ok(None);
             };
-            partial.pos = arg.end + 2;
-            self.ranges.push(arg);
+            if len > value_cap {
+                self.start_skip(buf, line_end, len);
+                return self.skip_rest(buf).map(|req| req.map(Some));
+            }
+            let start = line_end + 2;
+            // Redis skips the two bytes after the payload without checking them.
+            let end = start + len as usize;
+            if buf.len() < end + 2 {
+                return Ok(None);
+            }
+            partial.pos = end + 2;
+            self.ranges.push(start..end);
         }
-        Ok(Some(Some(self.finish_multibulk(buf))))
-    }
-
-    /// Splits the complete request off `buf`: its exact bytes, and its arguments as slices of them.
-    fn finish_multibulk(&mut self, buf: &mut BytesMut) -> Request {
         let Partial { pos, .. } = self.partial.take().unwrap_or_default();
         let raw = buf.split_to(pos).freeze();
-        let args = self.ranges.drain(..).map(|r| raw.slice(r)).collect();
+        let args = self.take_args(&raw);
+        Ok(Some(Some(Request {
+            args,
+            raw: Some(raw),
+            oversized: None,
+        })))
+    }
+
+    /// The `$` line ending at `buf[line_end]` announces `len`, over the value cap: the request
+    /// is read past from here. The arguments before it are split off `buf` and kept; the line
+    /// is dropped, and [`RequestParser::skip_rest`] drops the rest as it comes.
+    fn start_skip(&mut self, buf: &mut BytesMut, line_end: usize, len: u64) {
+        let Partial { expected, pos } = self.partial.take().unwrap_or_default();
+        let head = buf.split_to(pos).freeze();
+        let kept = self.take_args(&head);
+        buf.advance(line_end + 2 - pos);
+        self.skip = Some(Skip {
+            left: expected - kept.len() - 1,
+            kept,
+            len: len as usize,
+            remaining: len + 2,
+        });
+    }
+
+    /// Drops what `buf` holds of the request being read past; the request (its kept
+    /// arguments, [`Request::oversized`]) once its last argument is gone, `None` until then.
+    /// The `$` lines are checked as everywhere else: a bad one is the connection's end.
+    fn skip_rest(&mut self, buf: &mut BytesMut) -> Result<Option<Request>, ParseError> {
+        let Some(skip) = &mut self.skip else {
+            return Ok(None);
+        };
+        loop {
+            // The payload and the two bytes after it, unchecked as Redis skips them.
+            let drop = skip.remaining.min(buf.len() as u64);
+            buf.advance(drop as usize);
+            skip.remaining -= drop;
+            if skip.remaining > 0 {
+                return Ok(None);
+            }
+            if skip.left == 0 {
+                break;
+            }
+            let Some((line_end, len)) =
+                bulk_header(buf, 0, self.max_bulk_len, self.unauthenticated)?
+            else {
+                return Ok(None);
+            };
+            buf.advance(line_end + 2);
+            skip.left -= 1;
+            skip.remaining = len + 2;
+        }
+        Ok(self.skip.take().map(|Skip { kept, len, .. }| Request {
+            args: kept,
+            raw: None,
+            oversized: Some(len),
+        }))
+    }
+
+    /// The arguments whose ranges were noted, as slices of `bytes` (the request's bytes, from
+    /// its start).
+    fn take_args(&mut self, bytes: &Bytes) -> Vec<Bytes> {
+        let args = self.ranges.drain(..).map(|r| bytes.slice(r)).collect();
         // A request with many arguments must not pin their ranges' memory.
         if self.ranges.capacity() > PREALLOC_ARGS {
             self.ranges = Vec::new();
         }
-        Request {
-            args,
-            raw: Some(raw),
-        }
+        args
     }
 }
 
@@ -205,15 +322,15 @@ fn multibulk_count(buf: &[u8]) -> Result<Option<(usize, i64)>, ParseError> {
     Ok(Some((line_end, count)))
 }
 
-/// The bulk whose `$` line starts at `buf[pos]`: the range of its payload, `None` until the
-/// payload and the two bytes after it are here. Its length is checked against
+/// The `$` line starting at `buf[pos]`: where it ends (its `\r`) and the length it announces,
+/// `None` until the line and the byte after it are here. The length is checked against
 /// `max_bulk_len`, and against Redis' pre-auth limit for a client not yet authenticated.
-fn bulk(
+fn bulk_header(
     buf: &[u8],
     pos: usize,
     max_bulk_len: u64,
     unauthenticated: bool,
-) -> Result<Option<Range<usize>>, ParseError> {
+) -> Result<Option<(usize, u64)>, ParseError> {
     let Some((line_end, len)) = bulk_length(buf, pos)? else {
         return Ok(None);
     };
@@ -223,13 +340,7 @@ fn bulk(
     if unauthenticated && len > UNAUTHENTICATED_MAX_BULK {
         return Err(ParseError::UnauthenticatedBulkLength);
     }
-    let start = line_end + 2;
-    // Redis skips the two bytes after the payload without checking them.
-    let end = start + len as usize;
-    if buf.len() < end + 2 {
-        return Ok(None);
-    }
-    Ok(Some(start..end))
+    Ok(Some((line_end, len as u64)))
 }
 
 /// The `$` line starting at `buf[pos]`: where it ends (its `\r`) and the length it announces,
@@ -271,8 +382,9 @@ fn line_end(
     Ok((end + 1 < buf.len()).then_some(end))
 }
 
-/// Inline command (`PING\r\n`, `set "a b" c\n`): `Some(None)` = blank line consumed.
-fn parse_inline(buf: &mut BytesMut) -> Result<Option<Option<Request>>, ParseError> {
+/// Inline command (`PING\r\n`, `set "a b" c\n`): `Some(None)` = blank line consumed. Its
+/// arguments are all kept (the line is at most 64 KiB), the first over `value_cap` noted.
+fn parse_inline(buf: &mut BytesMut, value_cap: u64) -> Result<Option<Option<Request>>, ParseError> {
     let Some(nl) = find_byte(buf, 0, b'\n') else {
         if buf.len() > INLINE_MAX_SIZE {
             return Err(ParseError::TooBigInline);
@@ -288,7 +400,15 @@ fn parse_inline(buf: &mut BytesMut) -> Result<Option<Option<Request>>, ParseErro
     if args.is_empty() {
         return Ok(Some(None));
     }
-    Ok(Some(Some(Request { args, raw: None })))
+    let oversized = args
+        .iter()
+        .map(Bytes::len)
+        .find(|&len| len as u64 > value_cap);
+    Ok(Some(Some(Request {
+        args,
+        raw: None,
+        oversized,
+    })))
 }
 
 /// Position of the first `target` at or after `from`. Like Redis' `strchr` on the query
@@ -679,7 +799,9 @@ mod tests {
                 }
             }
             let chunk = 1 + (rand() as usize) % 8;
-            let mut parser = RequestParser::new(1 << 20);
+            // Half the rounds with a value cap small enough for the seeds to cross it.
+            let cap = if round % 2 == 0 { u64::MAX } else { rand() % 4 };
+            let mut parser = RequestParser::new(1 << 20).with_value_cap(cap);
             let mut buf = BytesMut::new();
             'feed: for piece in input.chunks(chunk) {
                 buf.extend_from_slice(piece);
@@ -692,6 +814,147 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A request as [`parse_capped`] sees it: arguments, whether `raw` was kept, `oversized`.
+    type Seen = (Args, bool, Option<usize>);
+
+    /// What a parser with value cap `cap` makes of `input` fed `chunk` bytes at a time: the
+    /// requests or the error, and the most bytes the read buffer held after a parse while a
+    /// request was read past.
+    fn parse_capped(
+        cap: u64,
+        input: &[u8],
+        chunk: usize,
+    ) -> (Result<Vec<Seen>, ParseError>, usize) {
+        let mut parser = RequestParser::new(DEFAULT_MAX_BULK_LEN).with_value_cap(cap);
+        let mut buf = BytesMut::new();
+        let (mut out, mut held) = (Vec::new(), 0);
+        for piece in input.chunks(chunk) {
+            buf.extend_from_slice(piece);
+            loop {
+                match parser.next(&mut buf) {
+                    Ok(Some(req)) => out.push((
+                        req.args.iter().map(|a| a.to_vec()).collect(),
+                        req.raw.is_some(),
+                        req.oversized,
+                    )),
+                    Ok(None) => break,
+                    Err(err) => return (Err(err), held),
+                }
+            }
+            if parser.skipping() {
+                held = held.max(buf.len());
+            }
+        }
+        assert!(buf.is_empty(), "every byte consumed");
+        (Ok(out), held)
+    }
+
+    /// A multibulk of `args`, each `(length, byte)`: `length` times `byte`.
+    fn multibulk(args: &[(usize, u8)]) -> Vec<u8> {
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for &(len, byte) in args {
+            out.extend(format!("${len}\r\n").bytes());
+            out.extend(std::iter::repeat_n(byte, len));
+            out.extend(b"\r\n");
+        }
+        out
+    }
+
+    #[test]
+    fn an_argument_over_the_value_cap_is_read_past_unbuffered() {
+        const CAP: u64 = 1024;
+        let big = 100_000;
+        let ping = b"*1\r\n$4\r\nPING\r\n".to_vec();
+        let pong = (words(&["PING"]), true, None);
+        // (request, the arguments kept, oversized)
+        let cases: Vec<(Vec<u8>, Args, Option<usize>)> = vec![
+            // In the middle: the arguments before it kept, the later ones (one over the cap
+            // too, one at it) dropped; the first one's length reported.
+            (
+                multibulk(&[
+                    (3, b'S'),
+                    (1, b'k'),
+                    (big, b'v'),
+                    (2, b'N'),
+                    (5000, b'w'),
+                    (1024, b'z'),
+                ]),
+                vec![b"SSS".to_vec(), b"k".to_vec()],
+                Some(big),
+            ),
+            // The command name itself: nothing kept.
+            (multibulk(&[(big, b'n'), (1, b'k')]), vec![], Some(big)),
+            // The last argument, one byte over the cap.
+            (
+                multibulk(&[(4, b'E'), (1025, b'x')]),
+                vec![b"EEEE".to_vec()],
+                Some(1025),
+            ),
+            // Exactly at the cap: kept, nothing refused.
+            (
+                multibulk(&[(4, b'E'), (1024, b'x')]),
+                vec![b"EEEE".to_vec(), vec![b'x'; 1024]],
+                None,
+            ),
+        ];
+        for (request, kept, oversized) in cases {
+            let input = [request.as_slice(), &ping].concat();
+            for chunk in [1, 7, 4096, input.len()] {
+                let (requests, held) = parse_capped(CAP, &input, chunk);
+                let first = (kept.clone(), oversized.is_none(), oversized);
+                assert_eq!(
+                    requests.unwrap(),
+                    vec![first, pong.clone()],
+                    "chunk {chunk}"
+                );
+                // What is read past never piles up: at most a read's worth and a `$` line.
+                assert!(held <= chunk + 16, "chunk {chunk}: {held} bytes held");
+            }
+        }
+    }
+
+    #[test]
+    fn a_bad_line_after_an_argument_over_the_cap_is_still_a_protocol_error() {
+        // Three arguments announced; the second over the cap, the third's `$` line `third`.
+        let head = format!("*3\r\n$4\r\nECHO\r\n$2000\r\n{}\r\n", "x".repeat(2000));
+        let with_third = |third: &[u8]| [head.as_bytes(), third].concat();
+        let cases: &[(&[u8], ParseError)] = &[
+            (b"$x\r\n", ParseError::InvalidBulkLength),
+            (b"$-1\r\n", ParseError::InvalidBulkLength),
+            (b"$2000000000\r\n", ParseError::InvalidBulkLength),
+            (b"foo\r\n", ParseError::ExpectedDollar(b'f')),
+        ];
+        for (third, err) in cases {
+            let input = with_third(third);
+            for chunk in [1, 7, 4096] {
+                let (requests, _) = parse_capped(1024, &input, chunk);
+                assert_eq!(requests.unwrap_err(), *err, "{third:?}, chunk {chunk}");
+            }
+        }
+        // Before authentication, Redis' pre-auth limit still applies to the later arguments.
+        let mut parser = RequestParser::new(DEFAULT_MAX_BULK_LEN).with_value_cap(1024);
+        parser.unauthenticated = true;
+        let mut buf = BytesMut::from(&with_third(b"$16385\r\n")[..]);
+        assert_eq!(
+            parser.next(&mut buf).unwrap_err(),
+            ParseError::UnauthenticatedBulkLength
+        );
+    }
+
+    #[test]
+    fn an_inline_argument_over_the_cap_is_noted_and_kept() {
+        let long = "a".repeat(1025);
+        let input = format!("ECHO {long} b\r\nECHO {}\r\n", &long[1..]);
+        let (requests, _) = parse_capped(1024, input.as_bytes(), 7);
+        assert_eq!(
+            requests.unwrap(),
+            vec![
+                (words(&["ECHO", &long, "b"]), false, Some(1025)),
+                (words(&["ECHO", &long[1..]]), false, None),
+            ]
+        );
     }
 
     #[test]
