@@ -1267,18 +1267,35 @@ fn a_client_that_stops_reading_does_not_stall_the_workload() {
     run(async {
         let name = "stops-reading";
         let seed = seed();
-        let rig = Rig::start(3, false, 1, seed, default_config).await;
+        // The large reply comes from an `ECHO` of a large argument, which `max_value_bytes`
+        // (64 KiB by default) would refuse with a short error: raised above it.
+        let large = "x".repeat(8 << 20);
+        let rig = Rig::start(3, false, 1, seed, |c| {
+            default_config(c);
+            c.max_value_bytes = 2 * large.len() as u64;
+        })
+        .await;
         let port = rig.ports()[0];
         let mut w = Workload::new(rig.ports(), name, seed);
         let half = scaled(4.0);
         w.duration = half * 2;
         let started = Instant::now();
         rig.wait_ready(w.ttl_ms, Duration::from_secs(5)).await;
+        // The large reply is made (not refused): what the silent client leaves unread.
+        let echoed = Client::connect(port)
+            .await
+            .try_cmd(&["ECHO", &large], Duration::from_secs(10))
+            .await;
+        assert_eq!(
+            echoed.map(|r| r.len()),
+            Some(large.len() + 1),
+            "the large ECHO"
+        );
         let t_start = now_ns();
         let running = w.spawn();
         tokio::time::sleep(half).await;
         let t_silent = now_ns();
-        let mut bytes = encode_str(&["ECHO", &"x".repeat(8 << 20)]);
+        let mut bytes = encode_str(&["ECHO", &large]);
         bytes.extend(encode_str(&["SET", &w.keys[0], "x", "NX", "PX", "500"]));
         // Written on its own task (the proxy may stop reading), bounded; never read.
         let mut silent = Silent::start(port, bytes).await;

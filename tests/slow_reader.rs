@@ -13,6 +13,16 @@ use tokio::time::{sleep, timeout, Instant};
 /// How long another client may wait for an answer (CI machines are noisy).
 const ANSWER: Duration = Duration::from_secs(5);
 
+/// A reply larger than the socket buffers: an `ECHO` of this many bytes.
+const LARGE_REPLY: usize = 8 << 20;
+
+/// The proxy's configuration for a large reply: `max_value_bytes` (64 KiB by default) refuses
+/// the `ECHO` that makes it, with a short error, so it is raised above it.
+fn echoes_large(c: &mut redlock_proxy::Config) {
+    c.node_timeout_ms = BEHAVIOUR_NODE_TIMEOUT_MS;
+    c.max_value_bytes = 2 * LARGE_REPLY as u64;
+}
+
 /// The event of a keyspace notification (`*[$message,$__keyspace@0__:key,$set]` → `set`).
 fn event(message: &str) -> Option<&str> {
     let body = message.strip_prefix("*[$message,")?.strip_suffix(']')?;
@@ -22,20 +32,29 @@ fn event(message: &str) -> Option<&str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_does_not_stall_others() {
     let test = async {
-        let env = Env::start_with(3, |c| c.node_timeout_ms = BEHAVIOUR_NODE_TIMEOUT_MS).await;
+        let env = Env::start_with(3, echoes_large).await;
         let port = env.proxy.port;
         let k = key("slow-reader-stall");
         let other = key("slow-reader-other");
         let probe = key("slow-reader-probe");
+        let large = "x".repeat(LARGE_REPLY);
+        // The large reply is made (not refused): what the silent clients below leave unread.
+        let mut reader = env.proxy.client().await;
+        let echoed = reader.try_cmd(&["ECHO", &large], ANSWER).await;
+        assert_eq!(
+            echoed.map(|r| r.len()),
+            Some(LARGE_REPLY + 1),
+            "the large ECHO"
+        );
 
         // A: a reply larger than the socket buffers, then an acquire of `k`; never reads.
-        let mut a = encode_str(&["ECHO", &"x".repeat(8 << 20)]);
+        let mut a = encode_str(&["ECHO", &large]);
         a.extend(encode_str(&["SET", &k, "a", "NX", "PX", "30000"]));
         let _a = Silent::start(port, a).await;
         // A2: the same large reply, then more fan-outs than the proxy runs at once
         // (`MAX_FANOUTS`); never reads. Its fan-outs must finish and give their permits back
         // while its socket is full.
-        let mut hog = encode_str(&["ECHO", &"x".repeat(8 << 20)]);
+        let mut hog = encode_str(&["ECHO", &large]);
         for _ in 0..MAX_FANOUTS + 44 {
             hog.extend(encode_str(&["GET", &probe]));
         }
