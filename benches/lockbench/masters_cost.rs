@@ -33,7 +33,7 @@ use crate::procs::CpuProbe;
 use crate::report::{cell, fmt_rate, fmt_ratio, Verdict};
 use crate::settings::Settings;
 use crate::stats::median;
-use redlock_proxy::on_master::{script_sha, ARMED_KEY, LOCK_SCRIPT, QUARANTINE_KEY, WITNESS_KEY};
+use redlock_proxy::on_master::{script_sha, ARMED_KEY, LOCK_SCRIPT};
 use redlock_proxy::LocalMaster;
 use redlock_testkit::launcher::ProxyProcess;
 use redlock_testkit::resp::{blocking_cmd, encode, Client, Reply};
