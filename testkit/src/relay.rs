@@ -25,6 +25,10 @@ struct State {
     closed: AtomicBool,
     /// Chunks discarded by a blackhole, connections dropped by a reset.
     cut: AtomicU64,
+    /// Connections relayed now.
+    live: AtomicU64,
+    /// Chunks forwarded so far: the relay is in the path.
+    forwarded: AtomicU64,
     /// Counts resets: each one closes every live connection at once. A connection waits for
     /// no byte to be reset: the proxy sends nothing to a master it finds unresponsive (slow is
     /// not dead, issue 38), so a connection that lost bytes in a blackhole would otherwise live
@@ -61,14 +65,16 @@ impl Relay {
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
                     let mut resets = st.resets.subscribe();
-                    let cut = st.clone();
+                    let counts = st.clone();
+                    counts.live.fetch_add(1, Ordering::Relaxed);
                     tokio::select! {
                         _ = async { tokio::join!(pipe(cr, sw, st.clone()), pipe(sr, cw, st)) } => {}
                         // Dropping both streams closes both sides.
                         _ = resets.changed() => {
-                            cut.cut.fetch_add(1, Ordering::Relaxed);
+                            counts.cut.fetch_add(1, Ordering::Relaxed);
                         }
                     }
+                    counts.live.fetch_sub(1, Ordering::Relaxed);
                 });
             }
         });
@@ -105,6 +111,16 @@ impl Relay {
     /// How many chunks a blackhole discarded and connections a reset dropped, so far.
     pub fn cut_count(&self) -> u64 {
         self.state.cut.load(Ordering::Relaxed)
+    }
+
+    /// How many connections it relays now.
+    pub fn live_connections(&self) -> u64 {
+        self.state.live.load(Ordering::Relaxed)
+    }
+
+    /// How many chunks it forwarded so far (more than none: it is in the path).
+    pub fn forwarded_count(&self) -> u64 {
+        self.state.forwarded.load(Ordering::Relaxed)
     }
 
     /// Ends a blackhole or reset (blocking): the relay's blackhole *discards* bytes, which a
@@ -160,5 +176,6 @@ async fn pipe(
         if to.write_all(&buf[..n]).await.is_err() {
             return;
         }
+        state.forwarded.fetch_add(1, Ordering::Relaxed);
     }
 }
