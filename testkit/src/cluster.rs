@@ -40,8 +40,26 @@ fn cmd(port: u16, args: &[&str]) -> Option<Reply> {
 impl RedisCluster {
     /// A cluster of `primaries` primaries with `replicas` replicas each (one primary alone:
     /// no replicas), every slot covered and every node agreeing (`cluster_state:ok`
-    /// everywhere), within 60 s.
+    /// everywhere), within 60 s. `redis-cli --cluster create` failed once in a clean-clone CI
+    /// run (exit 1, its output not kept): it is tried on fresh nodes up to three times, each
+    /// failure's output printed, the last one's in the panic.
     pub fn start(primaries: usize, replicas: usize) -> RedisCluster {
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match RedisCluster::create(primaries, replicas) {
+                Ok(cluster) => return cluster.settle(),
+                Err(failure) => {
+                    eprintln!("redis-cli --cluster create failed, trying fresh nodes: {failure}");
+                    failures.push(failure);
+                }
+            }
+        }
+        panic!("redis-cli --cluster create, three times: {failures:?}");
+    }
+
+    /// The nodes, started and joined (not yet settled); the output of `redis-cli --cluster
+    /// create` if it failed (its nodes are stopped).
+    fn create(primaries: usize, replicas: usize) -> Result<RedisCluster, String> {
         let count = primaries * (1 + replicas);
         let mut cluster = RedisCluster {
             nodes: Vec::with_capacity(count),
@@ -85,20 +103,31 @@ impl RedisCluster {
             for node in &cluster.nodes {
                 create.arg(node.addr());
             }
-            let status = create
+            let output = create
                 .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
+                .stdin(Stdio::null())
+                .output()
                 .expect("redis-cli");
-            assert!(status.success(), "redis-cli --cluster create: {status}");
+            if !output.status.success() {
+                return Err(format!(
+                    "{}: {}{}",
+                    output.status,
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&output.stderr)
+                ));
+            }
         }
+        Ok(cluster)
+    }
+
+    /// Waits until every node agrees (within 60 s).
+    fn settle(self) -> RedisCluster {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !cluster.settled() {
+        while !self.settled() {
             assert!(Instant::now() < deadline, "the cluster settles within 60 s");
             std::thread::sleep(Duration::from_millis(50));
         }
-        cluster
+        self
     }
 
     /// Every node says `cluster_state:ok` and knows every other node.
