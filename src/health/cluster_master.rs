@@ -167,7 +167,6 @@ impl ClusterMaster {
                 names_in_argv: true,
                 // Cluster nodes keep no witness (docs/SAFETY.md, "Acknowledged writes").
                 floor: Floor::None,
-                leads_bounds: true,
                 // Nor answer their clock: their acquires are judged at the next poll's `TIME`
                 // (docs/SAFETY.md, "Master clocks: steps and rates between two looks").
                 answers_clock: false,

@@ -36,7 +36,6 @@ pub fn lock_script(floor: Floor) -> Arc<SharedScript> {
         body: LOCK_SCRIPT.text(),
         names_in_argv: false,
         floor,
-        leads_bounds: true,
         answers_clock: true,
     })
 }

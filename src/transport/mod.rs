@@ -136,11 +136,9 @@ pub struct SharedScript {
     /// Its calls' key names go in the arguments, counted (a Redis Cluster node's merged call,
     /// whose keys span slots: [`Names::Counted`]).
     pub names_in_argv: bool,
-    /// What leads the arguments of each merged call: the floor, then, for a lock script,
-    /// the bounds of its acquires.
+    /// What leads the arguments of each merged call, before the [`CallBounds`] of its
+    /// acquires.
     pub floor: Floor,
-    /// Its merged calls lead with their acquires' [`CallBounds`] (after the floor).
-    pub leads_bounds: bool,
     /// Its reply array ends with the master's clock (µs) as the call read it, which the link's
     /// [`CallClock`] judges before the answers are handed over (the lock script of a single
     /// master).
@@ -162,24 +160,16 @@ pub enum Floor {
 
 impl SharedScript {
     /// What leads the arguments of a merged call of `calls` on a link whose master answered
-    /// `witness`: its floor, then its bounds; the first `.1` of the four are used.
+    /// `witness`: its floor, if it has one, then the bounds of its acquires; the first `.1` of
+    /// the four are used.
     pub(crate) fn lead(&self, witness: &Witness, calls: &[ScriptCall]) -> ([u64; 4], usize) {
-        let mut lead = [0; 4];
-        let mut len = 0;
+        let [deadline, earliest, life] = CallBounds::of(calls.iter()).lead();
         let floor = match self.floor {
-            Floor::None => None,
-            Floor::Witness => Some(witness.floor()),
-            Floor::Off => Some(0),
+            Floor::None => return ([deadline, earliest, life, 0], 3),
+            Floor::Witness => witness.floor(),
+            Floor::Off => 0,
         };
-        if let Some(floor) = floor {
-            lead[0] = floor;
-            len = 1;
-        }
-        if self.leads_bounds {
-            lead[len..len + 3].copy_from_slice(&CallBounds::of(calls.iter()).lead());
-            len += 3;
-        }
-        (lead, len)
+        ([floor, deadline, earliest, life], 4)
     }
 
     /// How its merged calls pass their key names.
